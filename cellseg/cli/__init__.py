@@ -1,0 +1,56 @@
+"""The `cellseg` command line: one sub-command per module in this package.
+
+Each sub-command module defines `register(subparsers)`, which adds its parser and sets `func`
+to a handler taking the parsed arguments and returning an exit code. Handlers import heavy
+libraries (torch, tensorstore) lazily so that `cellseg --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from cellseg import __version__
+
+# Order here is the order in `cellseg --help`.
+_COMMAND_MODULES = ("info", "synth", "fetch", "models")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="cellseg",
+        description="Organelle segmentation ensembles for the CellMap Segmentation Challenge.",
+    )
+    parser.add_argument("--version", action="version", version=f"cellseg {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"cellseg.cli.{name}").register(subparsers)
+    return parser
+
+
+def _configure_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `cellseg` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose, args.quiet)
+    try:
+        return int(args.func(args) or 0)
+    except (FileNotFoundError, ValueError) as err:
+        # User errors: one clear line, no traceback (use -vv for one).
+        logging.getLogger("cellseg").debug("traceback", exc_info=True)
+        print(f"cellseg {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
