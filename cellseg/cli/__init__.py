@@ -10,12 +10,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import pkgutil
 import sys
 
 from cellseg import __version__
 
-# Order here is the order in `cellseg --help`.
-_COMMAND_MODULES = ("info", "synth", "fetch", "models")
+
+
+def _command_modules() -> list[str]:
+    """Every module of this package is a sub-command; `ORDER` (default 100) sorts `cellseg --help`."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    modules = [importlib.import_module(f"{__name__}.{n}") for n in names]
+    return [m.__name__ for m in sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__))]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in _COMMAND_MODULES:
-        importlib.import_module(f"cellseg.cli.{name}").register(subparsers)
+    for name in _command_modules():
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
