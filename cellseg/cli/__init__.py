@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("cellseg").debug("traceback", exc_info=True)
         print(f"cellseg {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ class ZarrReader:
         import zarr
 
         _zarray(location)  # a clear FileNotFoundError before zarr's own
-        store = location.url if location.kind == "file" else HTTPStore(location)
+        store = location.url if location.kind == "file" else zarr.storage.KVStore(HTTPStore(location))
         self._array = zarr.open_array(store=store, mode="r")
         self.location = location
         self.shape = tuple(int(s) for s in self._array.shape)
@@ -167,7 +167,10 @@ class MultiscaleImage:
         self.backend = backend
         self._cache_bytes = cache_bytes
         self._readers: dict[str, ArrayReader] = {}
-        metas = parse_multiscales(self.location.read_json(".zattrs"), source=str(self.location))
+        attrs = self.location.read_json(".zattrs")
+        if attrs is None and self.location.read_json(".zgroup") is None:
+            raise FileNotFoundError(f"{self.location}: no zarr group here (missing .zgroup and .zattrs)")
+        metas = parse_multiscales(attrs, source=str(self.location))
         levels = []
         for meta in metas:
             reader = self._reader(meta.path)

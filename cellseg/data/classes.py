@@ -140,8 +140,10 @@ def get_class(name: str | int) -> CellMapClass:
     table = _by_name_or_alias()
     if name in table:
         return table[name]
-    close = difflib.get_close_matches(name, list(table), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see `cellseg info --catalog`"
+    # Suggest by short name, alias or long name ("mitochondria" → mito).
+    candidates = {**{k: v.name for k, v in table.items()}, **{c.long_name: c.name for c in _load().values()}}
+    close = dict.fromkeys(candidates[m] for m in difflib.get_close_matches(name, list(candidates), n=5, cutoff=0.5))
+    hint = f"; did you mean {', '.join(list(close)[:3])}?" if close else "; see `cellseg info --classes`"
     raise ValueError(f"unknown CellMap class {name!r}{hint}")
 
 

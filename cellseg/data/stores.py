@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
-S3_ENDPOINT = os.environ.get("CELLSEG_S3_ENDPOINT", "https://{bucket}.s3.amazonaws.com")
+# Public HTTPS endpoint for anonymous S3 reads; CELLSEG_S3_ENDPOINT overrides it (mirrors, tests).
+DEFAULT_S3_ENDPOINT = "https://{bucket}.s3.amazonaws.com"
 HTTP_TIMEOUT_S = 60.0
 HTTP_RETRIES = 4  # transient errors (5xx, resets) are retried with exponential back-off
 _ABSENT_STATUS = (403, 404)
@@ -100,7 +101,7 @@ def resolve(url: str | os.PathLike[str] | Location) -> Location:
     if parsed.scheme in ("http", "https"):
         return Location("http", text.rstrip("/"))
     if parsed.scheme == "s3":
-        base = S3_ENDPOINT.format(bucket=parsed.netloc)
+        base = os.environ.get("CELLSEG_S3_ENDPOINT", DEFAULT_S3_ENDPOINT).format(bucket=parsed.netloc)
         return Location("http", (base + "/" + parsed.path.lstrip("/")).rstrip("/"))
     if parsed.scheme == "file":
         return Location("file", str(Path(urllib.parse.unquote(parsed.path)).resolve()))
