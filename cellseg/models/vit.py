@@ -1,0 +1,241 @@
+"""``vit_2d`` and ``vit_3d``: a plain ViT encoder (timm blocks) with a UNETR-style decoder.
+
+Unlike ``monai.networks.nets.UNETR``, whose learned position embedding fixes the input size, the
+position embedding here is defined on a reference token grid and interpolated (bilinear /
+trilinear) to the actual grid, so any multiple of ``patch_size`` is a valid input. The
+interpolation runs only when the grid differs from the reference (a shape check, which
+``torch.compile`` resolves at trace time).
+
+Decoder (UNETR, generalised to any power-of-two patch size ``2**n``): the image itself feeds
+level 0 through a residual conv block; the outputs of ``n - 1`` evenly spaced transformer blocks
+are projected up to levels ``1 .. n-1`` with MONAI ``UnetrPrUpBlock``; the last block (normed)
+is level ``n``; MONAI ``UnetrUpBlock`` layers climb back. For ``patch_size=16`` and 12 blocks this
+is UNETR: skips from blocks 3, 6 and 9, widths 16-32-64-128.
+
+Defaults: ViT-B (768 wide, 12 blocks, 12 heads), patch 16, feature size 16 (UNETR's).
+
+Shape legend: ``B`` batch, ``C`` channels, ``D`` token width, ``N`` tokens, ``F`` features,
+``S`` spatial axes, ``G`` token-grid axes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from monai.networks.blocks import Convolution, UnetrBasicBlock, UnetrPrUpBlock
+from timm.models.vision_transformer import Block
+from torch import nn
+
+from cellseg.models.base import SegModel
+from cellseg.models.blocks import check_norm, check_positive, norm_spec
+from cellseg.models.decoders import UNETRDecoder
+from cellseg.models.registry import register_model
+
+DEFAULT_PATCH_VOX = {2: (256, 256), 3: (128, 128, 128)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTParams:
+    """Parameters of ``vit_2d`` / ``vit_3d`` (defaults: UNETR with a ViT-B encoder).
+
+    Attributes:
+        patch_size: token edge in voxels; a power of two ≥ 4 (it sets the decoder depth).
+        hidden_size: token width ``D``.
+        depth: transformer blocks.
+        num_heads: attention heads (must divide ``hidden_size``).
+        mlp_ratio: MLP hidden width / ``hidden_size``.
+        feature_size: decoder width at full resolution; doubles per level.
+        pos_embed_grid: tokens per axis of the learned position embedding; ``None``: the default
+            patch's grid (8³ in 3D, 16² in 2D). Other grids are interpolated.
+        drop_path_rate: stochastic depth, rising linearly to this value over the blocks.
+        norm: decoder norm, ``"batch"`` (default), ``"instance"`` or ``"group"``.
+    """
+
+    patch_size: int = 16
+    hidden_size: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    feature_size: int = 16
+    pos_embed_grid: int | None = None
+    drop_path_rate: float = 0.0
+    norm: str = "batch"
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "hidden_size", "depth", "num_heads", "feature_size"):
+            check_positive(name, getattr(self, name))
+        check_norm(self.norm)
+        if self.patch_size < 4 or self.patch_size & (self.patch_size - 1):
+            raise ValueError(f"patch_size must be a power of two >= 4 (e.g. 8, 16), got {self.patch_size}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.depth < self.num_levels:
+            raise ValueError(f"depth must be >= {self.num_levels} for patch_size {self.patch_size}")
+
+    @property
+    def num_levels(self) -> int:
+        """Decoder levels below full resolution: ``log2(patch_size)``."""
+        return int(math.log2(self.patch_size))
+
+
+class ViTEncoder(nn.Module):
+    """Patch embedding + interpolated learned position embedding + timm transformer blocks."""
+
+    def __init__(
+        self, spatial_dims: int, in_channels: int, *, params: ViTParams, grid: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        self.patch_embed = Convolution(
+            spatial_dims,
+            in_channels,
+            params.hidden_size,
+            strides=params.patch_size,
+            kernel_size=params.patch_size,
+            padding=0,
+            conv_only=True,
+        )
+        self.pos_embed_1DG = nn.Parameter(torch.zeros(1, params.hidden_size, *grid))
+        rates = [params.drop_path_rate * index / max(1, params.depth - 1) for index in range(params.depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                params.hidden_size,
+                params.num_heads,
+                mlp_ratio=params.mlp_ratio,
+                qkv_bias=True,
+                drop_path=rate,
+                norm_layer=partial(nn.LayerNorm, eps=1e-6),
+            )
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(params.hidden_size, eps=1e-6)
+        n = params.num_levels
+        # 0-based indices of the blocks whose outputs feed decoder levels 1 .. n-1.
+        self.skip_blocks = tuple(round(params.depth * level / n) - 1 for level in range(1, n))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # ViT's usual init (timm/UNETR): truncated normal 0.02 for the position embedding and linears.
+        nn.init.trunc_normal_(self.pos_embed_1DG, std=0.02)
+        for module in self.blocks.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+
+    def position_embedding(self, grid: tuple[int, ...]) -> torch.Tensor:
+        """The position embedding ``(1, N, D)`` for a token grid, interpolated when needed."""
+        pos_1DG = self.pos_embed_1DG
+        if tuple(pos_1DG.shape[2:]) != grid:
+            mode = "trilinear" if len(grid) == 3 else "bilinear"
+            pos_1DG = F.interpolate(pos_1DG, size=grid, mode=mode, align_corners=False)
+        return pos_1DG.flatten(2).transpose(1, 2)
+
+    def forward(self, image_BCS: torch.Tensor) -> list[torch.Tensor]:
+        """Token grids ``(B, D, *G)``: the skip blocks' outputs, then the normed last block."""
+        embedded_BDG = self.patch_embed(image_BCS)
+        grid = tuple(embedded_BDG.shape[2:])
+        tokens_BND = embedded_BDG.flatten(2).transpose(1, 2) + self.position_embedding(grid)
+        outputs_BDG = []
+        for index, block in enumerate(self.blocks):
+            tokens_BND = block(tokens_BND)
+            if index in self.skip_blocks:
+                outputs_BDG.append(_to_grid(tokens_BND, grid))
+        outputs_BDG.append(_to_grid(self.norm(tokens_BND), grid))
+        return outputs_BDG
+
+
+def _to_grid(tokens_BND: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+    """``(B, N, D)`` → ``(B, D, *G)`` as a channels-last view (no copy)."""
+    return tokens_BND.unflatten(1, grid).movedim(-1, 1)
+
+
+class ViTUNet(SegModel):
+    """ViT encoder + UNETR-style decoder for 2D or 3D (see module docstring)."""
+
+    def __init__(self, in_channels: int, *, out_channels: int, params: ViTParams, spatial_dims: int) -> None:
+        super().__init__(
+            spatial_dims=spatial_dims,
+            in_channels=in_channels,
+            out_channels=out_channels,
+            input_divisor=params.patch_size,
+        )
+        n, width = params.num_levels, params.feature_size
+        grid = (
+            (params.pos_embed_grid,) * spatial_dims
+            if params.pos_embed_grid
+            else tuple(size // params.patch_size for size in DEFAULT_PATCH_VOX[spatial_dims])
+        )
+        self.encoder = ViTEncoder(spatial_dims, in_channels, params=params, grid=grid)
+        self.stem = UnetrBasicBlock(
+            spatial_dims=spatial_dims,
+            in_channels=in_channels,
+            out_channels=width,
+            kernel_size=3,
+            stride=1,
+            norm_name=norm_spec(params.norm, width),
+            res_block=True,
+        )
+        self.project = nn.ModuleList(
+            UnetrPrUpBlock(
+                spatial_dims=spatial_dims,
+                in_channels=params.hidden_size,
+                out_channels=width * 2**level,
+                num_layer=n - level - 1,  # 1 + num_layer transposed convs: 2**(n - level) up
+                kernel_size=3,
+                stride=1,
+                upsample_kernel_size=2,
+                norm_name=norm_spec(params.norm, width * 2**level),
+                conv_block=True,
+                res_block=True,
+            )
+            for level in range(1, n)
+        )
+        channels = [width * 2**level for level in range(n)] + [params.hidden_size]
+        self.decoder = UNETRDecoder(
+            spatial_dims, channels=channels, out_channels=out_channels, norm=params.norm
+        )
+
+    def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor:
+        """Encode to token grids, lift skips to their levels, decode to logits ``(B, K, *S)``."""
+        *skips_BDG, deepest_BDG = self.encoder(image_BCS)
+        lifted_BFS = [project(skip) for project, skip in zip(self.project, skips_BDG, strict=True)]
+        return self.decoder([self.stem(image_BCS), *lifted_BFS, deepest_BDG])
+
+
+TINY = {
+    "patch_size": 4,
+    "hidden_size": 32,
+    "depth": 2,
+    "num_heads": 2,
+    "feature_size": 4,
+    "pos_embed_grid": 4,
+}
+
+
+@register_model(
+    "vit_2d",
+    params=ViTParams,
+    spatial_dims=2,
+    default_patch_vox=DEFAULT_PATCH_VOX[2],
+    tiny=TINY,
+    tiny_patch_vox=(16, 16),
+)
+def vit_2d(in_channels: int, out_channels: int, params: ViTParams) -> ViTUNet:
+    """UNETR-style 2D network: ViT-B/16 encoder (any multiple of 16) + conv decoder."""
+    return ViTUNet(in_channels, out_channels=out_channels, params=params, spatial_dims=2)
+
+
+@register_model(
+    "vit_3d",
+    params=ViTParams,
+    spatial_dims=3,
+    default_patch_vox=DEFAULT_PATCH_VOX[3],
+    tiny=TINY,
+    tiny_patch_vox=(16, 16, 16),
+)
+def vit_3d(in_channels: int, out_channels: int, params: ViTParams) -> ViTUNet:
+    """UNETR-style 3D network: ViT-B/16 encoder (any multiple of 16) + conv decoder."""
+    return ViTUNet(in_channels, out_channels=out_channels, params=params, spatial_dims=3)
