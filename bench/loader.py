@@ -1,0 +1,190 @@
+"""Training-loader throughput: patches/s and MB/s vs workers, 3D 128³ and 2D 256², with and without
+augmentation, peak and growth of host RSS — optionally side by side with cellmap-data on the same data.
+
+    python bench/loader.py --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
+
+DATA is a `cellseg synth` root (the `medium` preset for GPU nodes); `--synth medium` generates it first.
+"With augmentation" runs our batched GPU augmentation on each batch (on the CPU when there is no GPU);
+without it the loader alone is timed. `--rss-samples 10000` measures RSS growth over a long run.
+`--peer-python` runs bench/peer_cellmap_data.py in another interpreter (cellmap-data needs zarr < 3).
+Writes OUT/loader.json and OUT/loader.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
+from cellseg.data.loader import build_train_data
+
+SHAPES = {"3d": ((128, 128, 128), (8.0, 8.0, 8.0)), "2d": ((1, 256, 256), (8.0, 8.0, 8.0))}
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process and all its children (DataLoader workers)."""
+    try:
+        import psutil
+    except ImportError:  # /proc fallback, Linux only
+        return _proc_rss(os.getpid())
+    me = psutil.Process()
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+
+
+def _proc_rss(pid: int) -> int:
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().split()
+            if int(entry.name) == pid or int(stat[3]) == pid:
+                total += int(stat[23]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError):
+            continue
+    return total
+
+
+def classes_of(root: Path) -> tuple[str, ...]:
+    """The tested classes annotated somewhere in the root's catalogue."""
+    from cellseg.data.classes import tested_classes
+    from cellseg.data.crops import Catalog
+
+    present = {c for crop in Catalog.from_dir(root).train.values() for c in crop.labels}
+    return tuple(c for c in tested_classes() if c in present)
+
+
+def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: float, batch: int, seed: int = 0
+                ) -> dict[str, float]:
+    """Run one configuration for ~`seconds` after warm-up."""
+    patch, vs = SHAPES[shape]
+    data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
+                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",))
+    loader_cfg = LoaderConfig(batch_size=batch, num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
+    td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), seed=seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    it = iter(td.loader)
+    for _ in range(2 + workers):  # warm-up: workers started, first batches through
+        next(it)
+    rss0, n, nbytes, start = rss_bytes(), 0, 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        b = next(it)
+        nbytes += sum(v.numel() * v.element_size() for v in b.values() if isinstance(v, torch.Tensor))
+        if augment:
+            b = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+            image, _, _ = td.augment(b, n)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        n += 1
+    elapsed = time.perf_counter() - start
+    result = {"shape": shape, "workers": workers, "augment": augment, "batch": batch,
+              "patches_per_s": n * batch / elapsed, "MB_per_s": nbytes / elapsed / 1e6,
+              "rss_GB": rss_bytes() / 1e9, "rss_start_GB": rss0 / 1e9, "batches": n}
+    del it, td
+    return result
+
+
+def rss_growth(root: Path, samples: int, workers: int) -> dict[str, float]:
+    """RSS after warm-up vs after `samples` 3D patches."""
+    patch, vs = SHAPES["3d"]
+    data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch)
+    td = build_train_data(data, LoaderConfig(batch_size=4, num_workers=workers, samples_per_epoch=samples + 64),
+                          AugmentConfig(), seed=1)
+    it = iter(td.loader)
+    for _ in range(16):
+        next(it)
+    rss0, done = rss_bytes(), 64
+    for b in it:
+        done += b["image"].shape[0]
+    rss1 = rss_bytes()
+    return {"samples": done, "workers": workers, "rss_after_warmup_GB": rss0 / 1e9, "rss_end_GB": rss1 / 1e9,
+            "growth_percent": 100 * (rss1 - rss0) / rss0}
+
+
+def run_peer(python: str, root: Path, shape: str, workers: int, seconds: float, batch: int) -> dict | None:
+    """cellmap-data on the same data, in its own interpreter (see bench/peer_cellmap_data.py)."""
+    script = Path(__file__).with_name("peer_cellmap_data.py")
+    cmd = [python, str(script), "--root", str(root), "--shape", shape, "--workers", str(workers),
+           "--seconds", str(seconds), "--batch", str(batch), "--classes", ",".join(classes_of(root))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        print(f"peer failed ({shape}, {workers} workers): {proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def markdown(results: dict) -> str:
+    """The results as a markdown table."""
+    lines = [f"Loader benchmark, {results['date']}, {results['host']}, torch {results['torch']}, "
+             f"{results['cpus']} CPU cores, GPU: {results['gpu']}", "",
+             "| patch | workers | GPU aug | batch | cellseg patches/s | MB/s | RSS GB | cellmap-data patches/s | ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    peers = {(p["shape"], p["workers"]): p for p in results["peer"] if p}
+    for r in results["runs"]:
+        p = peers.get((r["shape"], r["workers"])) if not r["augment"] else None
+        ratio = f"{r['patches_per_s'] / p['patches_per_s']:.1f}×" if p else ""
+        lines.append(f"| {r['shape']} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
+                     f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | "
+                     f"{p['patches_per_s']:.1f} | {ratio} |" if p else
+                     f"| {r['shape']} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
+                     f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | | |")
+    if results.get("rss"):
+        g = results["rss"]
+        lines += ["", f"RSS over {g['samples']} 3D samples with {g['workers']} workers: "
+                      f"{g['rss_after_warmup_GB']:.2f} → {g['rss_end_GB']:.2f} GB ({g['growth_percent']:+.1f} %)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="data root (generated with --synth if missing)")
+    parser.add_argument("--synth", choices=["tiny", "small", "medium"], help="generate ROOT with this preset first")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workers", default="0,2,4,8,16")
+    parser.add_argument("--shapes", default="3d,2d")
+    parser.add_argument("--seconds", type=float, default=8.0, help="timed seconds per configuration")
+    parser.add_argument("--batch-3d", type=int, default=2)
+    parser.add_argument("--batch-2d", type=int, default=16)
+    parser.add_argument("--rss-samples", type=int, default=0, help="also measure RSS growth over this many samples")
+    parser.add_argument("--peer-python", help="interpreter with cellmap-data installed (side-by-side run)")
+    args = parser.parse_args(argv)
+    if args.synth and not (args.root / "train_crop_manifest.csv").is_file():
+        from cellseg.synth import generate
+
+        generate(args.root, preset=args.synth, seed=0, workers=os.cpu_count() or 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"date": datetime.date.today().isoformat(), "host": platform.node(), "torch": torch.__version__,
+               "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+               "runs": [], "peer": []}
+    for shape in args.shapes.split(","):
+        batch = args.batch_3d if shape == "3d" else args.batch_2d
+        for workers in (int(w) for w in args.workers.split(",")):
+            for augment in (False, True):
+                r = time_loader(args.root, shape, workers, augment, args.seconds, batch)
+                print(json.dumps(r), flush=True)
+                results["runs"].append(r)
+            if args.peer_python:
+                p = run_peer(args.peer_python, args.root, shape, workers, args.seconds, batch)
+                print(json.dumps(p), flush=True)
+                results["peer"].append(p)
+    if args.rss_samples:
+        results["rss"] = rss_growth(args.root, args.rss_samples, max(int(w) for w in args.workers.split(",")))
+        print(json.dumps(results["rss"]), flush=True)
+    (args.out / "loader.json").write_text(json.dumps(results, indent=2))
+    (args.out / "loader.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

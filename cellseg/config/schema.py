@@ -1,0 +1,155 @@
+"""Typed configuration: one frozen, keyword-only dataclass per concern.
+
+Values are validated in `__post_init__`; a user mistake raises `ValueError` naming the key and the valid
+choices. YAML files under `configs/` set these fields (see `cellseg.config.load`); `docs/config.md` is
+generated from this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Vec3 = tuple[float, float, float]
+Shape3 = tuple[int, int, int]
+AXIS_NAMES = ("z", "y", "x")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentConfig:
+    """Batched GPU augmentation (`cellseg.data.augment`); probabilities are per sample.
+
+    Spatial transforms are applied identically to image, target and known-mask.
+    """
+
+    enabled: bool = True
+    flip_p: float = 0.5  # per allowed axis
+    transpose: bool = True  # permute axes of equal voxel size (in-plane only for 2D)
+    rotate_p: float = 0.3
+    rotate_max_deg: float = 15.0  # around z (in-plane); 3D patches also tilt by up to a third of this
+    scale_range: tuple[float, float] = (0.9, 1.1)  # isotropic zoom with rotation
+    gamma_range: tuple[float, float] = (0.7, 1.5)
+    contrast_range: tuple[float, float] = (0.75, 1.25)
+    brightness_max: float = 0.1  # additive, image in [0, 1]
+    intensity_p: float = 0.5  # probability of each of gamma / contrast / brightness
+    noise_p: float = 0.2
+    noise_std_max: float = 0.05
+    blur_p: float = 0.1
+    blur_sigma_max_vox: float = 1.0
+    missing_section_p: float = 0.05  # a z-section replaced by its neighbour's mean intensity
+    dim_section_p: float = 0.05  # a z-section darkened/brightened
+    misalign_p: float = 0.05  # sections from a random z shifted in y/x
+    misalign_max_vox: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("flip_p", "rotate_p", "intensity_p", "noise_p", "blur_p", "missing_section_p", "dim_section_p",
+                     "misalign_p"):
+            _check(0.0 <= getattr(self, name) <= 1.0, f"augment.{name}={getattr(self, name)} must be in [0, 1]")
+        for name in ("scale_range", "gamma_range", "contrast_range"):
+            lo, hi = getattr(self, name)
+            _check(0 < lo <= hi, f"augment.{name}={getattr(self, name)} must satisfy 0 < low <= high")
+        _check(0 <= self.rotate_max_deg <= 45, "augment.rotate_max_deg must be in [0, 45] (small rotations only)")
+
+    @property
+    def context_factor(self) -> float:
+        """How much larger than the patch the read must be so that rotation/zoom never pads in."""
+        if not self.enabled or self.rotate_p == 0:
+            return 1.0
+        import math
+
+        theta = math.radians(self.rotate_max_deg)
+        return (math.cos(theta) + math.sin(theta)) * max(1.0, 1.0 / self.scale_range[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What to train on: data root, classes, grid, split and sampling.
+
+    Attributes:
+        root: a data root (`cellseg synth` output or a `cellseg fetch` download) with its manifests.
+        classes: CellMap class names to predict (atoms or groups), one output channel each.
+        voxel_size_nm: training grid (z, y, x).
+        patch_shape_vox: patch (z, y, x); `(1, H, W)` makes 2D patches.
+        slice_axes: 2D only: axes a 2D patch may be cut across (`["z"]`; all three for isotropic data).
+        max_annotation_voxel_size_nm: keep crops annotated at this voxel size or finer on every axis;
+            default (null): the training voxel size (an 8 nm model trains on crops annotated at ≤ 8 nm).
+        datasplit: an official `datasplit.csv` (5- or 3-column); default: split the catalogue by crop.
+        validation_fraction: share of crops held out when splitting the catalogue.
+        split_seed: seed of that split.
+        sampler: "class_balanced" (every class, rare ones included, is seen regularly) or "uniform".
+        em_pad_value: EM value marking "outside the imaged volume"; such voxels are unknown.
+        intensity_stats: optional per-dataset (mean, std) of the EM in uint8 units; default scales 0-255 to 0-1.
+        backend: array backend for reads.
+        cache_bytes: tensorstore chunk cache per opened array (bounded host memory).
+    """
+
+    root: str
+    classes: tuple[str, ...]
+    voxel_size_nm: Vec3 = (8.0, 8.0, 8.0)
+    patch_shape_vox: Shape3 = (128, 128, 128)
+    slice_axes: tuple[str, ...] = ("z",)
+    max_annotation_voxel_size_nm: float | None = None
+    datasplit: str | None = None
+    validation_fraction: float = 0.15
+    split_seed: int = 0
+    sampler: Literal["class_balanced", "uniform"] = "class_balanced"
+    em_pad_value: int = 0
+    intensity_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
+    backend: Literal["tensorstore", "zarr"] = "tensorstore"
+    cache_bytes: int = 32 * 2**20
+
+    def __post_init__(self) -> None:
+        from cellseg.data.classes import get_class
+
+        _check(len(self.classes) > 0, "data.classes must list at least one class")
+        for name in self.classes:
+            get_class(name)  # raises with close matches
+        _check(len(set(self.classes)) == len(self.classes), f"data.classes has duplicates: {self.classes}")
+        _check(min(self.voxel_size_nm) > 0, f"data.voxel_size_nm={self.voxel_size_nm} must be positive")
+        _check(min(self.patch_shape_vox) >= 1, f"data.patch_shape_vox={self.patch_shape_vox} must be positive")
+        bad_axes = set(self.slice_axes) - set(AXIS_NAMES)
+        _check(not bad_axes and bool(self.slice_axes), f"data.slice_axes={self.slice_axes}: choose from {AXIS_NAMES}")
+        _check(0 < self.validation_fraction < 1, "data.validation_fraction must be in (0, 1)")
+
+    @property
+    def is_2d(self) -> bool:
+        """True when patches are single slices (`patch_shape_vox[0] == 1`)."""
+        return self.patch_shape_vox[0] == 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """torch DataLoader settings (`cellseg.data.loader`)."""
+
+    batch_size: int = 2
+    num_workers: int = 8
+    prefetch_factor: int = 4
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    samples_per_epoch: int = 2000
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "loader.batch_size must be >= 1")
+        _check(self.num_workers >= 0, "loader.num_workers must be >= 0")
+        _check(self.prefetch_factor >= 1, "loader.prefetch_factor must be >= 1")
+        _check(self.samples_per_epoch >= 1, "loader.samples_per_epoch must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """An architecture from the registry (`cellseg models`) and its typed parameters."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    preset: Literal["default", "tiny"] = "default"
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """`dataclasses.replace` that re-runs validation (frozen configs are otherwise immutable)."""
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,107 @@
+"""The training `Dataset`: index → `PatchSpec` → EM, packed targets and packed known-mask, read on the CPU.
+
+Each sample reads a patch enlarged by the augmentation context (so rotation/zoom on the GPU never pads
+in) at the training voxel size: EM with area/linear resampling when no level matches (kept uint8,
+rounded explicitly; normalisation happens on the GPU), labels with nearest neighbour.
+
+Targets of K classes travel bit-packed along the class axis (`numpy.packbits(..., bitorder="little")`:
+class k is bit k % 8 of byte k // 8), so 48 classes cost 6 + 6 bytes per voxel instead of 96; the GPU
+augmentation moves the packed bytes with the same nearest-neighbour transform and unpacks them there.
+
+Sample dict (3D; 2D patches have a z extent of 1 after the slicing axis is moved first):
+    image        uint8  (1, Z, Y, X)
+    target_bits  uint8  (ceil(K / 8), Z, Y, X)
+    known_bits   uint8  (ceil(K / 8), Z, Y, X)
+    crop         int64  index into `crops`
+    seed         int64  per-sample seed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from cellseg.data.sampling import PatchSampler, PatchSpec
+from cellseg.data.targets import CropSource, Grid
+
+
+def context_shape(patch_shape_vox: Sequence[int], factor: float, *, is_2d: bool) -> tuple[int, int, int]:
+    """Patch shape enlarged by `factor` on the rotating axes, by an even number of voxels (centred crops)."""
+    out = []
+    for axis, n in enumerate(patch_shape_vox):
+        if n == 1 or factor <= 1.0 or (is_2d and axis == 0):
+            out.append(int(n))
+        else:
+            margin = int(np.ceil(n * (factor - 1) / 2))
+            out.append(int(n) + 2 * margin)
+    return tuple(out)  # type: ignore[return-value]
+
+
+def pack_bits(mask: np.ndarray) -> np.ndarray:
+    """`(K, ...)` bool → `(ceil(K/8), ...)` uint8, class k in bit k % 8 of byte k // 8."""
+    return np.packbits(mask, axis=0, bitorder="little")
+
+
+class PatchDataset(torch.utils.data.Dataset):
+    """Map-style dataset of `num_samples` patches per epoch, reproducible for a (seed, rank, epoch, index).
+
+    Args:
+        crops: training crops (their array handles open lazily in each worker).
+        sampler: index → `PatchSpec`.
+        voxel_size_nm: training grid voxel size (z, y, x).
+        read_shape_vox: patch shape including augmentation context (z, y, x); `(1, H, W)` for 2D.
+        num_samples: samples per epoch.
+        em_pad_value: EM value of "outside the imaged volume"; such voxels become unknown.
+    """
+
+    def __init__(self, crops: Sequence[CropSource], sampler: PatchSampler, *, voxel_size_nm: Sequence[float],
+                 read_shape_vox: Sequence[int], num_samples: int, em_pad_value: int = 0):
+        self.crops = list(crops)
+        self.sampler = sampler
+        self.voxel_size_nm = tuple(float(v) for v in voxel_size_nm)
+        self.read_shape_vox = tuple(int(n) for n in read_shape_vox)
+        self.num_samples = int(num_samples)
+        self.em_pad_value = em_pad_value
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (sample stream offset); call before each epoch, as with DistributedSampler."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def grid_for(self, spec: PatchSpec) -> Grid:
+        """The world grid of a sample: the read shape oriented by the slicing axis, centred on the spec.
+
+        The origin snaps to the lattice of the EM level at the training voxel size when there is one, so
+        EM reads are plain slices (no interpolation) and EM and labels share voxel centres.
+        """
+        shape = list(self.read_shape_vox)
+        if shape[0] == 1 and spec.slice_axis != 0:  # 2D patch cut across y or x: the 1 moves to that axis
+            shape.insert(spec.slice_axis, shape.pop(0))
+        vs = self.voxel_size_nm
+        origin = [c - (n - 1) / 2 * v for c, n, v in zip(spec.centre_nm, shape, vs, strict=True)]
+        level = self.crops[spec.crop].em().choose_level(vs)
+        if all(abs(lv - v) <= 0.01 * v for lv, v in zip(level.voxel_size_nm, vs, strict=True)):
+            origin = [t + round((o - t) / v) * v for o, t, v in zip(origin, level.translation_nm, vs, strict=True)]
+        return Grid(translation_nm=tuple(origin), shape_vox=tuple(shape), voxel_size_nm=vs)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        spec = self.sampler(self.epoch * self.num_samples + int(i))
+        crop = self.crops[spec.crop]
+        grid = self.grid_for(spec)
+        em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value, dtype=np.uint8)
+        target, known = crop.read_targets(grid)
+        known &= (em != self.em_pad_value)[None]  # black "outside the imaged volume" EM is unknown
+        if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:
+            em, target, known = (np.moveaxis(a, a.ndim - 3 + spec.slice_axis, a.ndim - 3) for a in (em, target, known))
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(em[None])),
+            "target_bits": torch.from_numpy(pack_bits(target)),
+            "known_bits": torch.from_numpy(pack_bits(known)),
+            "crop": spec.crop,
+            "seed": spec.seed,
+        }

@@ -1,0 +1,95 @@
+"""From a `DataConfig` to a training DataLoader, a validation list and the GPU augmentation.
+
+Workers are started with the "spawn" method by default: tensorstore (and zarr's blosc) keep thread pools
+that must not be forked, and every worker re-opens its own array handles (they do not pickle) with a
+chunk cache bounded in bytes, so host memory stays flat however long the run. Samples are a pure function
+of (seed, rank, epoch, index) (`cellseg.data.sampling`), so the number of workers never changes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
+from cellseg.data.augment import GpuAugment
+from cellseg.data.crops import Catalog
+from cellseg.data.dataset import PatchDataset, context_shape
+from cellseg.data.sampling import PatchSampler, build_foreground_index
+from cellseg.data.split import SplitEntry, read_datasplit, split_catalog, write_datasplit
+from cellseg.data.targets import CropSource
+
+log = logging.getLogger(__name__)
+AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
+
+
+def make_split(cfg: DataConfig) -> list[SplitEntry]:
+    """The run's split: read `cfg.datasplit` or build one from the data root's catalogue."""
+    if cfg.datasplit:
+        return read_datasplit(cfg.datasplit)
+    limit = cfg.max_annotation_voxel_size_nm or max(cfg.voxel_size_nm)
+    return split_catalog(Catalog.from_dir(cfg.root), cfg.classes, validation_fraction=cfg.validation_fraction,
+                         seed=cfg.split_seed, max_voxel_size_nm=limit)
+
+
+def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
+    """Open the crops of a split; crops annotating none of the classes are skipped with a log line."""
+    crops = []
+    for entry in entries:
+        try:
+            crops.append(CropSource(entry=entry, classes=cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes))
+        except ValueError as err:  # skipping is what users want here: a split lists crops of every class
+            log.info("skipping %s: %s", entry.crop_name, err)
+    return crops
+
+
+@dataclass
+class TrainData:
+    """Everything the trainer needs from the data side."""
+
+    loader: torch.utils.data.DataLoader
+    dataset: PatchDataset
+    augment: GpuAugment
+    train_crops: list[CropSource]
+    val_crops: list[CropSource]
+    split: list[SplitEntry]
+
+
+def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, seed: int, rank: int = 0,
+                     run_dir: str | Path | None = None, mp_context: str = "spawn") -> TrainData:
+    """Split, open crops, index foreground, and build the DataLoader and GPU augmentation.
+
+    Raises:
+        ValueError: when no training crop annotates any requested class.
+    """
+    split = make_split(data)
+    if run_dir is not None:
+        write_datasplit(split, Path(run_dir) / "datasplit.csv")
+    train = open_crops([e for e in split if e.split == "train"], data)
+    val = open_crops([e for e in split if e.split == "validate"], data)
+    if not train:
+        raise ValueError(f"no training crop annotates any of {list(data.classes)} (data root {data.root})")
+    log.info("%d training and %d validation crops for %d classes", len(train), len(val), len(data.classes))
+    index = build_foreground_index(train, data.voxel_size_nm, seed=seed)
+    extent = [n * v for n, v in zip(data.patch_shape_vox, data.voxel_size_nm, strict=True)]
+    sampler = PatchSampler(train, index, patch_extent_nm=extent, mode=data.sampler,
+                           slice_axes=[AXIS_INDEX[a] for a in data.slice_axes] if data.is_2d else (0,),
+                           seed=seed, rank=rank)
+    read_shape = context_shape(data.patch_shape_vox, augment.context_factor if augment.enabled else 1.0,
+                               is_2d=data.is_2d)
+    dataset = PatchDataset(train, sampler, voxel_size_nm=data.voxel_size_nm, read_shape_vox=read_shape,
+                           num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value)
+    workers = loader.num_workers
+    dl = torch.utils.data.DataLoader(
+        dataset, batch_size=loader.batch_size, shuffle=False, num_workers=workers, drop_last=True,
+        pin_memory=loader.pin_memory and torch.cuda.is_available(),
+        persistent_workers=loader.persistent_workers and workers > 0,
+        prefetch_factor=loader.prefetch_factor if workers > 0 else None,
+        multiprocessing_context=mp_context if workers > 0 else None,
+    )
+    gpu_augment = GpuAugment(augment, num_classes=len(data.classes), patch_shape_vox=data.patch_shape_vox,
+                             voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
+    return TrainData(loader=dl, dataset=dataset, augment=gpu_augment, train_crops=train, val_crops=val, split=split)
