@@ -190,7 +190,10 @@ class Catalog:
 
     @classmethod
     def from_dir(cls, root: str | Path | Location) -> Catalog:
-        """Load `manifest.csv`, `train_crop_manifest.csv` and `test_crop_manifest.csv` from a data root.
+        """Load `manifest.csv`, `train_crop_manifest.csv` and the test manifests from a data root.
+
+        `test_crop_manifest.csv` is the "2026" version; `test_crop_manifest_2025.csv`, when present, the
+        "2025" one.
 
         `root` may be a local directory or a URL (`http(s)://`, `s3://`); crop and EM URLs in
         `manifest.csv` that are relative paths resolve against it.
@@ -208,9 +211,9 @@ class Catalog:
         if train_text is None:
             raise FileNotFoundError(f"{location.join('train_crop_manifest.csv')}: no training-crop manifest "
                                     f"(is {location} a cellseg/CellMap data root?)")
-        test_text = text("test_crop_manifest.csv")
+        tests = {version: text(name) for version, name in TEST_MANIFESTS.items()}
         catalog = cls.from_texts(train_text=train_text, urls_text=text("manifest.csv") or "",
-                                 tests_text={"2026": test_text} if test_text else {}, source=f"{location}/")
+                                 tests_text={v: t for v, t in tests.items() if t}, source=f"{location}/")
         return dataclasses.replace(catalog, base=location.url)
 
     def locate(self, url: str) -> Location:

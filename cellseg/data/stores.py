@@ -8,6 +8,7 @@ A missing key on S3 answers 403 (anonymous users may not list), so 403 and 404 b
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -126,7 +127,7 @@ def http_get(url: str, *, timeout_s: float = HTTP_TIMEOUT_S, headers: Mapping[st
                 return None
             if err.code < 500 or attempt == HTTP_RETRIES - 1:
                 raise OSError(f"{url}: HTTP {err.code} {err.reason}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.IncompleteRead) as err:
             if attempt == HTTP_RETRIES - 1:
                 raise OSError(f"{url}: {getattr(err, 'reason', err)}") from None
         delay = 0.5 * 2**attempt
