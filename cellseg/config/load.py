@@ -112,6 +112,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         return {str(k): _convert(v, vt, f"{key}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # PyYAML (YAML 1.1) reads `3e-4` as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if tp in (int, str, bool) and type(value) is tp:
         return value
     raise ValueError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")

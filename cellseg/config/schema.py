@@ -153,3 +153,38 @@ class ModelConfig:
 def replace(cfg: Any, **changes: Any) -> Any:
     """`dataclasses.replace` that re-runs validation (frozen configs are otherwise immutable)."""
     return dataclasses.replace(cfg, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (`cellseg.train.optim`).
+
+    Attributes:
+        name: "adamw" (fused on CUDA) or "sgd" (Nesterov momentum, nnU-Net's choice).
+        lr: peak learning rate.
+        schedule: "cosine", "poly" (power `poly_power`), "onecycle" or "constant", after `warmup_steps`.
+        min_lr_ratio: floor of the decay as a fraction of `lr`.
+        grad_clip_norm: clip the global gradient norm (null: no clipping); nnU-Net clips at 12.
+        ema_decay: keep an exponential moving average of the weights (null: off), e.g. 0.999.
+    """
+
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.99
+    schedule: Literal["cosine", "poly", "onecycle", "constant"] = "cosine"
+    warmup_steps: int = 500
+    min_lr_ratio: float = 0.01
+    poly_power: float = 0.9
+    grad_clip_norm: float | None = 12.0
+    ema_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"optim.lr={self.lr} must be positive")
+        _check(self.weight_decay >= 0, "optim.weight_decay must be >= 0")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
+        _check(self.ema_decay is None or 0 < self.ema_decay < 1, "optim.ema_decay must be in (0, 1) or null")
+        _check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "optim.grad_clip_norm must be > 0 or null")
