@@ -69,8 +69,8 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
     patch, vs = SHAPES[shape]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
                       slice_axes=("z", "y", "x") if shape == "2d" else ("z",))
-    loader_cfg = LoaderConfig(batch_size=batch, num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
-    td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), seed=seed)
+    loader_cfg = LoaderConfig(num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
+    td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), batch_size=batch, seed=seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     it = iter(td.loader)
     for _ in range(2 + workers):  # warm-up: workers started, first batches through
@@ -97,8 +97,8 @@ def rss_growth(root: Path, samples: int, workers: int) -> dict[str, float]:
     """RSS after warm-up vs after `samples` 3D patches."""
     patch, vs = SHAPES["3d"]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch)
-    td = build_train_data(data, LoaderConfig(batch_size=4, num_workers=workers, samples_per_epoch=samples + 64),
-                          AugmentConfig(), seed=1)
+    td = build_train_data(data, LoaderConfig(num_workers=workers, samples_per_epoch=samples + 64),
+                          AugmentConfig(), batch_size=4, seed=1)
     it = iter(td.loader)
     for _ in range(16):
         next(it)

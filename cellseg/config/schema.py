@@ -85,6 +85,8 @@ class DataConfig:
         sampler: "class_balanced" (every class, rare ones included, is seen regularly) or "uniform".
         em_pad_value: EM value marking "outside the imaged volume"; such voxels are unknown.
         intensity_stats: optional per-dataset (mean, std) of the EM in uint8 units; default scales 0-255 to 0-1.
+        instance_boundaries: add one "touching-objects boundary" target channel per instance-scored class
+            (after the class channels), for the watershed to split touching objects.
         backend: array backend for reads.
         cache_bytes: tensorstore chunk cache per opened array (bounded host memory).
     """
@@ -101,6 +103,7 @@ class DataConfig:
     sampler: Literal["class_balanced", "uniform"] = "class_balanced"
     em_pad_value: int = 0
     intensity_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
+    instance_boundaries: bool = True
     backend: Literal["tensorstore", "zarr"] = "tensorstore"
     cache_bytes: int = 32 * 2**20
 
@@ -118,6 +121,18 @@ class DataConfig:
         _check(0 < self.validation_fraction < 1, "data.validation_fraction must be in (0, 1)")
 
     @property
+    def boundary_classes(self) -> tuple[str, ...]:
+        """Classes with an auxiliary boundary channel, in channel order."""
+        from cellseg.data.classes import is_instance
+
+        return tuple(c for c in self.classes if is_instance(c)) if self.instance_boundaries else ()
+
+    @property
+    def num_target_channels(self) -> int:
+        """K class channels plus the boundary channels: the model's output channels."""
+        return len(self.classes) + len(self.boundary_classes)
+
+    @property
     def is_2d(self) -> bool:
         """True when patches are single slices (`patch_shape_vox[0] == 1`)."""
         return self.patch_shape_vox[0] == 1
@@ -125,9 +140,8 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """torch DataLoader settings (`cellseg.data.loader`)."""
+    """torch DataLoader settings (`cellseg.data.loader`); the batch size is `train.batch_size`."""
 
-    batch_size: int = 2
     num_workers: int = 8
     prefetch_factor: int = 4
     pin_memory: bool = True
@@ -135,7 +149,6 @@ class LoaderConfig:
     samples_per_epoch: int = 2000
 
     def __post_init__(self) -> None:
-        _check(self.batch_size >= 1, "loader.batch_size must be >= 1")
         _check(self.num_workers >= 0, "loader.num_workers must be >= 0")
         _check(self.prefetch_factor >= 1, "loader.prefetch_factor must be >= 1")
         _check(self.samples_per_epoch >= 1, "loader.samples_per_epoch must be >= 1")
@@ -188,3 +201,113 @@ class OptimConfig:
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
         _check(self.ema_decay is None or 0 < self.ema_decay < 1, "optim.ema_decay must be in (0, 1) or null")
         _check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "optim.grad_clip_norm must be > 0 or null")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """Masked BCE + soft Dice (`cellseg.losses`); `class_weights` maps class names to channel weights."""
+
+    bce_weight: float = 1.0
+    dice_weight: float = 1.0
+    class_weights: dict[str, float] = field(default_factory=dict)
+    boundary_weight: float = 1.0  # weight of each instance-boundary channel
+
+    def __post_init__(self) -> None:
+        _check(self.bce_weight >= 0 and self.dice_weight >= 0 and self.bce_weight + self.dice_weight > 0,
+               "loss.bce_weight and loss.dice_weight must be >= 0 and not both 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationConfig:
+    """Periodic validation on the validation crops with the challenge metric.
+
+    Attributes:
+        metric: scoring era, "2026" (current) or "2025" (challenge era).
+        overlap: sliding-window overlap between tiles.
+        batch_size: tiles per forward pass.
+        threshold: probability threshold for masks.
+        max_crops: validate on at most this many crops (null: all).
+    """
+
+    metric: Literal["2025", "2026"] = "2026"
+    overlap: float = 0.25
+    batch_size: int = 4
+    threshold: float = 0.5
+    max_crops: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.overlap < 1, "val.overlap must be in [0, 1)")
+        _check(0 < self.threshold < 1, "val.threshold must be in (0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The training loop and its Hopper settings (`cellseg.train`).
+
+    Attributes:
+        max_steps: optimizer steps.
+        batch_size: samples per GPU per micro-step, or "auto" (largest that fits `memory_fraction`).
+        grad_accum_steps: loader batches per optimizer step.
+        precision: "auto" (bf16 on CUDA, fp32 on CPU), "bf16", "fp16" (with GradScaler) or "fp32".
+        tf32: TF32 for fp32 matmuls and convolutions.
+        channels_last: channels_last(_3d) memory format for model and inputs.
+        compile: "auto" (on CUDA: time compiled vs eager after warm-up, keep the faster), "on", "off";
+            any compile error falls back to eager with a warning.
+        activation_checkpointing: recompute activations in backward (Swin/ViT 3D), if the model supports it.
+        num_gpus: GPUs per job for the SLURM launchers (informational; torchrun decides the world size).
+        val_every, checkpoint_every, log_every: periods in optimizer steps.
+        keep_top_k: best checkpoints kept by validation score (plus `last`).
+    """
+
+    seed: int = 0
+    max_steps: int = 100_000
+    batch_size: int | Literal["auto"] = 2
+    grad_accum_steps: int = 1
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    tf32: bool = True
+    cudnn_benchmark: bool = True
+    channels_last: bool = True
+    compile: Literal["auto", "on", "off"] = "auto"
+    compile_probe_steps: int = 5
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    activation_checkpointing: bool = False
+    memory_fraction: float = 0.85
+    max_auto_batch: int = 256
+    num_gpus: int = 1
+    log_every: int = 20
+    val_every: int = 1000
+    checkpoint_every: int = 1000
+    keep_top_k: int = 3
+    profile_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.max_steps >= 1, "train.max_steps must be >= 1")
+        _check(self.batch_size == "auto" or (isinstance(self.batch_size, int) and self.batch_size >= 1),
+               f"train.batch_size={self.batch_size!r} must be a positive integer or 'auto'")
+        _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")
+        _check(0 < self.memory_fraction <= 1, "train.memory_fraction must be in (0, 1]")
+        for name in ("log_every", "val_every", "checkpoint_every", "keep_top_k", "num_gpus"):
+            _check(getattr(self, name) >= 1, f"train.{name} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything one training job needs; `config.yaml` in a run directory is this, resolved."""
+
+    run_dir: str
+    data: DataConfig
+    model: ModelConfig
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    val: ValidationConfig = field(default_factory=ValidationConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.is_2d:
+            _check(self.model.name.endswith("_2d"), f"model.name={self.model.name} is 3D but data.patch_shape_vox "
+                   f"{self.data.patch_shape_vox} makes 2D patches; use a *_2d model or a 3D patch")
+        else:
+            _check(not self.model.name.endswith("_2d"), f"model.name={self.model.name} is 2D: set "
+                   f"data.patch_shape_vox to (1, H, W)")

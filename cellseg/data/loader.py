@@ -40,7 +40,8 @@ def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
     crops = []
     for entry in entries:
         try:
-            crops.append(CropSource(entry=entry, classes=cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes))
+            crops.append(CropSource(entry=entry, classes=cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
+                                    boundaries=cfg.instance_boundaries))
         except ValueError as err:  # skipping is what users want here: a split lists crops of every class
             log.info("skipping %s: %s", entry.crop_name, err)
     return crops
@@ -58,8 +59,8 @@ class TrainData:
     split: list[SplitEntry]
 
 
-def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, seed: int, rank: int = 0,
-                     run_dir: str | Path | None = None, mp_context: str = "spawn") -> TrainData:
+def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
+                     rank: int = 0, run_dir: str | Path | None = None, mp_context: str = "spawn") -> TrainData:
     """Split, open crops, index foreground, and build the DataLoader and GPU augmentation.
 
     Raises:
@@ -84,12 +85,12 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                            num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value)
     workers = loader.num_workers
     dl = torch.utils.data.DataLoader(
-        dataset, batch_size=loader.batch_size, shuffle=False, num_workers=workers, drop_last=True,
+        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, drop_last=True,
         pin_memory=loader.pin_memory and torch.cuda.is_available(),
         persistent_workers=loader.persistent_workers and workers > 0,
         prefetch_factor=loader.prefetch_factor if workers > 0 else None,
         multiprocessing_context=mp_context if workers > 0 else None,
     )
-    gpu_augment = GpuAugment(augment, num_classes=len(data.classes), patch_shape_vox=data.patch_shape_vox,
+    gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
     return TrainData(loader=dl, dataset=dataset, augment=gpu_augment, train_crops=train, val_crops=val, split=split)

@@ -9,6 +9,11 @@ For each configured class k, in a given crop:
    (only the maximal ones: `nuc` covers `ne_mem`).
 Voxels outside the annotated crop are unknown; so are EM voxels equal to the "outside the imaged volume"
 value (handled by the dataset, which reads the EM).
+
+With `boundaries=True`, every instance-scored class k also gets an auxiliary channel (after the K class
+channels, in class order): the voxels of an object that touch a *different* object (6-neighbourhood).
+Touching objects merge in a binary mask; this channel is what lets the watershed split them again. It is
+known only where the class is read from an id array (a union of atoms carries no ids).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.classes import all_classes, get_class, mutually_exclusive
+from cellseg.data.classes import all_classes, get_class, is_instance, mutually_exclusive
 from cellseg.data.split import SplitEntry
 
 log = logging.getLogger(__name__)
@@ -95,6 +100,7 @@ class CropSource:
     start_nm: Vec3 = (0.0, 0.0, 0.0)  # annotated box (lower corner)
     stop_nm: Vec3 = (0.0, 0.0, 0.0)
     label_voxel_size_nm: Vec3 = (1.0, 1.0, 1.0)
+    boundaries: bool = False
     _images: dict[str, MultiscaleImage] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -146,9 +152,14 @@ class CropSource:
         """`crop<N>`."""
         return self.entry.crop_name
 
+    @property
+    def aux_classes(self) -> tuple[int, ...]:
+        """Indices of the classes that get a boundary channel (instance-scored ones, if enabled)."""
+        return tuple(k for k, c in enumerate(self.classes) if is_instance(c)) if self.boundaries else ()
+
     def read_targets(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
-        """`(target, known)` on `grid`, both `(K, z, y, x)` bool."""
-        k = len(self.plans)
+        """`(target, known)` on `grid`, both `(K + A, z, y, x)` bool (A boundary channels, see above)."""
+        k = len(self.plans) + len(self.aux_classes)
         target = np.zeros((k, *grid.shape_vox), dtype=bool)
         known = np.zeros((k, *grid.shape_vox), dtype=bool)
         cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -172,4 +183,22 @@ class CropSource:
                 known[i] = lut[ids]
             elif plan.exclusive:
                 known[i] = np.logical_or.reduce([read(n)[0] > 0 for n in plan.exclusive])
+        for j, i in enumerate(self.aux_classes, start=len(self.plans)):
+            if len(self.plans[i].read) == 1:  # ids on disk
+                ids, inside = read(self.plans[i].read[0])
+                target[j], known[j] = touching(ids), inside
         return target, known
+
+
+def touching(ids: np.ndarray) -> np.ndarray:
+    """Voxels of an object with a 6-neighbour in a different object (background does not count)."""
+    out = np.zeros(ids.shape, dtype=bool)
+    for axis in range(ids.ndim):
+        a = [slice(None)] * ids.ndim
+        b = [slice(None)] * ids.ndim
+        a[axis], b[axis] = slice(1, None), slice(None, -1)
+        lo, hi = ids[tuple(a)], ids[tuple(b)]
+        diff = (lo != hi) & (lo > 0) & (hi > 0)
+        out[tuple(a)] |= diff
+        out[tuple(b)] |= diff
+    return out

@@ -12,8 +12,9 @@ from cellseg.data.split import read_datasplit
 
 from crafted import write_root
 
-NO_INTENSITY = dict(intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0,
-                    misalign_p=0.0)
+NO_INTENSITY = dict(
+    intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0, misalign_p=0.0
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,13 @@ def root(tmp_path_factory):
 
 
 def _data(root, **kw):
-    base = dict(root=str(root), classes=("mito", "ecs", "golgi"), voxel_size_nm=(8.0, 8.0, 8.0),
-                patch_shape_vox=(8, 8, 8), validation_fraction=0.5)
+    base = dict(
+        root=str(root),
+        classes=("mito", "ecs", "golgi"),
+        voxel_size_nm=(8.0, 8.0, 8.0),
+        patch_shape_vox=(8, 8, 8),
+        validation_fraction=0.5,
+    )
     return DataConfig(**{**base, **kw})
 
 
@@ -42,12 +48,19 @@ def test_bit_packing_round_trip():
 @pytest.mark.parametrize("rotate_p", [0.0, 1.0])
 def test_labels_stay_aligned_with_em_after_spatial_augmentation(root, rotate_p, tmp_path):
     aug = AugmentConfig(flip_p=0.5, transpose=True, rotate_p=rotate_p, **NO_INTENSITY)
-    td = build_train_data(_data(root, validation_fraction=0.5), LoaderConfig(batch_size=4, num_workers=0),
-                          aug, seed=3, run_dir=tmp_path)
+    td = build_train_data(
+        _data(root, validation_fraction=0.5),
+        LoaderConfig(num_workers=0),
+        aug,
+        batch_size=4,
+        seed=3,
+        run_dir=tmp_path,
+    )
     assert (tmp_path / "datasplit.csv").is_file() and read_datasplit(tmp_path / "datasplit.csv")
     for step in range(3):
         image, target, known = td.augment(_batch(td), step)
-        assert image.shape == (4, 1, 8, 8, 8) and target.shape == known.shape == (4, 3, 8, 8, 8)
+        # 3 classes + the boundary channel of mito (instance-scored)
+        assert image.shape == (4, 1, 8, 8, 8) and target.shape == known.shape == (4, 4, 8, 8, 8)
         bright = image[:, 0] > 130 / 255  # EM is 200 on mito, 60 on ecs
         sure = known[:, 0] & known[:, 1]
         agree = (bright == target[:, 0])[sure].float().mean().item()
@@ -60,24 +73,35 @@ def test_labels_stay_aligned_with_em_after_spatial_augmentation(root, rotate_p, 
 
 def test_2d_patches_and_slicing_axes(root):
     data = _data(root, patch_shape_vox=(1, 16, 16), slice_axes=("z", "y", "x"))
-    td = build_train_data(data, LoaderConfig(batch_size=4, num_workers=0), AugmentConfig(**NO_INTENSITY), seed=0)
+    td = build_train_data(
+        data, LoaderConfig(num_workers=0), AugmentConfig(**NO_INTENSITY), batch_size=2, seed=0
+    )
     image, target, known = td.augment(_batch(td, 6), 0)
-    assert image.shape == (6, 1, 16, 16) and target.shape == (6, 3, 16, 16)
+    assert image.shape == (6, 1, 16, 16) and target.shape == (6, 4, 16, 16)
     axes = {td.dataset.sampler(i).slice_axis for i in range(30)}
     assert axes == {0, 1, 2}
 
 
 def test_samples_reproducible_and_distinct_per_rank(root):
     def specs(rank, seed=1):
-        td = build_train_data(_data(root), LoaderConfig(num_workers=0), AugmentConfig(), seed=seed, rank=rank)
+        td = build_train_data(
+            _data(root), LoaderConfig(num_workers=0), AugmentConfig(), batch_size=2, seed=seed, rank=rank
+        )
         return [td.dataset.sampler(i) for i in range(20)]
+
     assert specs(0) == specs(0)
     assert specs(0) != specs(1)
     assert specs(0, seed=2) != specs(0)
 
 
 def test_class_balanced_sampler_visits_every_class(root):
-    td = build_train_data(_data(root, classes=("mito", "ecs")), LoaderConfig(num_workers=0), AugmentConfig(), seed=0)
+    td = build_train_data(
+        _data(root, classes=("mito", "ecs")),
+        LoaderConfig(num_workers=0),
+        AugmentConfig(),
+        batch_size=2,
+        seed=0,
+    )
     sampler = td.dataset.sampler
     assert sorted(sampler.classes) == [0, 1]
     crops = [sampler(i).crop for i in range(40)]
@@ -87,7 +111,9 @@ def test_class_balanced_sampler_visits_every_class(root):
 def test_crop_smaller_than_patch_pads_unknown(root):
     # 32^3 patches at 8 nm are larger than crop 2 (16^3): targets outside the crop are unknown.
     data = _data(root, classes=("ecs",), patch_shape_vox=(32, 32, 32), validation_fraction=0.5)
-    td = build_train_data(data, LoaderConfig(batch_size=2, num_workers=0), AugmentConfig(enabled=False), seed=0)
+    td = build_train_data(
+        data, LoaderConfig(num_workers=0), AugmentConfig(enabled=False), batch_size=2, seed=0
+    )
     _, target, known = td.augment(_batch(td, 2), 0)
     assert known.shape == (2, 1, 32, 32, 32)
     assert 0 < known.float().mean() < 1
@@ -96,20 +122,31 @@ def test_crop_smaller_than_patch_pads_unknown(root):
 def test_anisotropic_grid_and_coarser_level(root):
     # 16 x 8 x 8 nm needs EM s2 (16 nm) along z and s1 (8 nm) in-plane: resampled from s1 with area weights.
     data = _data(root, voxel_size_nm=(16.0, 8.0, 8.0), patch_shape_vox=(4, 8, 8))
-    td = build_train_data(data, LoaderConfig(batch_size=2, num_workers=0), AugmentConfig(**NO_INTENSITY), seed=0)
+    td = build_train_data(
+        data, LoaderConfig(num_workers=0), AugmentConfig(**NO_INTENSITY), batch_size=2, seed=0
+    )
     assert td.augment.tilt is False and td.augment.swappable == [(1, 2)]
     image, target, _ = td.augment(_batch(td, 2), 0)
     assert image.shape == (2, 1, 4, 8, 8)
     # Reading at 32 nm needs a coarser level than the labels' 8 nm s0.
-    coarse = _data(root, voxel_size_nm=(32.0, 32.0, 32.0), patch_shape_vox=(4, 4, 4), max_annotation_voxel_size_nm=8.0)
-    td = build_train_data(coarse, LoaderConfig(batch_size=2, num_workers=0), AugmentConfig(enabled=False), seed=0)
+    coarse = _data(
+        root, voxel_size_nm=(32.0, 32.0, 32.0), patch_shape_vox=(4, 4, 4), max_annotation_voxel_size_nm=8.0
+    )
+    td = build_train_data(
+        coarse, LoaderConfig(num_workers=0), AugmentConfig(enabled=False), batch_size=2, seed=0
+    )
     assert td.augment(_batch(td, 2), 0)[0].shape == (2, 1, 4, 4, 4)
 
 
 def test_black_em_is_unknown(tmp_path):
     root = write_root(tmp_path, black_slab=True)
-    td = build_train_data(_data(root, patch_shape_vox=(24, 24, 24)), LoaderConfig(batch_size=2, num_workers=0),
-                          AugmentConfig(enabled=False), seed=0)
+    td = build_train_data(
+        _data(root, patch_shape_vox=(24, 24, 24)),
+        LoaderConfig(num_workers=0),
+        AugmentConfig(enabled=False),
+        batch_size=2,
+        seed=0,
+    )
     batch = _batch(td, 4)
     image, _, known = td.augment(batch, 0)
     black = batch["image"][:, 0] == 0
@@ -121,14 +158,22 @@ def test_unknown_class_names_and_empty_selection(root):
     with pytest.raises(ValueError, match="unknown CellMap class 'mitocondria'"):
         _data(root, classes=("mitocondria",))
     with pytest.raises(ValueError, match=r"no training crop annotates any of \['ld'\]"):
-        build_train_data(_data(root, classes=("ld",)), LoaderConfig(num_workers=0), AugmentConfig(), seed=0)
+        build_train_data(
+            _data(root, classes=("ld",)), LoaderConfig(num_workers=0), AugmentConfig(), batch_size=2, seed=0
+        )
 
 
 def test_workers_give_the_same_samples(root):
     data = _data(root)
-    loader0 = build_train_data(data, LoaderConfig(batch_size=2, num_workers=0, samples_per_epoch=4),
-                               AugmentConfig(), seed=5).loader
-    loader2 = build_train_data(data, LoaderConfig(batch_size=2, num_workers=2, samples_per_epoch=4,
-                                                  persistent_workers=False), AugmentConfig(), seed=5).loader
+    loader0 = build_train_data(
+        data, LoaderConfig(num_workers=0, samples_per_epoch=4), AugmentConfig(), batch_size=2, seed=5
+    ).loader
+    loader2 = build_train_data(
+        data,
+        LoaderConfig(num_workers=2, samples_per_epoch=4, persistent_workers=False),
+        AugmentConfig(),
+        batch_size=2,
+        seed=5,
+    ).loader
     for a, b in zip(loader0, loader2, strict=True):
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["target_bits"], b["target_bits"])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource, Grid, plan_class
+from cellseg.data.targets import CropSource, Grid, plan_class, touching
 
 from crafted import checker_labels, write_root
 
@@ -70,3 +70,19 @@ def test_crop_without_requested_classes_is_a_clear_error(root):
         CropSource(entry=_entry(root, 2, ("ecs",)), classes=("ld",))
     with pytest.raises(FileNotFoundError, match="crop9"):
         CropSource(entry=_entry(root, 9, ("ecs",)), classes=("ecs",))
+
+
+def test_touching_boundary_channel(root):
+    ids = np.zeros((6, 6, 6), np.uint32)
+    ids[1:5, 1:5, 1:3] = 1
+    ids[1:5, 1:5, 3:5] = 2  # touches object 1 across x = 2|3
+    ids[0, 0, 0] = 3  # touches nothing
+    b = touching(ids)
+    assert b.sum() == 2 * 16 and b[1:5, 1:5, 2].all() and b[1:5, 1:5, 3].all()
+    crop = CropSource(entry=_entry(root, 1, CROP1), classes=("mito", "ecs"), boundaries=True)
+    grid = Grid(translation_nm=(34.0, 34.0, 34.0), shape_vox=(24, 24, 24), voxel_size_nm=(8.0, 8.0, 8.0))
+    target, known = crop.read_targets(grid)
+    assert target.shape == (3, 24, 24, 24) and crop.aux_classes == (0,)
+    mito_ids = crop.image("mito").read_level("s0")
+    np.testing.assert_array_equal(target[2], touching(mito_ids))
+    assert known[2].all()
