@@ -34,6 +34,7 @@ from cellseg.synth.splits import choose_validation
 
 log = logging.getLogger(__name__)
 _SCENES: list[Scene] = []  # set in each worker by `_init`
+_PRELOAD = ("cellseg.synth.generate", "scipy.ndimage", "cc3d", "zarr", "numcodecs.blosc")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,8 +125,10 @@ def _run(fn: Callable[[Any], Any], tasks: list[Any], *, workers: int, scenes: li
             yield fn(task)
             bar.update()
     else:
-        # forkserver: workers never inherit threads (blosc, tqdm) from this process.
+        # forkserver: workers never inherit threads (blosc, tqdm) from this process; the server imports
+        # the heavy modules once so that each worker starts in milliseconds.
         context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(_PRELOAD))
         pool = context.Pool(min(workers, len(tasks)), initializer=_init, initargs=(scenes,))
         try:
             for result in pool.imap_unordered(fn, tasks, chunksize=1):
