@@ -44,15 +44,37 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
     return np.packbits(mask, axis=0, bitorder="little")
 
 
+class EpochSampler(torch.utils.data.Sampler[int]):
+    """Yields the global sample indices `epoch · n + i`, `i` from `start` to `n`; resumable mid-epoch.
+
+    The epoch travels inside the index, so persistent DataLoader workers (which hold their own copy of
+    the dataset) need no notification when it changes.
+    """
+
+    def __init__(self, num_samples: int):
+        self.num_samples, self.epoch, self.start = int(num_samples), 0, 0
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        """Select the epoch and the first sample of the next iteration (for a resumed run)."""
+        self.epoch, self.start = int(epoch), int(start)
+
+    def __iter__(self):
+        first, self.start = self.start, 0
+        return iter(range(self.epoch * self.num_samples + first, (self.epoch + 1) * self.num_samples))
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start
+
+
 class PatchDataset(torch.utils.data.Dataset):
-    """Map-style dataset of `num_samples` patches per epoch, reproducible for a (seed, rank, epoch, index).
+    """Map-style dataset indexed by a *global* sample index; sample i is a pure function of (seed, rank, i).
 
     Args:
         crops: training crops (their array handles open lazily in each worker).
         sampler: index → `PatchSpec`.
         voxel_size_nm: training grid voxel size (z, y, x).
         read_shape_vox: patch shape including augmentation context (z, y, x); `(1, H, W)` for 2D.
-        num_samples: samples per epoch.
+        num_samples: samples per epoch (the `EpochSampler` turns epochs into global indices).
         em_pad_value: EM value of "outside the imaged volume"; such voxels become unknown.
     """
 
@@ -64,11 +86,6 @@ class PatchDataset(torch.utils.data.Dataset):
         self.read_shape_vox = tuple(int(n) for n in read_shape_vox)
         self.num_samples = int(num_samples)
         self.em_pad_value = em_pad_value
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (sample stream offset); call before each epoch, as with DistributedSampler."""
-        self.epoch = int(epoch)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -90,7 +107,7 @@ class PatchDataset(torch.utils.data.Dataset):
         return Grid(translation_nm=tuple(origin), shape_vox=tuple(shape), voxel_size_nm=vs)  # type: ignore[arg-type]
 
     def __getitem__(self, i: int) -> dict[str, object]:
-        spec = self.sampler(self.epoch * self.num_samples + int(i))
+        spec = self.sampler(int(i))
         crop = self.crops[spec.crop]
         grid = self.grid_for(spec)
         em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value, dtype=np.uint8)

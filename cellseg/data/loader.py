@@ -17,7 +17,7 @@ import torch
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.augment import GpuAugment
 from cellseg.data.crops import Catalog
-from cellseg.data.dataset import PatchDataset, context_shape
+from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
 from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import SplitEntry, read_datasplit, split_catalog, write_datasplit
 from cellseg.data.targets import CropSource
@@ -53,6 +53,7 @@ class TrainData:
 
     loader: torch.utils.data.DataLoader
     dataset: PatchDataset
+    sampler: EpochSampler
     augment: GpuAugment
     train_crops: list[CropSource]
     val_crops: list[CropSource]
@@ -84,8 +85,9 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     dataset = PatchDataset(train, sampler, voxel_size_nm=data.voxel_size_nm, read_shape_vox=read_shape,
                            num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value)
     workers = loader.num_workers
+    epochs = EpochSampler(loader.samples_per_epoch)
     dl = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, drop_last=True,
+        dataset, batch_size=batch_size, sampler=epochs, num_workers=workers, drop_last=True,
         pin_memory=loader.pin_memory and torch.cuda.is_available(),
         persistent_workers=loader.persistent_workers and workers > 0,
         prefetch_factor=loader.prefetch_factor if workers > 0 else None,
@@ -93,4 +95,4 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     )
     gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
-    return TrainData(loader=dl, dataset=dataset, augment=gpu_augment, train_crops=train, val_crops=val, split=split)
+    return TrainData(loader=dl, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=train, val_crops=val, split=split)

@@ -157,3 +157,8 @@ def broadcast_object(obj: object, d: Dist) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def restart_count() -> int:
+    """How often torchrun's elastic agent restarted this job (0 for a first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

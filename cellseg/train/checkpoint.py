@@ -1,0 +1,139 @@
+"""Complete, atomic checkpoints and the top-k bookkeeping of a run directory.
+
+A checkpoint holds everything needed to continue bit for bit: the unwrapped model's weights, optimizer,
+scheduler, GradScaler and EMA states, the step, the micro-batch size after any OOM back-off, every RNG
+state (Python, NumPy, torch CPU and CUDA), the resolved config, package versions, the git commit and the
+validation metric. It is written to a temporary file and renamed, so a crash never leaves a truncated
+`last.pt`.
+
+Layout: `run_dir/checkpoints/last.pt`, `step_<N>.pt` for the `keep_top_k` best validation scores,
+`best.pt` (a hard link, or a copy, of the best one) and `index.json` (step → metric).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+PACKAGES = ("cellseg", "torch", "numpy", "monai", "timm", "zarr", "tensorstore")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages that shape a run's results."""
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    out["cuda"] = str(torch.version.cuda)
+    out["cudnn"] = str(torch.backends.cudnn.version())
+    return out
+
+
+def git_commit(path: str | os.PathLike[str] | None = None) -> str:
+    """The commit of the cellseg checkout (or "unknown" outside a git tree)."""
+    here = Path(path or Path(__file__).resolve().parent)
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a run touches."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state()`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and state.get("cuda"):
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """torch.save to a temporary sibling, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint.
+
+    Raises:
+        FileNotFoundError: naming the run directory's checkpoint folder when it is empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        present = sorted(p.name for p in path.parent.glob("*.pt")) if path.parent.is_dir() else []
+        raise FileNotFoundError(f"{path}: no checkpoint here (present: {present or 'none'})")
+    return torch.load(path, map_location=map_location, weights_only=False)
+
+
+@dataclass
+class CheckpointKeeper:
+    """Writes `last.pt` and keeps the `top_k` best checkpoints by validation score (higher is better)."""
+
+    directory: Path
+    top_k: int = 3
+    scores: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        index = self.directory / "index.json"
+        if index.is_file():
+            self.scores = {int(k): float(v) for k, v in json.loads(index.read_text()).items()}
+
+    def save_last(self, state: dict[str, Any]) -> Path:
+        """Overwrite `last.pt` atomically."""
+        path = self.directory / "last.pt"
+        save_atomic(state, path)
+        return path
+
+    def offer(self, state: dict[str, Any], step: int, score: float) -> bool:
+        """Keep this checkpoint if it is among the `top_k` best; update `best.pt`. Returns True if kept."""
+        ranked = sorted({**self.scores, step: score}.items(), key=lambda kv: -kv[1])[: self.top_k]
+        if step not in dict(ranked):
+            return False
+        save_atomic(state, self.directory / f"step_{step}.pt")
+        for old in set(self.scores) - set(dict(ranked)):
+            (self.directory / f"step_{old}.pt").unlink(missing_ok=True)
+        self.scores = dict(ranked)
+        save_atomic_text(json.dumps(self.scores, indent=1), self.directory / "index.json")
+        self._link_best(ranked[0][0])
+        return True
+
+    def _link_best(self, step: int) -> None:
+        best, tmp = self.directory / "best.pt", self.directory / ".best.pt.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(self.directory / f"step_{step}.pt", tmp)
+        except OSError:  # file systems without hard links
+            shutil.copyfile(self.directory / f"step_{step}.pt", tmp)
+        os.replace(tmp, best)
+
+
+def save_atomic_text(text: str, path: Path) -> None:
+    """Write text to a temporary sibling, then rename over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

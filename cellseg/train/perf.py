@@ -1,0 +1,64 @@
+"""Throughput accounting: FLOPs per training step (counted once) and MFU against a *measured* matmul peak.
+
+The peak is a bf16 8192³ matmul on random data (all-zero inputs run faster and overstate it), measured once
+per GPU model and cached in `~/.cache/cellseg/matmul_peak.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from cellseg.models import build_model
+from cellseg.models.summary import count_flops
+
+log = logging.getLogger(__name__)
+CACHE = Path(os.environ.get("CELLSEG_CACHE", Path.home() / ".cache" / "cellseg")) / "matmul_peak.json"
+MATMUL_N = 8192
+
+
+def measure_matmul_peak(device: torch.device, *, repeats: int = 10) -> float:
+    """Dense bf16 matmul throughput in TFLOP/s on `device` (random inputs, after 3 warm-ups)."""
+    a = torch.randn(MATMUL_N, MATMUL_N, device=device, dtype=torch.bfloat16)
+    b = torch.randn(MATMUL_N, MATMUL_N, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - start) / repeats
+    return 2 * MATMUL_N**3 / seconds / 1e12
+
+
+def matmul_peak_tflops(device: torch.device) -> float | None:
+    """The cached (or freshly measured) bf16 peak of this GPU model; None on CPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    if name not in cache:
+        cache[name] = measure_matmul_peak(device)
+        log.info("measured bf16 matmul peak of %s: %.0f TFLOP/s", name, cache[name])
+        try:
+            CACHE.parent.mkdir(parents=True, exist_ok=True)
+            CACHE.write_text(json.dumps(cache, indent=1))
+        except OSError:  # a read-only home is fine: measure again next time
+            pass
+    return float(cache[name])
+
+
+def train_flops_per_sample(name: str, in_channels: int, out_channels: int, patch_vox: Sequence[int], *,
+                           preset: str = "default", params: dict | None = None) -> int:
+    """Forward + backward FLOPs for one sample, counted on the meta device (no memory, no GPU time)."""
+    with torch.device("meta"):
+        model = build_model(name, in_channels, out_channels, preset=preset, **(params or {}))
+    shape = (1, in_channels, *(patch_vox[1:] if model.spec.spatial_dims == 2 else patch_vox))
+    return count_flops(model, shape, backward=True)

@@ -1,0 +1,220 @@
+"""Everything a training job needs before its first step, in order: process group and backends → seeds →
+run directory (config.yaml, meta.json) → model → batch size → data → loss/optimizer/schedule → resume →
+compile → DDP. `Setup` holds the results and knows how to write and read a checkpoint of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cellseg.config.load import dump, to_dict
+from cellseg.config.schema import RunConfig
+from cellseg.data.loader import TrainData, build_train_data
+from cellseg.losses import SegmentationLoss
+from cellseg.models import build_model, get_entry
+from cellseg.train import runtime
+from cellseg.train.batch import find_batch_size
+from cellseg.train.checkpoint import CheckpointKeeper, git_commit, load, set_rng_state, versions
+from cellseg.train.compile import maybe_compile
+from cellseg.train.optim import EMA, build_optimizer, build_scheduler
+from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
+
+log = logging.getLogger(__name__)
+MICRO_BATCH_FILE = "micro_batch.json"
+
+
+@dataclass
+class TrainState:
+    """What changes every step (and is checkpointed)."""
+
+    step: int = 0
+    micro_batch: int = 1
+
+
+@dataclass
+class Setup:
+    """The assembled training job (see the module docstring for the order)."""
+
+    cfg: RunConfig
+    dist: runtime.Dist
+    precision: runtime.Precision
+    run_dir: Path
+    model: torch.nn.Module  # unwrapped, on device
+    net: torch.nn.Module  # compiled and/or DDP-wrapped view used for training
+    memory_format: torch.memory_format
+    batch_size: int
+    data: TrainData
+    criterion: SegmentationLoss
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    ema: EMA | None
+    keeper: CheckpointKeeper
+    flops_per_sample: int
+    peak_tflops: float | None
+    voxels_per_sample: int
+    state: TrainState = field(default_factory=TrainState)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def state_dict(self, *, metric: float | None, rng: dict[str, Any]) -> dict[str, Any]:
+        """A complete checkpoint (see `cellseg.train.checkpoint`)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema else None, "step": self.state.step,
+                "micro_batch": self.state.micro_batch, "rng": rng, "config": to_dict(self.cfg),
+                "meta": self.meta, "metric": metric}
+
+    def load_state(self, ckpt: dict[str, Any]) -> None:
+        """Restore a checkpoint written by `state_dict`."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None and ckpt.get("ema") is not None:
+            self.ema.load_state_dict(ckpt["ema"])
+        self.state = TrainState(step=ckpt["step"], micro_batch=ckpt["micro_batch"])
+        set_rng_state(ckpt["rng"])
+
+    def eval_model(self) -> torch.nn.Module:
+        """The unwrapped model (with EMA weights, if any) for validation."""
+        if self.ema is None:
+            return self.model
+        model = build_model(self.cfg.model.name, 1, self.cfg.data.num_target_channels, preset=self.cfg.model.preset,
+                            **self.cfg.model.params).to(self.dist.device)
+        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.ema.state_dict().items()})
+        return model
+
+    def persist_micro_batch(self, micro_batch: int) -> None:
+        """Record a reduced micro-batch so that an elastic restart picks it up."""
+        if self.dist.is_main:
+            (self.run_dir / MICRO_BATCH_FILE).write_text(json.dumps({"micro_batch": micro_batch}))
+
+
+def resolve_precision(precision: str, device: torch.device) -> runtime.Precision:
+    """"auto" → bf16 on CUDA (fp16 where bf16 is unsupported), fp32 on CPU."""
+    if precision != "auto":
+        return precision  # type: ignore[return-value]
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch generators (per rank: pass seed + rank)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _model_params(cfg: RunConfig) -> dict[str, Any]:
+    params = dict(cfg.model.params)
+    if cfg.train.activation_checkpointing:
+        if "use_checkpoint" not in get_entry(cfg.model.name).param_names():
+            raise ValueError(f"train.activation_checkpointing: {cfg.model.name} has no activation checkpointing "
+                             "(the swin models do)")
+        params["use_checkpoint"] = True
+    return params
+
+
+def _make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -> torch.nn.Module:
+    model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **_model_params(cfg))
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+    model.validate_input(torch.empty((1, 1, *patch), device="meta"))  # patch must fit the model's divisor
+    return model.to(device=device, memory_format=fmt)
+
+
+def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
+                fmt: torch.memory_format) -> int:
+    if cfg.train.batch_size != "auto":
+        return int(cfg.train.batch_size)
+    if d.device.type != "cuda":
+        log.info("train.batch_size=auto on CPU: using 2")
+        return 2
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+
+    def make_input(b: int) -> torch.Tensor:
+        return torch.randn((b, 1, *patch), device=d.device).contiguous(memory_format=fmt)
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return out.float().square().mean()
+
+    with runtime.autocast(d.device, precision):
+        found = find_batch_size(model, make_input, loss_fn, device=d.device, memory_fraction=cfg.train.memory_fraction,
+                                max_batch=cfg.train.max_auto_batch)
+    if d.distributed:
+        t = torch.tensor(found, device=d.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        found = int(t)
+    return found
+
+
+def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump(cfg))
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+
+
+def build_setup(cfg: RunConfig, *, resume: bool = False) -> Setup:
+    """Assemble a training job (module docstring); resumes from `run_dir/checkpoints/last.pt` if asked."""
+    tc = cfg.train
+    d = runtime.init_distributed(tc.device)
+    runtime.configure_backends(tf32=tc.tf32, cudnn_benchmark=tc.cudnn_benchmark)
+    precision = resolve_precision(tc.precision, d.device)
+    seed_everything(tc.seed + d.rank)
+    run_dir = Path(cfg.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    resume = resume or runtime.restart_count() > 0
+    if d.is_main and not resume and (ckpt_dir / "last.pt").exists():
+        raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
+    spatial_dims = 2 if cfg.data.is_2d else 3
+    fmt = runtime.memory_format(spatial_dims, tc.channels_last and d.device.type == "cuda")
+    model = _make_model(cfg, d.device, fmt)
+    batch = _batch_size(cfg, model, d, precision, fmt)
+    if d.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    runtime.barrier(d)
+    data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
+                            run_dir=run_dir if d.is_main else None)
+    weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
+              [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
+    criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
+                                 channel_weights=weights).to(d.device)
+    optimizer = build_optimizer(model, cfg.optim, d.device)
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
+    patch = cfg.data.patch_shape_vox
+    meta = {"git_commit": git_commit(), "versions": versions(), "model": model.spec.to_dict(),
+            "classes": list(cfg.data.classes), "boundary_classes": list(cfg.data.boundary_classes),
+            "channels": list(cfg.data.classes) + [f"{c}_boundary" for c in cfg.data.boundary_classes],
+            "voxel_size_nm": list(cfg.data.voxel_size_nm), "patch_shape_vox": list(patch), "batch_size": batch,
+            "world_size": d.world_size, "precision": precision, "device": str(d.device),
+            "gpu": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"}
+    s = Setup(cfg=cfg, dist=d, precision=precision, run_dir=run_dir, model=model, net=model, memory_format=fmt,
+              batch_size=batch, data=data, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+              scaler=runtime.make_scaler(precision, d.device),
+              ema=EMA(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
+              keeper=CheckpointKeeper(ckpt_dir, top_k=tc.keep_top_k),
+              flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
+                                                      preset=cfg.model.preset, params=_model_params(cfg)),
+              peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
+              state=TrainState(micro_batch=batch), meta=meta)
+    if resume:
+        s.load_state(load(ckpt_dir / "last.pt", map_location=d.device))
+        override = run_dir / MICRO_BATCH_FILE
+        if override.is_file():
+            s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
+        log.info("resumed %s at step %d", run_dir, s.state.step)
+    compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt, batch=s.state.micro_batch)
+    s.net = runtime.wrap_ddp(compiled, d)
+    meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
+    if d.is_main:
+        _write_run_files(cfg, run_dir, meta)
+    return s
