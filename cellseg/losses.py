@@ -3,10 +3,14 @@
 Every target channel (classes, then boundary channels of instance classes) is a binary map with a
 *known* mask; unknown voxels (unannotated classes, outside the crop, black EM) contribute nothing.
 
-- BCE: mean over known voxels of each channel, then a weighted mean over channels that have any known
-  voxel in the batch (so a class unannotated in every sample of the batch does not dilute the loss).
-- Soft Dice ("batch Dice", as nnU-Net computes it): sums over batch and space of the known voxels,
-  1 − (2·Σpt + ε) / (Σp + Σt + ε) per channel, weighted mean over channels with known voxels.
+Both terms are computed *per sample* and then averaged over the batch, so the loss of a batch is the
+mean of the losses of its samples: splitting a batch into micro-batches (gradient accumulation, OOM
+back-off) or over DDP ranks gives exactly the same gradient.
+
+- BCE: per sample and channel, the mean over known voxels; then the weighted mean over the channels that
+  have known voxels in that sample (an unannotated class does not dilute the loss).
+- Soft Dice: per sample and channel, 1 − (2·Σpt + ε) / (Σp + Σt + ε) over known voxels; the same
+  weighted mean over channels.
 
 Computed in float32 whatever the autocast dtype (logits are upcast).
 Shapes: `B` batch, `C` channels (K classes + A boundary channels), `S` spatial axes.
@@ -22,15 +26,15 @@ import torch.nn.functional as F
 DICE_EPS = 1.0  # additive smoothing in voxels: a channel with no foreground anywhere is not forced to 0
 
 
-def _channel_mean(values_BCS: torch.Tensor, known_BCS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dims = (0, *range(2, values_BCS.ndim))
-    count = known_BCS.sum(dim=dims)
-    return (values_BCS * known_BCS).sum(dim=dims) / count.clamp(min=1), count > 0
+def _spatial(x: torch.Tensor) -> tuple[int, ...]:
+    return tuple(range(2, x.ndim))
 
 
-def _weighted(values_C: torch.Tensor, present_C: torch.Tensor, weights_C: torch.Tensor | None) -> torch.Tensor:
-    w = present_C.float() if weights_C is None else weights_C * present_C
-    return (values_C * w).sum() / w.sum().clamp(min=1e-8)
+def _weighted(values_BC: torch.Tensor, present_BC: torch.Tensor, weights_C: torch.Tensor | None) -> torch.Tensor:
+    """Per sample, the weighted mean over channels with known voxels; then the mean over samples."""
+    w = present_BC.float() if weights_C is None else weights_C[None] * present_BC
+    per_sample = (values_BC * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-8)
+    return per_sample.mean()
 
 
 def masked_bce(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: torch.Tensor,
@@ -38,17 +42,18 @@ def masked_bce(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: to
     """Binary cross-entropy over known voxels, averaged per channel then over channels."""
     known = known_BCS.float()
     bce = F.binary_cross_entropy_with_logits(logits_BCS.float(), target_BCS.float(), reduction="none")
-    per_channel, present = _channel_mean(bce, known)
-    return _weighted(per_channel, present, weights_C)
+    count = known.sum(dim=_spatial(known))
+    per_channel = (bce * known).sum(dim=_spatial(known)) / count.clamp(min=1)
+    return _weighted(per_channel, count > 0, weights_C)
 
 
 def masked_soft_dice(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: torch.Tensor,
                      weights_C: torch.Tensor | None = None) -> torch.Tensor:
-    """1 − soft Dice per channel over known voxels (batch Dice), averaged over channels."""
+    """1 − soft Dice per sample and channel over known voxels, averaged over channels then samples."""
     known = known_BCS.float()
     prob = torch.sigmoid(logits_BCS.float()) * known
     target = target_BCS.float() * known
-    dims = (0, *range(2, logits_BCS.ndim))
+    dims = _spatial(known)
     intersection = (prob * target).sum(dim=dims)
     denominator = prob.sum(dim=dims) + target.sum(dim=dims)
     dice = (2 * intersection + DICE_EPS) / (denominator + DICE_EPS)

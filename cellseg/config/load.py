@@ -91,6 +91,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(err))
         raise ValueError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {_type_name(tp)}")
     if origin is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
+            value = "on" if value else "off"
         if value not in args:
             raise ValueError(f"{key}: {value!r} is not one of {list(args)}")
         return value

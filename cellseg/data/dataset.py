@@ -45,25 +45,36 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):
-    """Yields the global sample indices `epoch · n + i`, `i` from `start` to `n`; resumable mid-epoch.
+    """The global sample indices of one rank, epoch by epoch; resumable mid-epoch.
 
-    The epoch travels inside the index, so persistent DataLoader workers (which hold their own copy of
-    the dataset) need no notification when it changes.
+    An epoch has `num_samples // (batch_size · world_size)` global batches; global batch t of epoch e is
+    the samples `e · num_samples + t · B · W + [0, B · W)`, and rank r takes its slice `r · B + [0, B)`.
+    So the samples of a step do not depend on how they are spread over ranks: 2 ranks × batch 1 see what
+    1 rank × batch 2 sees. The epoch travels inside the index, so persistent DataLoader workers (with
+    their own copy of the dataset) need no notification when it changes.
     """
 
-    def __init__(self, num_samples: int):
-        self.num_samples, self.epoch, self.start = int(num_samples), 0, 0
+    def __init__(self, num_samples: int, *, batch_size: int, rank: int = 0, world_size: int = 1):
+        self.num_samples, self.batch_size, self.rank, self.world_size = num_samples, batch_size, rank, world_size
+        self.batches_per_epoch = num_samples // (batch_size * world_size)
+        if self.batches_per_epoch < 1:
+            raise ValueError(f"loader.samples_per_epoch={num_samples} is smaller than one global batch "
+                             f"({batch_size} x {world_size} ranks)")
+        self.epoch, self.start_batch = 0, 0
 
-    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
-        """Select the epoch and the first sample of the next iteration (for a resumed run)."""
-        self.epoch, self.start = int(epoch), int(start)
+    def set_epoch(self, epoch: int, *, start_batch: int = 0) -> None:
+        """Select the epoch and the first batch of the next iteration (for a resumed run)."""
+        self.epoch, self.start_batch = int(epoch), int(start_batch)
 
     def __iter__(self):
-        first, self.start = self.start, 0
-        return iter(range(self.epoch * self.num_samples + first, (self.epoch + 1) * self.num_samples))
+        first, self.start_batch = self.start_batch, 0
+        base, global_batch = self.epoch * self.num_samples, self.batch_size * self.world_size
+        for t in range(first, self.batches_per_epoch):
+            start = base + t * global_batch + self.rank * self.batch_size
+            yield from range(start, start + self.batch_size)
 
     def __len__(self) -> int:
-        return self.num_samples - self.start
+        return (self.batches_per_epoch - self.start_batch) * self.batch_size
 
 
 class PatchDataset(torch.utils.data.Dataset):

@@ -61,7 +61,8 @@ class TrainData:
 
 
 def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
-                     rank: int = 0, run_dir: str | Path | None = None, mp_context: str = "spawn") -> TrainData:
+                     rank: int = 0, world_size: int = 1, run_dir: str | Path | None = None,
+                     mp_context: str = "spawn") -> TrainData:
     """Split, open crops, index foreground, and build the DataLoader and GPU augmentation.
 
     Raises:
@@ -79,13 +80,13 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     extent = [n * v for n, v in zip(data.patch_shape_vox, data.voxel_size_nm, strict=True)]
     sampler = PatchSampler(train, index, patch_extent_nm=extent, mode=data.sampler,
                            slice_axes=[AXIS_INDEX[a] for a in data.slice_axes] if data.is_2d else (0,),
-                           seed=seed, rank=rank)
+                           seed=seed)
     read_shape = context_shape(data.patch_shape_vox, augment.context_factor if augment.enabled else 1.0,
                                is_2d=data.is_2d)
     dataset = PatchDataset(train, sampler, voxel_size_nm=data.voxel_size_nm, read_shape_vox=read_shape,
                            num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value)
     workers = loader.num_workers
-    epochs = EpochSampler(loader.samples_per_epoch)
+    epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
     dl = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=epochs, num_workers=workers, drop_last=True,
         pin_memory=loader.pin_memory and torch.cuda.is_available(),

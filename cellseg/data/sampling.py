@@ -8,9 +8,9 @@ included — is the target of one sample in every K, whatever its voxel count. A
 samples instead draws a crop with probability proportional to its annotated volume (nm³) and a centre
 uniformly inside it, so that background context is seen too. `sampler="uniform"` uses only that rule.
 
-Everything is a pure function of (seed, rank, index): any DataLoader worker can produce any sample, runs
-are reproducible regardless of the number of workers, and DDP ranks (different `rank`) see different
-samples.
+Everything is a pure function of (seed, global index): any DataLoader worker can produce any sample, runs
+are reproducible regardless of the number of workers, and DDP ranks see different samples because
+`EpochSampler` hands each rank its own slice of the global index stream.
 
 The foreground index reads each label on the crop box at twice the training voxel size (cheap) and keeps
 up to `MAX_POINTS` foreground voxel centres in world coordinates.
@@ -82,7 +82,7 @@ class PatchSpec:
 
 
 class PatchSampler:
-    """Index → `PatchSpec`, a pure function of (seed, rank, index).
+    """Global index → `PatchSpec`, a pure function of (seed, index).
 
     Args:
         crops: the training crops.
@@ -91,12 +91,12 @@ class PatchSampler:
         mode: "class_balanced" or "uniform".
         uniform_fraction: share of class-balanced samples drawn uniformly instead.
         slice_axes: 2D only: axes (0-2) a patch may be cut across.
-        seed, rank: make streams reproducible and distinct per DDP rank.
+        seed: the sample stream.
     """
 
     def __init__(self, crops: Sequence[CropSource], index: ForegroundIndex, *, patch_extent_nm: Sequence[float],
                  mode: str = "class_balanced", uniform_fraction: float = 0.2, slice_axes: Sequence[int] = (0,),
-                 seed: int = 0, rank: int = 0):
+                 seed: int = 0):
         self.boxes = np.array([[c.start_nm, c.stop_nm] for c in crops], dtype=np.float64)  # (n, 2, 3)
         volume = np.prod(self.boxes[:, 1] - self.boxes[:, 0], axis=1)
         self.crop_p = volume / volume.sum()
@@ -105,10 +105,10 @@ class PatchSampler:
         self.extent = np.asarray(patch_extent_nm, dtype=np.float64)
         self.mode, self.uniform_fraction = mode, uniform_fraction
         self.slice_axes = tuple(slice_axes)
-        self.seed, self.rank = seed, rank
+        self.seed = seed
 
     def _rng(self, *key: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.rank, *key])
+        return np.random.default_rng([self.seed, *key])
 
     def __call__(self, i: int) -> PatchSpec:
         rng = self._rng(1, i)

@@ -128,7 +128,11 @@ def _model_params(cfg: RunConfig) -> dict[str, Any]:
 def _make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -> torch.nn.Module:
     model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **_model_params(cfg))
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    model.validate_input(torch.empty((1, 1, *patch), device="meta"))  # patch must fit the model's divisor
+    try:
+        model.validate_input(torch.empty((1, 1, *patch), device="meta"))  # patch must fit the model's divisor
+    except ValueError as err:
+        raise ValueError(f"data.patch_shape_vox={list(cfg.data.patch_shape_vox)} does not suit {cfg.model.name}: "
+                         f"{err}") from None
     return model.to(device=device, memory_format=fmt)
 
 
@@ -183,6 +187,7 @@ def build_setup(cfg: RunConfig, *, resume: bool = False) -> Setup:
         run_dir.mkdir(parents=True, exist_ok=True)
     runtime.barrier(d)
     data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
+                            world_size=d.world_size,
                             run_dir=run_dir if d.is_main else None)
     weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
               [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)

@@ -44,10 +44,10 @@ class Trainer:
     # -- data -------------------------------------------------------------------------------------------
     def _batches(self) -> Iterator[Batch]:
         """Loader batches from where the run stands (the sample stream is a pure function of the index)."""
-        per_epoch = len(self.s.data.loader)
-        epoch, offset = divmod(self.s.state.step * self.cfg.train.grad_accum_steps, per_epoch)
+        sampler = self.s.data.sampler
+        epoch, offset = divmod(self.s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
         while True:
-            self.s.data.sampler.set_epoch(epoch, start=offset * self.s.batch_size)
+            sampler.set_epoch(epoch, start_batch=offset)
             yield from self.s.data.loader
             epoch, offset = epoch + 1, 0
 
@@ -108,18 +108,20 @@ class Trainer:
         s, tc = self.s, self.cfg.train
         run_log = RunLog(s.run_dir, enabled=s.dist.is_main, total_steps=tc.max_steps, start_step=s.state.step)
         stop, batches, last = StopRequest(), self._batches(), {}
-        window_start, window_steps = time.perf_counter(), 0
+        window_start, window_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=s.dist.device)
         try:
             with self._profiler() as prof:
                 while s.state.step < tc.max_steps:
                     loss, grad_norm = self.train_step([next(batches) for _ in range(tc.grad_accum_steps)])
+                    loss_sum += loss
                     window_steps += 1
                     if prof is not None:
                         prof.step()
                     step = s.state.step
                     if step % tc.log_every == 0 or step == tc.max_steps:
-                        last = self._log(run_log, loss, grad_norm, window_steps, time.perf_counter() - window_start)
-                        window_start, window_steps = time.perf_counter(), 0
+                        last = self._log(run_log, loss_sum / window_steps, grad_norm, window_steps,
+                                         time.perf_counter() - window_start)
+                        window_start, window_steps, loss_sum = time.perf_counter(), 0, loss_sum.zero_()
                     if step % tc.val_every == 0 or step == tc.max_steps:
                         last["val"] = self._validate(run_log)
                     elif step % tc.checkpoint_every == 0:

@@ -83,15 +83,19 @@ def test_2d_patches_and_slicing_axes(root):
 
 
 def test_samples_reproducible_and_distinct_per_rank(root):
-    def specs(rank, seed=1):
-        td = build_train_data(
-            _data(root), LoaderConfig(num_workers=0), AugmentConfig(), batch_size=2, seed=seed, rank=rank
-        )
-        return [td.dataset.sampler(i) for i in range(20)]
+    def build(rank, world, batch, seed=1):
+        return build_train_data(_data(root), LoaderConfig(num_workers=0, samples_per_epoch=8), AugmentConfig(),
+                                batch_size=batch, seed=seed, rank=rank, world_size=world)
 
-    assert specs(0) == specs(0)
-    assert specs(0) != specs(1)
-    assert specs(0, seed=2) != specs(0)
+    r0, r1 = build(0, 2, 1), build(1, 2, 1)
+    i0, i1 = list(r0.sampler), list(r1.sampler)
+    assert not set(i0) & set(i1) and len(i0) == len(i1) == 4
+    single = list(build(0, 1, 2).sampler)
+    assert sorted(i0 + i1) == single  # 2 ranks x batch 1 see exactly what 1 rank x batch 2 sees
+    assert [r0.dataset.sampler(i) for i in i0] == [build(0, 2, 1).dataset.sampler(i) for i in i0]
+    assert [r0.dataset.sampler(i) for i in i0] != [build(0, 2, 1, seed=2).dataset.sampler(i) for i in i0]
+    r0.sampler.set_epoch(1, start_batch=2)
+    assert list(r0.sampler) == [8 + 2 * 2 + 0, 8 + 3 * 2 + 0]
 
 
 def test_class_balanced_sampler_visits_every_class(root):
