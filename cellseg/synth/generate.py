@@ -33,7 +33,7 @@ from cellseg.synth.scene import Scene, build_scene
 from cellseg.synth.splits import choose_validation
 
 log = logging.getLogger(__name__)
-_SCENES: list[Scene] = []  # set in each worker by `_init`
+_SCENES: list[Scene] = []  # the scenes tasks refer to by index (set in each worker by `_init_worker`)
 _PRELOAD = ("cellseg.synth.generate", "scipy.ndimage", "cc3d", "zarr", "numcodecs.blosc")
 
 
@@ -71,7 +71,7 @@ class SynthSummary:
         return "\n".join(lines)
 
 
-def _init(scenes: list[Scene]) -> None:
+def _init_worker(scenes: list[Scene]) -> None:
     from numcodecs import blosc
 
     blosc.use_threads = False  # see `_deterministic_blosc`
@@ -120,16 +120,17 @@ def _run(fn: Callable[[Any], Any], tasks: list[Any], *, workers: int, scenes: li
 
     bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=None, leave=False)
     if workers <= 1 or len(tasks) <= 1:
-        _init(scenes)
+        _SCENES[:] = scenes
         for task in tasks:
             yield fn(task)
             bar.update()
+        _SCENES.clear()
     else:
         # forkserver: workers never inherit threads (blosc, tqdm) from this process; the server imports
         # the heavy modules once so that each worker starts in milliseconds.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(_PRELOAD))
-        pool = context.Pool(min(workers, len(tasks)), initializer=_init, initargs=(scenes,))
+        pool = context.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(scenes,))
         try:
             for result in pool.imap_unordered(fn, tasks, chunksize=1):
                 yield result
@@ -177,9 +178,11 @@ def _render_and_write(root: Path, scenes: list[Scene], preset: Preset, workers: 
             volumes[i][tuple(slice(s, s + n) for s, n in zip(start, shape, strict=True))] = data
         else:
             crops[result[1]] = (result[2], result[3])
+    log.info("rendered %d EM blocks and wrote %d crops", len(tasks) - len(crops), len(crops))
     em_tasks = [("em", i, str(root), volumes[i]) for i in range(len(scenes))]
     for _ in _run(_work, em_tasks, workers=workers, scenes=scenes, desc="write EM"):
         pass
+    log.info("wrote %d EM pyramids", len(scenes))
     return crops
 
 

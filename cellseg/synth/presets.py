@@ -6,8 +6,8 @@ stays resolvable at its own s0, the way organelle sizes are "scaled to the voxel
 
 | preset | datasets | EM per dataset | crops (train + test) | use |
 |---|---|---|---|---|
-| tiny   | 3 | 64–80³          | 6 + 2  | unit tests (a few seconds) |
-| small  | 4 | 176–224³        | 14 + 4 | the CPU demo (≈ 1 min) |
+| tiny   | 3 | 72–96³          | 6 + 2  | unit tests (a few seconds) |
+| small  | 4 | 176–224³        | 13 + 4 | the CPU demo (< 1 min) |
 | medium | 4 | 528–648³ (≥ 1 Gvoxel in all) | 24 + 4 | GPU benchmarks (`--workers 16`) |
 """
 
@@ -164,8 +164,8 @@ SMALL = Preset(name="small", style=SceneStyle(cell_diameter_u=170, organelle_sca
                        _c("test", 1, 64))),
 ))
 
-_M = 648  # 3 × 648³ + 528 × 648² ≈ 1.04 Gvoxel
-MEDIUM = Preset(name="medium", style=SceneStyle(cell_diameter_u=300, organelle_scale=1.5), datasets=tuple(
+_M = 648  # 3 × 648³ + 528 × 648² ≈ 1.04 Gvoxel; 648 = 6 render blocks of 108
+MEDIUM = Preset(name="medium", style=SceneStyle(cell_diameter_u=300, organelle_scale=1.5), block_vox=108, datasets=tuple(
     DatasetSpec(name=name, voxel_size_nm=vs, shape_vox=shape, origin_nm=origin, z_black_vox=black,
                 crops=(_c("train", 1, crop), _c("train", 1, crop), _c("train", 1, crop),
                        _c("train", 1, crop, "no_mt_eres" if i % 2 else "groups"),

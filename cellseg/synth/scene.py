@@ -25,9 +25,10 @@ import numpy as np
 from cellseg.data.crops import Geometry
 from cellseg.synth import populate, sdf
 from cellseg.synth.kinds import CYTO, Units, box_of
-from cellseg.synth.presets import CLASS_SETS, DatasetSpec, Role, SceneStyle
+from cellseg.synth.presets import CLASS_SETS, CropSpec, DatasetSpec, Role, SceneStyle
 from cellseg.synth.shapes import Cells, Nucleus, Shape
 
+PLACEMENT_ROUNDS = 5
 HalfSpace = tuple[np.ndarray, np.ndarray]  # (point, normal): black where (p - point) · normal < 0
 
 
@@ -197,44 +198,73 @@ def _border_site(rng: np.random.Generator, cells: Cells, nuclei: Mapping[int, Nu
     return (center + nearest[int(rng.integers(len(nearest)))]) / 2
 
 
+def _aim(rng: np.random.Generator, number: int, attempt: int, cells: Cells, nuclei: Mapping[int, Nucleus],
+         lo: np.ndarray, hi: np.ndarray, extent: np.ndarray) -> np.ndarray:
+    if attempt >= 400:
+        return rng.uniform(lo, hi)
+    if number % 2:
+        return _border_site(rng, cells, nuclei, lo, hi)
+    return _nucleus_site(rng, nuclei, lo, hi, extent)
+
+
+def _sample_crop(rng: np.random.Generator, crop: CropSpec, number: int, em: Geometry, cells: Cells,
+                 nuclei: Mapping[int, Nucleus], black: Sequence[HalfSpace], taken: Sequence[Geometry]
+                 ) -> Geometry | None:
+    """Random placements: 400 aimed ones (see `place_crops`), then 200 anywhere in or near a cell."""
+    lo, hi = np.array(em.start_nm), np.array(em.stop_nm)
+    extent = np.array(crop.shape_vox) * np.array(em.voxel_size_nm) * crop.scale
+    for attempt in range(600):
+        aim = _aim(rng, number, attempt, cells, nuclei, lo, hi, extent)
+        geometry = _crop_geometry(em, crop.scale, crop.shape_vox, aim + rng.normal(size=3) * 0.05 * extent)
+        if geometry is None or (attempt < 400 and np.any(np.abs(_center(geometry) - aim) > 0.35 * extent)):
+            continue
+        center = _center(geometry)
+        if cells.depth(center[:1], center[1:2], center[2:])[1][0] < -cells.gap_nm:
+            continue  # deep in extracellular space
+        if _fits(geometry, black, taken, pad_nm=max(em.voxel_size_nm)):
+            return geometry
+    return None
+
+
+def _scan_crop(crop: CropSpec, em: Geometry, black: Sequence[HalfSpace], taken: Sequence[Geometry]
+               ) -> Geometry | None:
+    """The first free position on a lattice of quarter-crop steps (the fallback when sampling fails)."""
+    vs = np.array(em.voxel_size_nm) * crop.scale
+    step = np.array(crop.shape_vox) * vs / 4
+    axes = [np.arange(lo + e / 2, hi - e / 2 + 1e-6, s) for lo, hi, e, s in
+            zip(em.start_nm, em.stop_nm, np.array(crop.shape_vox) * vs, step, strict=True)]
+    for center in itertools.product(*axes):
+        geometry = _crop_geometry(em, crop.scale, crop.shape_vox, np.array(center))
+        if geometry is not None and _fits(geometry, black, taken, pad_nm=max(em.voxel_size_nm)):
+            return geometry
+    return None
+
+
 def place_crops(rng: np.random.Generator, spec: DatasetSpec, em: Geometry, cells: Cells,
                 nuclei: Mapping[int, Nucleus], black: Sequence[HalfSpace], crop_ids: Sequence[int]
                 ) -> tuple[PlacedCrop, ...]:
-    """Place every crop of `spec`, else anywhere that fits.
+    """Place every crop of `spec` inside the imaged volume, none overlapping another.
 
     Crops alternate between two aims: just outside a nucleus (envelope, pores, chromatin) and on a cell
-    border (plasma membrane, extracellular space), so that a few crops together hold every class.
+    border (plasma membrane, extracellular space), so that a few crops together hold every class. If
+    random placement fails, a lattice scan takes the first free position.
 
     Raises:
-        ValueError: a crop of the preset cannot be placed (volume too small for its crops).
+        ValueError: the crops of the preset cannot be placed (volume too small for its crops).
     """
-    lo, hi = np.array(em.start_nm), np.array(em.stop_nm)
-    placed: list[PlacedCrop] = []
-    for number, (crop_id, crop) in enumerate(zip(crop_ids, spec.crops, strict=True)):
-        taken = [c.geometry for c in placed]
-        extent = np.array(crop.shape_vox) * np.array(em.voxel_size_nm) * crop.scale
-        for attempt in range(600):
-            aimed = attempt < 400
-            if not aimed:
-                aim = rng.uniform(lo, hi)
-            elif number % 2:
-                aim = _border_site(rng, cells, nuclei, lo, hi)
-            else:
-                aim = _nucleus_site(rng, nuclei, lo, hi, extent)
-            geometry = _crop_geometry(em, crop.scale, crop.shape_vox, aim + rng.normal(size=3) * 0.05 * extent)
-            if geometry is None or (aimed and np.any(np.abs(_center(geometry) - aim) > 0.35 * extent)):
-                continue
-            center = _center(geometry)
-            if cells.depth(center[:1], center[1:2], center[2:])[1][0] < -cells.gap_nm:
-                continue  # deep in extracellular space
-            if _fits(geometry, black, taken, pad_nm=max(em.voxel_size_nm)):
-                placed.append(PlacedCrop(id=crop_id, dataset=spec.name, role=crop.role,
-                                         classes=CLASS_SETS[crop.classes], geometry=geometry))
+    for _ in range(PLACEMENT_ROUNDS):  # earlier crops can block later ones: start over a few times
+        placed: list[Geometry] = []
+        for number, crop in enumerate(spec.crops):
+            geometry = (_sample_crop(rng, crop, number, em, cells, nuclei, black, placed)
+                        or _scan_crop(crop, em, black, placed))
+            if geometry is None:
                 break
+            placed.append(geometry)
         else:
-            raise ValueError(f"preset dataset {spec.name}: cannot place crop {crop_id} ({crop}) in an EM volume of "
-                             f"{spec.shape_vox} voxels without overlapping other crops or black regions")
-    return tuple(placed)
+            return tuple(PlacedCrop(id=i, dataset=spec.name, role=c.role, classes=CLASS_SETS[c.classes], geometry=g)
+                         for i, c, g in zip(crop_ids, spec.crops, placed, strict=True))
+    raise ValueError(f"preset dataset {spec.name}: cannot place its {len(spec.crops)} crops in an EM volume of "
+                     f"{spec.shape_vox} voxels without overlaps or black regions")
 
 
 def build_scene(spec: DatasetSpec, style: SceneStyle, *, seed: int, index: int, crop_ids: Sequence[int]) -> Scene:
