@@ -1,0 +1,60 @@
+"""`cellseg submit`: write the official submission zip from our prediction stores."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+ORDER = 61
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `submit` sub-command."""
+    parser = subparsers.add_parser(
+        "submit",
+        help="write a submission zip at each test crop's geometry",
+        description="Read PREDICTIONS (a zarr store laid out crop<N>/<label>: OME-NGFF multiscale groups or "
+                    "single-scale arrays with voxel_size/translation attributes, any voxel size), bring every "
+                    "(crop, label) of the manifest onto that crop's grid (nearest for instance ids and binary masks; "
+                    "area/linear then > --threshold for float probabilities) and write the official submission zip: "
+                    "single-scale arrays with voxel_size, translation and shape attributes, binary uint8 for "
+                    "semantic labels, uint16/uint32/uint64 ids for instance labels (never wrapped). The zip is "
+                    "written under a temporary name and renamed when complete.",
+    )
+    parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
+    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the packaged official one of --era)")
+    parser.add_argument("--era", choices=("2025", "2026"), default="2026",
+                        help="which packaged official test manifest to use without --manifest (default 2026)")
+    parser.add_argument("--out", required=True, help="submission zip to write")
+    parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
+    parser.add_argument("--threshold", type=float, default=0.5, help="threshold for float probabilities (0.5)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the submission and list what was missing."""
+    from cellseg.eval.submit import load_manifest, write_submission
+
+    if args.manifest:
+        crops = load_manifest(args.manifest)
+    else:
+        from cellseg.data.crops import Catalog
+
+        crops = Catalog.official().test(args.era)
+    if args.labels:
+        from cellseg.data.classes import get_class
+
+        for label in args.labels:
+            get_class(label)  # unknown names: a clear error with suggestions
+    try:
+        report = write_submission(args.predictions, crops, args.out, overwrite=args.overwrite,
+                                  threshold=args.threshold, labels=args.labels,
+                                  progress=sys.stderr.isatty() and not args.quiet)
+    except FileExistsError as err:  # the dispatcher reports ValueErrors as one line
+        raise ValueError(str(err)) from None
+    print(f"wrote {args.out}: {len(report.written)} arrays")
+    if report.missing:
+        print(f"not in the predictions (will score 0): {len(report.missing)}: {', '.join(report.missing[:20])}"
+              + (" ..." if len(report.missing) > 20 else ""))
+    return 0

@@ -1,0 +1,55 @@
+"""`cellseg validate-submission`: list every problem the evaluators would meet, without scoring."""
+
+from __future__ import annotations
+
+import argparse
+
+ORDER = 62
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `validate-submission` sub-command."""
+    parser = subparsers.add_parser(
+        "validate-submission",
+        help="check a submission as the evaluators will read it",
+        description="Read FILE (a submission .zip or zarr directory) the way the official evaluators do and list "
+                    "every problem, without scoring: unsafe zip members, folder layout, missing crops and labels "
+                    "(including labels written as multiscale groups, which are never read), unknown labels, "
+                    "dtype and attribute problems, where each array lands after resampling and snapping, the 2025 "
+                    "copy-length bug, NaNs and the number of instances. Each issue names the era(s) it affects. "
+                    "Exit status 1 when there is an error.",
+    )
+    parser.add_argument("file", help="submission .zip or zarr directory")
+    parser.add_argument("--manifest", help="test_crop_manifest.csv to check against (default: the packaged one)")
+    parser.add_argument("--era", choices=("2025", "2026"), default="2026",
+                        help="which packaged test manifest to use without --manifest or --truth (default 2026)")
+    parser.add_argument("--truth", help="a ground-truth store: check against its crops and count its objects")
+    parser.add_argument("--no-data", action="store_true", help="skip the checks that read array values")
+    parser.add_argument("--all", action="store_true", help="also print info lines")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the issues; exit 1 if any is an error."""
+    from cellseg.eval.io import open_source
+    from cellseg.eval.validate import crops_from_truth, validate_submission
+
+    truth = open_source(args.truth) if args.truth else None
+    if truth is not None:
+        crops = crops_from_truth(truth)
+    elif args.manifest:
+        from cellseg.eval.submit import load_manifest
+
+        crops = load_manifest(args.manifest)
+    else:
+        from cellseg.data.crops import Catalog
+
+        crops = Catalog.official().test(args.era)
+    issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth)
+    shown = [i for i in issues if args.all or i.severity != "info"]
+    for issue in shown:
+        print(issue)
+    errors = sum(i.severity == "error" for i in issues)
+    warnings = sum(i.severity == "warning" for i in issues)
+    print(f"{args.file}: {errors} error(s), {warnings} warning(s) for {len(crops)} crops")
+    return 1 if errors else 0

@@ -1,0 +1,126 @@
+"""Rendering an `Evaluation`: a JSON document with the official key names, and a readable table.
+
+Both always name the era: JSON `"metric": "2025" | "2026"` plus `"metric_title"`, and the table's
+first line "2025 challenge-era metric" / "2026 current metric". Non-finite numbers (an infinite
+Hausdorff distance, the NaN overall score of the 2025 era when a kind of class is absent) are written as
+`null`, as the official evaluators write them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance, nan_to_none
+from cellseg.eval.score import Evaluation
+
+COLUMNS = {
+    ("2025", "instance"): ("combined_score", "accuracy", "normalized_hausdorff_distance", "hausdorff_distance"),
+    ("2025", "semantic"): ("iou", "dice_score"),
+    ("2026", "instance"): ("combined_score", "f1", "normalized_hausdorff_distance", "tp", "fp", "fn"),
+    ("2026", "semantic"): ("iou", "tp", "fp", "fn"),
+}
+CROP_COLUMNS = {
+    ("2025", "instance"): ("combined_score", "accuracy", "normalized_hausdorff_distance", "hausdorff_distance"),
+    ("2025", "semantic"): ("iou", "dice_score"),
+    ("2026", "instance"): ("tp", "fp", "fn", "n_hausdorff", "hausdorff_norm_sum", "status"),
+    ("2026", "semantic"): ("tp", "fp", "fn", "status"),
+}
+SHORT = {"combined_score": "combined", "normalized_hausdorff_distance": "norm_hd", "hausdorff_distance": "hd_nm",
+         "dice_score": "dice", "hausdorff_norm_sum": "hd_sum", "n_hausdorff": "n_hd", "accuracy": "acc"}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return nan_to_none(value)
+
+
+def to_json(ev: Evaluation) -> dict[str, Any]:
+    """The JSON document of an evaluation (official key names; see the module docstring)."""
+    total = sum(len(labels) for labels in ev.crop_scores.values())
+    scored = sum(not s["is_missing"] for labels in ev.crop_scores.values() for s in labels.values())
+    return _clean({
+        "metric": ev.metric,
+        "metric_title": ERA_TITLES[ev.metric],
+        "overall_score": ev.overall_score,
+        "overall_instance_score": ev.overall_instance_score,
+        "overall_semantic_score": ev.overall_semantic_score,
+        "label_scores": ev.label_scores,
+        "crop_scores": ev.crop_scores,
+        "missing": ev.missing,
+        "total_evals": total,
+        "num_evals_scored": scored,
+        "notes": ev.notes,
+        "array_notes": ev.array_notes,
+        "official_evaluator_would_fail": ev.official_failures,
+    })
+
+
+def write_json(ev: Evaluation, path: str | os.PathLike[str]) -> None:
+    """Write `to_json(ev)` atomically (temporary file, then rename)."""
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(to_json(ev), f, indent=2, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any) -> str:
+    value = nan_to_none(value)
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e5 else f"{value:.3g}"
+    return str(value)
+
+
+def _rows(keys: tuple[str, ...], items: list[tuple[str, dict[str, Any]]], indent: str = "") -> list[str]:
+    lines = []
+    for name, scores in items:
+        cells = "  ".join(f"{SHORT.get(k, k)}={_fmt(scores.get(k))}" for k in keys)
+        lines.append(f"{indent}{name:<14} {cells}")
+    return lines
+
+
+def format_table(ev: Evaluation, *, per_crop: bool = False) -> str:
+    """Readable summary: era, overall scores, one line per class (and per crop with `per_crop`)."""
+    lines = [f"cellseg evaluate: {ERA_TITLES[ev.metric]}",
+             f"overall {_fmt(ev.overall_score)}   instance {_fmt(ev.overall_instance_score)}   "
+             f"semantic {_fmt(ev.overall_semantic_score)}"]
+    for kind in ("instance", "semantic"):
+        labels = [k for k in sorted(ev.label_scores) if is_scored_as_instance(k) == (kind == "instance")]
+        if not labels:
+            continue
+        lines += ["", f"{kind} classes ({ERA_TITLES[ev.metric]})"]
+        for label in labels:
+            lines += _rows(COLUMNS[(ev.metric, kind)], [(label, ev.label_scores[label])])
+            if per_crop:
+                crops = [(c, s[label]) for c, s in sorted(ev.crop_scores.items()) if label in s]
+                crops = [(c + (" (missing)" if s["is_missing"] else ""), s) for c, s in crops]
+                lines += _rows(CROP_COLUMNS[(ev.metric, kind)], crops, indent="    ")
+    lines += _problem_lines(ev)
+    return "\n".join(lines)
+
+
+def _problem_lines(ev: Evaluation) -> list[str]:
+    lines = []
+    missing = ev.missing
+    if missing["crops"]:
+        lines.append(f"missing crops (scored 0): {', '.join(missing['crops'])}")
+    for crop, labels in sorted(missing["labels"].items()):
+        lines.append(f"{crop}: missing labels: {', '.join(labels)}")
+    for crop, labels in sorted(missing["unreadable"].items()):
+        lines += [f"{crop}/{label}: {reason}" for label, reason in sorted(labels.items())]
+    for crop, labels in sorted(missing["not_in_truth"].items()):
+        lines.append(f"{crop}: ignored (not in the truth): {', '.join(labels)}")
+    lines += ev.notes
+    if ev.official_failures:
+        lines.append(f"the official {ERA_TITLES[ev.metric]} evaluator would have failed here:")
+        lines += [f"  {f}" for f in ev.official_failures[:20]]
+        if len(ev.official_failures) > 20:
+            lines.append(f"  ... and {len(ev.official_failures) - 20} more (see the JSON)")
+    return ["", *lines] if lines else []

@@ -1,0 +1,232 @@
+"""`evaluate`: score a submission against a ground-truth store under one era's rules.
+
+The (crop, label) pairs scored are exactly the label arrays of the truth (`crop<N>/<label>`, `_mask`
+arrays included, quirk 1). Each pair is one task (`tasks.run_task`); tasks run in a process pool,
+largest first, and are only started while the sum of their estimated memory stays within the budget.
+A task whose own estimate exceeds the budget is refused and scored as missing, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
+
+from cellseg.eval.aggregate import combine
+from cellseg.eval.io import ArrayInfo, CropListing, Source, list_crop, open_source
+from cellseg.eval.layout import Layout, discover
+from cellseg.eval.rules import ERAS, MASK_SUFFIX, Era
+from cellseg.eval.safezip import ZipLimits
+from cellseg.eval.tasks import Task, TaskResult, missing_scores, run_task
+
+log = logging.getLogger(__name__)
+DEFAULT_BUDGET_FRACTION = 0.8  # of the memory available when scoring starts
+
+
+def available_memory_bytes() -> int:
+    """Memory available now (Linux `/proc/meminfo`), or 8 GiB when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3
+
+
+@dataclass(kw_only=True)
+class Evaluation:
+    """Everything one evaluation produced (rendered by `report`)."""
+
+    metric: Era
+    crop_scores: dict[str, dict[str, dict[str, Any]]]
+    label_scores: dict[str, dict[str, Any]]
+    overall_score: float
+    overall_instance_score: float
+    overall_semantic_score: float
+    missing: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    official_failures: list[str] = field(default_factory=list)
+    array_notes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
+def _truth_crops(truth: Source) -> dict[str, CropListing]:
+    crops = {name: list_crop(truth, name) for name in truth.subdirs("")}
+    crops = {name: c for name, c in crops.items() if c.arrays}
+    if not crops:
+        raise ValueError(f"{truth.path}: no crop folders with label arrays; expected the evaluator's ground-truth "
+                         "layout crop<N>/<label> (single-scale arrays with voxel_size, translation, shape)")
+    bad = [f"{c}/{k}: {a.problem}" for c, listing in crops.items() for k, a in listing.arrays.items() if a.problem]
+    if bad:
+        raise ValueError(f"{truth.path}: unreadable truth arrays: {'; '.join(bad[:5])}")
+    return crops
+
+
+def _with_voxel_size(info: ArrayInfo, listing: CropListing, notes: list[str]) -> ArrayInfo:
+    """Truth arrays without `voxel_size` (e.g. masks) borrow their crop's; the official code raises KeyError."""
+    if "voxel_size" in info.attrs:
+        return info
+    donors = [a for a in listing.arrays.values() if "voxel_size" in a.attrs and a.shape == info.shape]
+    if not donors:
+        raise ValueError(f"truth array {info.key} has no voxel_size attribute and no sibling to borrow one from")
+    notes.append(f"truth {info.key} has no voxel_size attribute (the official evaluators raise KeyError); "
+                 f"used {donors[0].key}'s")
+    attrs = {**info.attrs, "voxel_size": donors[0].attrs["voxel_size"],
+             "translation": info.attrs.get("translation", donors[0].attrs.get("translation"))}
+    return dataclasses.replace(info, attrs=attrs)
+
+
+def build_tasks(truth_crops: dict[str, CropListing], layout: Layout, *, era: Era, max_bytes: int,
+                notes: list[str]) -> tuple[list[Task], dict[str, Any]]:
+    """One task per truth (crop, label), and the `missing` summary."""
+    tasks: list[Task] = []
+    missing: dict[str, Any] = {"crops": sorted(set(truth_crops) - set(layout.crops)), "labels": {},
+                               "unreadable": {}, "multiscale_groups": {}, "not_in_truth": {},
+                               "folders_not_in_truth": list(layout.unmatched)}
+    unknown = sorted({label for listing in truth_crops.values() for label in listing.arrays if not _known(label)})
+    if unknown:
+        notes.append(f"truth labels that are not CellMap classes, scored semantically as the official code does: "
+                     f"{', '.join(unknown)}")
+    for crop, listing in sorted(truth_crops.items()):
+        submitted = layout.crops.get(crop)
+        for label, info in sorted(listing.arrays.items()):
+            info = _with_voxel_size(info, listing, notes)
+            pred = submitted.arrays.get(label) if submitted else None
+            if submitted and pred is None:
+                missing["labels"].setdefault(crop, []).append(label)
+                if label in submitted.groups:
+                    missing["multiscale_groups"].setdefault(crop, []).append(label)
+            mask = listing.arrays.get(f"{label}{MASK_SUFFIX}")
+            tasks.append(Task(crop=crop, label=label, truth=info, mask=mask, pred=pred, era=era, max_bytes=max_bytes))
+        if submitted:
+            extra = sorted(set(submitted.arrays) - set(listing.arrays))
+            if extra:
+                missing["not_in_truth"][crop] = extra
+    return tasks, missing
+
+
+def _known(label: str) -> bool:
+    from cellseg.data.classes import get_class
+
+    try:
+        get_class(label.removesuffix(MASK_SUFFIX))
+    except ValueError:
+        return False
+    return True
+
+
+def _failed(task: Task, reason: str) -> TaskResult:
+    scores = {**missing_scores(task, None), "num_voxels": task.truth.num_voxels,
+              "voxel_size": task.truth.attrs.get("voxel_size"), "is_missing": True}
+    return TaskResult(crop=task.crop, label=task.label, scores=scores, unreadable=reason,
+                      official_failure="the official evaluator fails on this array")
+
+
+def _run_parallel(tasks: list[Task], truth: Source, submission: Source, *, workers: int, budget: int,
+                  on_done: Callable[[TaskResult], None]) -> None:
+    pending = sorted(tasks, key=lambda t: t.estimate_bytes(), reverse=True)
+    context = multiprocessing.get_context("spawn")
+    running: dict[Future[TaskResult], tuple[Task, int]] = {}
+    used = 0
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        while pending or running:
+            for task in list(pending):
+                need = min(task.estimate_bytes(), budget)
+                if len(running) >= workers or (running and used + need > budget):
+                    continue
+                pending.remove(task)
+                running[pool.submit(run_task, task, truth, submission)] = (task, need)
+                used += need
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                task, need = running.pop(future)
+                used -= need
+                try:
+                    on_done(future.result())
+                except BrokenProcessPool:
+                    on_done(_failed(task, "the scoring worker died (out of memory?)"))
+                    pool.shutdown(cancel_futures=True)
+                    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+                    pending += [t for t, _ in running.values()]
+                    running.clear()
+                    used = 0
+                    break
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def run_tasks(tasks: list[Task], truth: Source, submission: Source, *, workers: int, budget: int,
+              progress: bool = False) -> list[TaskResult]:
+    """Run tasks (in-process for one worker) and return their results in task order."""
+    from tqdm import tqdm
+
+    results: dict[tuple[str, str], TaskResult] = {}
+    with tqdm(total=len(tasks), desc="scoring", unit="label", disable=not progress, leave=False) as bar:
+        def on_done(result: TaskResult) -> None:
+            results[(result.crop, result.label)] = result
+            bar.update(1)
+
+        if workers <= 1 or len(tasks) <= 1:
+            for task in sorted(tasks, key=lambda t: t.estimate_bytes(), reverse=True):
+                on_done(run_task(task, truth, submission))
+        else:
+            _run_parallel(tasks, truth, submission, workers=workers, budget=budget, on_done=on_done)
+    return [results[(t.crop, t.label)] for t in tasks]
+
+
+def _collect(results: Iterable[TaskResult], missing: dict[str, Any], evaluation_notes: list[str]
+             ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, list[str]]], list[str]]:
+    crop_scores: dict[str, dict[str, dict[str, Any]]] = {}
+    array_notes: dict[str, dict[str, list[str]]] = {}
+    failures: list[str] = []
+    for r in results:
+        crop_scores.setdefault(r.crop, {})[r.label] = r.scores
+        notes = list(r.notes)
+        if r.unreadable:
+            missing["unreadable"].setdefault(r.crop, {})[r.label] = r.unreadable
+            notes.append(f"scored as missing: {r.unreadable}")
+        if r.official_failure:
+            failures.append(f"{r.crop}/{r.label}: {r.official_failure}")
+        if notes:
+            array_notes.setdefault(r.crop, {})[r.label] = notes
+    return crop_scores, array_notes, failures
+
+
+def evaluate(submission: str | os.PathLike[str], truth: str | os.PathLike[str], *, metric: Era, workers: int = 1,
+             memory_budget_bytes: int | None = None, zip_limits: ZipLimits | None = None, progress: bool = False
+             ) -> Evaluation:
+    """Score `submission` (zarr directory or zip) against `truth` (ground-truth zarr) with `metric`'s rules.
+
+    Raises:
+        ValueError: unknown metric, unusable truth, a corrupt or unsafe zip.
+        FileNotFoundError: a path does not exist.
+    """
+    if metric not in ERAS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(ERAS)}")
+    budget = int(memory_budget_bytes or DEFAULT_BUDGET_FRACTION * available_memory_bytes())
+    truth_source = open_source(truth)
+    truth_crops = _truth_crops(truth_source)
+    submission_source = open_source(submission, zip_limits=zip_limits)
+    layout = discover(submission_source, truth_crops, era=metric)
+    notes = list(layout.notes)
+    tasks, missing = build_tasks(truth_crops, layout, era=metric, max_bytes=budget, notes=notes)
+    for crop, labels in missing["multiscale_groups"].items():
+        notes.append(f"{crop}: {', '.join(labels)} submitted as multiscale groups; the official evaluators list "
+                     "arrays only and score them as missing (write single-scale arrays)")
+    results = run_tasks(tasks, truth_source, submission_source, workers=workers, budget=budget, progress=progress)
+    crop_scores, array_notes, failures = _collect(results, missing, notes)
+    combined = combine(crop_scores, metric)
+    whole = [f"the whole submission: {reason}" for reason in layout.official_failure]
+    return Evaluation(metric=metric, crop_scores=crop_scores, label_scores=combined["label_scores"],
+                      overall_score=combined["overall_score"],
+                      overall_instance_score=combined["overall_instance_score"],
+                      overall_semantic_score=combined["overall_semantic_score"], missing=missing, notes=notes,
+                      official_failures=whole + failures, array_notes=array_notes)

@@ -1,0 +1,274 @@
+"""`validate-submission`: read a submission as the evaluators will and list every problem, without scoring.
+
+Each issue has a severity (`error`: the label or crop will score 0 or the evaluator rejects the
+submission; `warning`: it will be scored, but probably not as intended) and the eras it concerns.
+Checks, in order: zip safety; folder layout (nested store, bare numbers, missing `.zgroup`); missing
+crops and labels (including labels written as multiscale groups, which are never read); unknown or
+unexpected labels; array metadata (dtype, codecs, attributes); where each array lands after the
+evaluator's resampling, snapping and cropping (coverage, the 2025 copy-length bug, the 16³ size
+limit); and, reading the data, NaNs, float or wrapped instance ids and the number of 26-connected
+objects against the instance-count cutoffs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from cellseg.data.crops import Crop, Geometry
+from cellseg.eval.io import ArrayInfo, CropListing, Source, open_source, read_array
+from cellseg.eval.layout import discover
+from cellseg.eval.resample import (
+    BadAttributes,
+    Target,
+    read_geometry,
+    size_ratio,
+    uses_chunked_2026,
+    voxel_offset,
+)
+from cellseg.eval.rules import (
+    ERAS,
+    MAX_VOLUME_SIZE_RATIO_2026,
+    RATIO_CUTOFF_2025,
+    is_scored_as_instance,
+    ratio_cutoff_2026,
+)
+
+BOTH: tuple[str, ...] = ERAS
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem: severity, location (`crop557/mito` or `submission`), message, eras concerned."""
+
+    severity: str
+    where: str
+    message: str
+    eras: tuple[str, ...] = BOTH
+
+    def __str__(self) -> str:
+        eras = "both eras" if set(self.eras) == set(ERAS) else f"{'/'.join(self.eras)} metric"
+        return f"{self.severity:<7} {self.where}: {self.message} [{eras}]"
+
+
+def _target(geometry: Geometry) -> Target:
+    return Target(voxel_size_nm=tuple(geometry.voxel_size_nm), translation_nm=tuple(geometry.translation_nm),
+                  shape_vox=tuple(geometry.shape_vox))
+
+
+def _covered(n_in: int, offset: int, size: int, era: str) -> tuple[int, int]:
+    """(target voxels covered along one axis, prediction voxels dropped by the 2025 copy-length bug)."""
+    if offset < 0:
+        return max(0, min(size, n_in + offset)), 0
+    correct = max(0, min(size, n_in + offset) - offset)
+    if era == "2025":
+        buggy = max(0, min(size, n_in) - offset)
+        return buggy, correct - buggy
+    return correct, 0
+
+
+def placement_issues(where: str, info: ArrayInfo, target: Target, instance: bool) -> list[Issue]:
+    """Where the array lands in the crop after each era's resampling, snapping and crop/pad."""
+    try:
+        vs, tr, strict = read_geometry(info.attrs, len(info.shape))
+    except BadAttributes as err:
+        return [Issue("error", where, f"{err}; the evaluators fail on it (scored as missing)")]
+    issues = []
+    if not strict:
+        issues.append(Issue("error", where, "voxel_size/translation are not plain lists of 3 numbers", ("2025",)))
+    if vs is None and tr is None:
+        issues.append(Issue("warning", where, "no voxel_size/translation attributes: assumed on the crop grid and "
+                             "centre-cropped/padded" + ("" if tuple(info.shape) == target.shape_vox else
+                                                        f" from {info.shape} to {target.shape_vox}")))
+        return issues
+    scale = np.asarray(vs[-3:] if vs else target.voxel_size_nm) / np.asarray(target.voxel_size_nm)
+    resampled = [max(1, int(np.round(n * s))) for n, s in zip(info.shape, scale, strict=True)]
+    if vs is not None and not np.allclose(scale, 1):
+        kind = "nearest" if instance else "linear, then > 0.5"
+        issues.append(Issue("warning", where, f"voxel size {vs[-3:]} ≠ crop {target.voxel_size_nm}: the evaluator "
+                            f"resamples ({kind}) to {tuple(resampled)} voxels; submit at the crop's grid"))
+        if instance and info.dtype.kind == "f" and (scale < 1).any():
+            issues.append(Issue("warning", where, "float instance ids are Gaussian-smoothed by skimage's "
+                                "anti-aliasing when down-sampled: write integer ids"))
+        if not instance and info.dtype == bool:
+            issues.append(Issue("error", where, "bool array needs resampling: skimage refuses it (the 2025 "
+                                "evaluator fails)", ("2025",)))
+    if size_ratio(info.shape, target) > MAX_VOLUME_SIZE_RATIO_2026:
+        issues.append(Issue("error", where, f"{size_ratio(info.shape, target):.0f}× the crop's voxels: the 2026 "
+                            "evaluator refuses more than 4096×", ("2026",)))
+    elif uses_chunked_2026(info.shape, vs, target):
+        issues.append(Issue("warning", where, "over 500 MB: the 2026 evaluator resamples it in 297³ blocks, each "
+                            "anti-aliased on its own (seams)", ("2026",)))
+    issues += _offset_issues(where, tr, target, resampled)
+    return issues
+
+
+def _offset_issues(where: str, tr: tuple[float, ...] | None, target: Target, resampled: list[int]) -> list[Issue]:
+    issues = []
+    offset = voxel_offset(tr[-3:], target) if tr is not None else np.zeros(3, dtype=int)
+    if tr is not None:
+        intended = (np.asarray(tr[-3:]) - np.asarray(target.translation_nm)) / np.asarray(target.voxel_size_nm)
+        if (np.abs(intended - offset) > 0.5 + 1e-9).any():
+            issues.append(Issue("warning", where, f"translation {tr[-3:]} snaps to a shift of {tuple(offset.tolist())} "
+                                f"crop voxels, not the intended {tuple(np.round(intended, 2).tolist())} (the evaluators "
+                                "floor the translation onto the crop grid)"))
+    for era in ERAS:
+        cover = [_covered(n, int(o), s, era) for n, o, s in zip(resampled, offset, target.shape_vox, strict=True)]
+        fraction = math.prod(c / s for (c, _), s in zip(cover, target.shape_vox, strict=True))
+        dropped = max(d for _, d in cover)
+        if dropped:
+            issues.append(Issue("warning", where, f"copy-length bug: the last {dropped} voxels of the prediction are "
+                                "dropped (smaller than the crop and starting inside it)", (era,)))
+        if fraction < 1:
+            issues.append(Issue("warning" if fraction > 0 else "error", where,
+                                f"covers {fraction:.1%} of the crop after placement; the rest is background", (era,)))
+    return issues
+
+
+def metadata_issues(where: str, info: ArrayInfo, instance: bool) -> list[Issue]:
+    """dtype and codec problems visible without reading data."""
+    if info.problem:
+        return [Issue("error", where, f"{info.problem} (scored as missing)")]
+    if len(info.shape) != 3:
+        return [Issue("error", where, f"shape {info.shape} is not 3-D (z, y, x)")]
+    issues = []
+    if instance and info.dtype == np.uint8:
+        issues.append(Issue("warning", where, "uint8 instance ids: `csc pack-results` wraps ids modulo 256 (id 256 "
+                            "becomes background); write uint16/uint32"))
+    if instance and info.dtype.kind == "f":
+        issues.append(Issue("warning", where, "float instance ids: write unsigned integers"))
+    if not instance and info.dtype.kind == "f":
+        issues.append(Issue("warning", where, "float values are thresholded at > 0 when no resampling happens (a "
+                            "probability of 0.01 is foreground): write a binary mask"))
+    return issues
+
+
+def data_issues(where: str, data: np.ndarray, instance: bool, truth: np.ndarray | None = None) -> list[Issue]:
+    """Issues that need the values: NaNs, negative ids, the number of objects (against `truth` if given)."""
+    issues = []
+    if data.dtype.kind == "f" and np.isnan(data).any():
+        issues.append(Issue("warning", where, f"{int(np.isnan(data).sum())} NaN voxels (counted as background)"))
+    if not instance:
+        return issues
+    if data.dtype.kind in "if" and data.size and np.nanmin(data) < 0:
+        issues.append(Issue("warning", where, "negative ids are objects too (only 0 is background)"))
+    import cc3d
+
+    _, count = cc3d.connected_components(data, connectivity=26, return_N=True)
+    if truth is None:
+        if count > RATIO_CUTOFF_2025:
+            issues.append(Issue("info", where, f"{count} objects after 26-connected relabelling: the crop scores 0 "
+                                f"(2025) if the truth has fewer than {math.ceil(count / RATIO_CUTOFF_2025)} objects, "
+                                "and is skipped (2026) if nP/nG > 10 + 50·exp(−nG/5); check with --truth"))
+        return issues
+    import fastremap
+
+    ids = fastremap.unique(truth)
+    n_ids, max_id = int(np.count_nonzero(ids)), int(ids.max()) if ids.size else 0
+    if n_ids and count / n_ids > RATIO_CUTOFF_2025:
+        issues.append(Issue("error", where, f"too many instances: {count} predicted for {n_ids} true objects "
+                            f"(> {RATIO_CUTOFF_2025:g}×): every score of the crop is 0", ("2025",)))
+    if max_id > 0 and count / max_id > ratio_cutoff_2026(max_id):
+        issues.append(Issue("error", where, f"too many instances: {count} predicted for nG = {max_id} (> "
+                            f"{ratio_cutoff_2026(max_id):.1f}×): the crop is skipped", ("2026",)))
+    if count < n_ids:
+        issues.append(Issue("warning", where, f"{count} objects for {n_ids} true ones: an unmatched true object "
+                            "makes the 2025 Hausdorff distance infinite (crop score 0)", ("2025",)))
+    return issues
+
+
+def _truth_for(truth: Source | None, crop: Crop, label: str, max_bytes: int) -> np.ndarray | None:
+    if truth is None or not is_scored_as_instance(label):
+        return None
+    from cellseg.eval.io import list_crop
+
+    info = list_crop(truth, crop.name).arrays.get(label)
+    return read_array(truth, info, max_bytes=max_bytes) if info else None
+
+
+def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, read_data: bool,
+                 max_bytes: int, truth: Source | None) -> list[Issue]:
+    from cellseg.data.classes import get_class
+
+    if listing is None:
+        return [Issue("error", crop.name, f"crop missing: all {len(crop.labels)} labels score 0")]
+    issues = []
+    for label, geometry in sorted(crop.labels.items()):
+        where = f"{crop.name}/{label}"
+        info = listing.arrays.get(label)
+        if info is None:
+            why = "written as a group (OME-NGFF multiscale?): the evaluators list arrays only" \
+                if label in listing.groups else "absent"
+            issues.append(Issue("error", where, f"label {why}; scored as missing (0)"))
+            continue
+        instance = is_scored_as_instance(label)
+        issues += metadata_issues(where, info, instance)
+        if info.problem or len(info.shape) != 3:
+            continue
+        issues += placement_issues(where, info, _target(geometry), instance)
+        if read_data:
+            try:
+                data = read_array(source, info, max_bytes=max_bytes)
+                issues += data_issues(where, data, instance, _truth_for(truth, crop, label, max_bytes))
+            except ValueError as err:
+                issues.append(Issue("error", where, f"{err} (scored as missing)"))
+    for label in sorted(set(listing.arrays) - set(crop.labels)):
+        try:
+            get_class(label.removesuffix("_mask"))
+            issues.append(Issue("warning", f"{crop.name}/{label}", "not scored for this crop (ignored)"))
+        except ValueError as err:
+            issues.append(Issue("warning", f"{crop.name}/{label}", f"{err} (ignored)"))
+    return issues
+
+
+def crops_from_truth(truth: Source) -> dict[int, Crop]:
+    """Test crops (label geometry from the attributes) of a ground-truth store in the evaluator's layout."""
+    from cellseg.eval.io import list_crop
+    from cellseg.eval.tasks import truth_target
+
+    crops = {}
+    for name in truth.subdirs(""):
+        if not name.startswith("crop") or not name[4:].isdigit():
+            continue
+        labels = {}
+        for label, info in list_crop(truth, name).arrays.items():
+            try:
+                t = truth_target(info)
+            except ValueError:
+                continue
+            labels[label] = Geometry(voxel_size_nm=t.voxel_size_nm, translation_nm=t.translation_nm,  # type: ignore[arg-type]
+                                     shape_vox=t.shape_vox)  # type: ignore[arg-type]
+        if labels:
+            crops[int(name[4:])] = Crop(id=int(name[4:]), dataset="", labels=labels)
+    if not crops:
+        raise ValueError(f"{truth.path}: no crop<N>/<label> arrays with voxel_size attributes")
+    return crops
+
+
+def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
+                        max_bytes: int = 8 * 1024**3, truth: Source | None = None) -> list[Issue]:
+    """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
+
+    With `truth` (a ground-truth source), instance counts are checked against the true objects.
+    """
+    try:
+        source = open_source(path)
+    except ValueError as err:
+        return [Issue("error", "submission", str(err))]
+    names = {c.name for c in crops.values()}
+    issues: list[Issue] = []
+    layouts = {era: discover(source, names, era=era) for era in ERAS}
+    for era, layout in layouts.items():
+        issues += [Issue("error", "submission", f"the {era} evaluator rejects the submission: {r}", (era,))
+                   for r in layout.official_failure]
+    layout = layouts["2026"]
+    issues += [Issue("warning", "submission", f"folder {f!r} matches no test crop (ignored)") for f in layout.unmatched
+               if not f.startswith(".")]
+    for crop in sorted(crops.values(), key=lambda c: c.id):
+        issues += _crop_issues(source, crop, layout.crops.get(crop.name), read_data=read_data, max_bytes=max_bytes,
+                               truth=truth)
+    return issues

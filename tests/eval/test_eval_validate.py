@@ -1,0 +1,80 @@
+"""`validate_submission` lists every problem the evaluators would meet, per era, without scoring."""
+
+import shutil
+
+import numpy as np
+
+from cellseg.data.crops import Crop, Geometry
+from cellseg.data.write import write_array, write_multiscale
+from cellseg.eval import validate_submission
+from cellseg.eval.io import open_source
+
+G = Geometry(voxel_size_nm=(8.0, 8.0, 8.0), translation_nm=(0.0, 0.0, 0.0), shape_vox=(32, 32, 32))
+LABELS = ("mito", "nuc", "er", "pm", "ld", "golgi_mem", "cell", "golgi", "endo")
+CROPS = {1: Crop(id=1, dataset="s", labels=dict.fromkeys(LABELS, G)), 2: Crop(id=2, dataset="s", labels={"er": G})}
+ATTRS = {"voxel_size": [8, 8, 8], "translation": [0, 0, 0]}
+
+
+def _find(issues, where, text, eras=None):
+    hits = [i for i in issues if i.where == where and text in i.message and (eras is None or set(i.eras) == set(eras))]
+    assert hits, f"no issue at {where} mentioning {text!r}:\n" + "\n".join(map(str, issues))
+    return hits[0]
+
+
+def test_lists_every_problem(tmp_path):
+    sub = tmp_path / "s.zarr"
+    ids = np.zeros((32, 32, 32), np.uint8)
+    ids[4:8, 4:8, 4:8] = 1
+    write_array(sub / "crop1" / "mito", ids, attrs=ATTRS)  # uint8 ids
+    write_multiscale(sub / "crop1" / "nuc", ids, voxel_size_nm=(8, 8, 8), translation_nm=(0, 0, 0), kind="labels",
+                     num_levels=1)
+    write_array(sub / "crop1" / "er", np.full((32, 32, 32), 0.2, np.float32), attrs=ATTRS)  # probabilities
+    write_array(sub / "crop1" / "pm", np.ones((30, 30, 30), np.uint8), attrs={})  # no attributes
+    write_array(sub / "crop1" / "ld", np.ones((16, 32, 32), np.uint16),
+                attrs={"voxel_size": [8, 8, 8], "translation": [40, 0, 0]})  # smaller, starts inside
+    write_array(sub / "crop1" / "golgi_mem", np.ones((64, 64, 64), bool), attrs={"voxel_size": [4, 4, 4],
+                                                                                 "translation": [0, 0, 0]})
+    nan = np.zeros((32, 32, 32), np.float32)
+    nan[0] = np.nan
+    write_array(sub / "crop1" / "golgi", nan, attrs=ATTRS)
+    write_array(sub / "crop1" / "mitochondria", ids, attrs=ATTRS)
+    write_array(sub / "crop1" / "cell", ids.astype(np.uint16), attrs={"voxel_size": [8, 8, 8],
+                                                                      "translation": [4, 4, 4]})
+    issues = validate_submission(sub, CROPS)
+    _find(issues, "crop2", "crop missing")
+    _find(issues, "crop1/endo", "absent")
+    _find(issues, "crop1/nuc", "written as a group")
+    _find(issues, "crop1/mito", "uint8 instance ids")
+    _find(issues, "crop1/er", "thresholded at > 0")
+    _find(issues, "crop1/pm", "centre-cropped/padded")
+    _find(issues, "crop1/ld", "copy-length bug", eras=["2025"])
+    _find(issues, "crop1/ld", "covers 50.0% of the crop", eras=["2026"])
+    _find(issues, "crop1/golgi_mem", "skimage refuses it", eras=["2025"])
+    _find(issues, "crop1/golgi", "NaN")
+    _find(issues, "crop1/mitochondria", "did you mean mito")
+    assert not [i for i in issues if i.where == "crop1/cell" and i.severity != "info"]  # 4 nm off: snaps to 0
+
+
+def test_too_many_instances_against_the_truth(tmp_path, stores):
+    truth = np.zeros((32, 32, 32), np.uint16)
+    truth[10:20, 10:20, 10:20] = 1
+    pred = np.zeros_like(truth)
+    pred[::2, ::2, ::2] = 1  # 4096 separate voxels
+    t = stores.truth({"crop1": {"mito": truth}})
+    sub = stores.submission({"crop1": {"mito": pred}})
+    crops = {1: Crop(id=1, dataset="s", labels={"mito": G})}
+    issues = validate_submission(sub, crops, truth=open_source(t))
+    _find(issues, "crop1/mito", "too many instances", eras=["2025"])
+    _find(issues, "crop1/mito", "too many instances", eras=["2026"])
+
+
+def test_layout_problems_name_the_era(tmp_path, stores):
+    er = np.ones((32, 32, 32), np.uint8)
+    sub = stores.submission({"crop2": {"er": er}})
+    shutil.move(sub / "crop2", sub / "2")
+    issues = validate_submission(sub, {2: CROPS[2]})
+    _find(issues, "submission", "lack the 'crop' prefix", eras=["2025"])
+    nested = stores.zip(stores.submission({"crop2": {"er": er}}), prefix="out/submission.zarr/")
+    issues = validate_submission(nested, {2: CROPS[2]})
+    _find(issues, "submission", "not at the root", eras=["2025"])
+    assert not [i for i in issues if i.severity == "error" and "2026" in i.eras]
