@@ -149,6 +149,8 @@ def _score(task: Task, holder: list[np.ndarray], mask: np.ndarray | None, truth_
             result.official_failure = ("a truth id is ≥ the crop's voxel count; the 2026 evaluator's "
                                        "cc3d.statistics call fails on it")
         return score_relabelled_2026(pred_cc, num_pred, truth, vs)
+    if holder[0].dtype.kind == "f" and (nans := int(np.isnan(holder[0]).sum())):
+        result.notes.append(f"{nans} NaN voxels count as background (NaN > 0 is false)")
     truth = _read_truth(task, truth_source)
     truth = truth * mask if mask is not None else truth
     return score_semantic_2025(holder.pop(), truth) if task.era == "2025" else score_semantic_2026(holder.pop(), truth)

@@ -135,6 +135,7 @@ def test_nan_in_a_semantic_array_is_background(stores, three_balls):
     pred[er == 1] = np.nan
     ev = evaluate(stores.submission({"crop1": {"er": pred}}), truth, metric="2026")
     assert ev.label_scores["er"]["tp"] == 0 and ev.label_scores["er"]["fn"] == er.sum()
+    assert "NaN voxels count as background" in ev.array_notes["crop1"]["er"][0]
 
 
 def test_unknown_labels_in_the_submission_are_ignored_and_listed(stores, three_balls):
