@@ -118,6 +118,10 @@ def _problem_lines(ev: Evaluation) -> list[str]:
     for crop, labels in sorted(missing["not_in_truth"].items()):
         lines.append(f"{crop}: ignored (not in the truth): {', '.join(labels)}")
     lines += ev.notes
+    array_notes = [f"{crop}/{label}: {note}" for crop, labels in sorted(ev.array_notes.items())
+                   for label, notes in sorted(labels.items()) for note in notes if not note.startswith("scored as")]
+    lines += array_notes[:20] + ([f"... and {len(array_notes) - 20} more notes (see the JSON)"]
+                                 if len(array_notes) > 20 else [])
     if ev.official_failures:
         lines.append(f"the official {ERA_TITLES[ev.metric]} evaluator would have failed here:")
         lines += [f"  {f}" for f in ev.official_failures[:20]]
