@@ -106,12 +106,13 @@ def make_cells(rng: np.random.Generator, lo: np.ndarray, hi: np.ndarray, units: 
     start, stop = lo - diameter_nm / 2, hi + diameter_nm / 2
     counts = np.maximum(1, np.round((stop - start) / diameter_nm)).astype(int)
     grid = np.array(list(itertools.product(*(range(n) for n in counts))), dtype=float)
-    seeds = start + (grid + 0.5 + rng.uniform(-0.3, 0.3, grid.shape)) * (stop - start) / counts
+    seeds = start + (grid + 0.5 + rng.uniform(-0.4, 0.4, grid.shape)) * (stop - start) / counts
     ids = np.where(rng.random(len(seeds)) < 0.12, 0, np.arange(1, len(seeds) + 1)).astype(np.uint16)
     central = int(np.argmin(np.linalg.norm(seeds - (lo + hi) / 2, axis=1)))
     ids[central] = central + 1  # the cell nearest the volume centre always exists
     return Cells(seeds_nm=seeds, cell_ids=ids, gap_nm=units.m(4.0), lake_nm=units.s(4.0), pm_nm=units.m(1.75),
-                 wobble_nm=units.s(6.0), feature_nm=units.s(24.0), seed=seed)
+                 wobble_nm=units.s(6.0), feature_nm=units.s(24.0), warp_nm=0.09 * diameter_nm,
+                 warp_feature_nm=0.6 * diameter_nm, seed=seed)
 
 
 def make_nuclei(builder: populate.Builder, cells: Cells) -> None:
@@ -185,7 +186,7 @@ def _nucleus_site(rng: np.random.Generator, nuclei: Mapping[int, Nucleus], lo: n
     direction = rng.normal(size=3)
     direction /= np.linalg.norm(direction)
     radius = 1 / np.sqrt(np.sum((nucleus.rot.T @ direction / np.asarray(nucleus.radii)) ** 2))
-    return nucleus.center + direction * (radius + 0.25 * float(np.min(extent_nm)))
+    return nucleus.center + direction * (radius + 0.2 * float(np.min(extent_nm)))
 
 
 def _border_site(rng: np.random.Generator, cells: Cells, nuclei: Mapping[int, Nucleus], lo: np.ndarray,
@@ -216,7 +217,8 @@ def _sample_crop(rng: np.random.Generator, crop: CropSpec, number: int, em: Geom
     for attempt in range(600):
         aim = _aim(rng, number, attempt, cells, nuclei, lo, hi, extent)
         geometry = _crop_geometry(em, crop.scale, crop.shape_vox, aim + rng.normal(size=3) * 0.05 * extent)
-        if geometry is None or (attempt < 400 and np.any(np.abs(_center(geometry) - aim) > 0.35 * extent)):
+        slack = 0.2 if number % 2 == 0 else 0.35  # nucleus-aimed crops must stay on their nucleus
+        if geometry is None or (attempt < 400 and np.any(np.abs(_center(geometry) - aim) > slack * extent)):
             continue
         center = _center(geometry)
         if cells.depth(center[:1], center[1:2], center[2:])[1][0] < -cells.gap_nm:

@@ -43,10 +43,12 @@ class Shape:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Cells:
-    """Cells tiling space: Voronoi regions of `seeds_nm`, separated by a wavy extracellular gap.
+    """Cells tiling space: Voronoi regions of `seeds_nm` in warped space, separated by a wavy cleft.
 
-    Regions whose `cell_ids` entry is 0 are extracellular. Inside a cell, the outermost `pm_nm` is
-    plasma membrane and the rest cytosol (organelles are painted over the cytosol afterwards).
+    Space is warped by a smooth displacement field (`warp_nm`, features `warp_feature_nm`) before the
+    Voronoi test, so cell borders are curved rather than planar. Regions whose `cell_ids` entry is 0
+    are extracellular. Inside a cell, the outermost `pm_nm` is plasma membrane and the rest cytosol
+    (organelles are painted over the cytosol afterwards).
     """
 
     seeds_nm: np.ndarray  # (K, 3)
@@ -56,6 +58,8 @@ class Cells:
     pm_nm: float
     wobble_nm: float
     feature_nm: float
+    warp_nm: float
+    warp_feature_nm: float
     seed: int
 
     @property
@@ -72,28 +76,36 @@ class Cells:
         second = np.sort(d_max)[min(1, len(d_max) - 1)]
         return np.flatnonzero(d_min <= second + 2 * self.reach_nm)
 
+    def _warp(self, z: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shift = [self.warp_nm * value_noise(z, y, x, spacing_nm=self.warp_feature_nm, seed=self.seed + 3 + k)
+                 for k in range(3)]
+        return z + shift[0], y + shift[1], x + shift[2]
+
+    @staticmethod
+    def _voronoi(z: np.ndarray, y: np.ndarray, x: np.ndarray, seeds: np.ndarray,
+                 cap_nm: float) -> tuple[np.ndarray, np.ndarray]:
+        """(index of the nearest seed, distance to its region's border capped at `cap_nm`) per position."""
+        d2 = [(z - s[0]) ** 2 + (y - s[1]) ** 2 + (x - s[2]) ** 2 for s in seeds]  # a few seeds after pruning
+        nearest = np.zeros(d2[0].shape, dtype=np.int32)
+        best = d2[0]
+        for k in range(1, len(seeds)):
+            closer = d2[k] < best
+            nearest[closer], best = k, np.where(closer, d2[k], best)
+        border = np.full(best.shape, np.float32(cap_nm))
+        pair = np.linalg.norm(seeds[:, None] - seeds[None], axis=2).astype(np.float32)
+        for k in range(len(seeds)):
+            to_k = (d2[k] - best) / (2 * np.maximum(pair[nearest, k], np.float32(1e-3)))
+            border = np.where(nearest == k, border, np.minimum(border, to_k))
+        return nearest, border
+
     def depth(self, z: np.ndarray, y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(cell id, depth in nm below the cell's outer surface; <= 0 outside any cell) per position."""
         z, y, x = (np.asarray(a, dtype=np.float32) for a in (z, y, x))
-        lo = np.array([a.min() for a in (z, y, x)], dtype=np.float64)
-        hi = np.array([a.max() for a in (z, y, x)], dtype=np.float64)
+        lo = np.array([a.min() for a in (z, y, x)], dtype=np.float64) - self.warp_nm
+        hi = np.array([a.max() for a in (z, y, x)], dtype=np.float64) + self.warp_nm
         keep = self._relevant(lo, hi)
-        seeds = self.seeds_nm[keep].astype(np.float32)
-
-        def d2(s: np.ndarray) -> np.ndarray:
-            return (z - s[0]) ** 2 + (y - s[1]) ** 2 + (x - s[2]) ** 2
-
-        nearest = np.zeros(np.broadcast_shapes(z.shape, y.shape, x.shape), dtype=np.intp)
-        best = d2(seeds[0])
-        for k in range(1, len(seeds)):
-            dk = d2(seeds[k])
-            closer = dk < best
-            nearest[closer], best = k, np.where(closer, dk, best)
-        border = np.full(best.shape, np.float32(2 * self.reach_nm))
-        pair = np.linalg.norm(seeds[:, None] - seeds[None], axis=2).astype(np.float32)
-        for k in range(len(seeds)):
-            to_k = (d2(seeds[k]) - best) / (2 * np.maximum(pair[nearest, k], np.float32(1e-3)))
-            border = np.where(nearest == k, border, np.minimum(border, to_k))
+        nearest, border = self._voronoi(*self._warp(z, y, x), self.seeds_nm[keep].astype(np.float32),
+                                        2 * self.reach_nm)
         half_gap = self.gap_nm / 2 + self.lake_nm * np.clip(
             value_noise(z, y, x, spacing_nm=3 * self.feature_nm, seed=self.seed + 1), 0, 1)
         wobble = self.wobble_nm * (0.75 * value_noise(z, y, x, spacing_nm=self.feature_nm, seed=self.seed)
