@@ -6,7 +6,7 @@
 A synthetic crop (`--size`³ voxels at 4 nm, 10 instance classes with ~200 objects each, 38 semantic
 classes) and an imperfect submission (objects shifted, some dropped, false positives added) are
 written to a temporary directory; `cellseg.eval.evaluate` scores it for each era while a thread samples
-the resident memory of the process tree. The reference (`bench/reference_scoring.py`: whole-volume
+the resident memory of the process and its workers. The reference (`bench/reference_scoring.py`: whole-volume
 masks, per-object KD-trees / padded-box distance transforms, dense matrices) is timed on a smaller
 crops (`--naive-sizes`, same object count), where both implementations' per-crop scores are compared
 for equality; its time at `--size` is extrapolated with the exponent fitted between the two sizes.
@@ -79,25 +79,46 @@ def make_crop(root: Path, size: int, seed: int = 0) -> tuple[Path, Path]:
     return root / "submission.zarr", root / "truth.zarr"
 
 
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(entry))
+    return out
+
+
 class PeakMemory:
-    """Samples the resident memory of this process and its children (psutil) every 50 ms."""
+    """Samples the resident memory of this process and its children (Linux /proc) every 50 ms."""
 
     def __init__(self):
-        import psutil
-
-        self._proc = psutil.Process()
+        self._pid = os.getpid()
         self.peak = 0
         self.peak_worker = 0  # largest resident memory of a single worker process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _rss(self) -> int:
-        total = self._proc.memory_info().rss
-        for child in self._proc.children(recursive=True):
-            try:
-                rss = child.memory_info().rss
-            except Exception:  # a worker that just exited
-                continue
+        total = _rss_bytes(self._pid)
+        for child in _children(self._pid):
+            rss = _rss_bytes(child)
             total += rss
             self.peak_worker = max(self.peak_worker, rss)
         return total
