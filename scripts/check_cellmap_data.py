@@ -121,5 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if problems else 0
 
 
+def run(argv: list[str] | None = None) -> int:
+    """`main`, with any exception from cellmap-data reported as a failure (exit code 1)."""
+    try:
+        return main(argv)
+    except Exception as err:  # the point of the script is to report what cellmap-data rejects
+        import traceback
+
+        traceback.print_exc()
+        print(f"FAILED: cellmap-data raised {type(err).__name__}: {err}")
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
