@@ -93,10 +93,11 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
     return result
 
 
-def rss_growth(root: Path, samples: int, workers: int) -> dict[str, float]:
-    """RSS after warm-up vs after `samples` 3D patches."""
-    patch, vs = SHAPES["3d"]
-    data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch)
+def rss_growth(root: Path, samples: int, workers: int, shape: str = "2d") -> dict[str, float]:
+    """RSS after warm-up vs after `samples` patches (2D by default: 10,000 of them take seconds)."""
+    patch, vs = SHAPES[shape]
+    data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
+                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",))
     td = build_train_data(data, LoaderConfig(num_workers=workers, samples_per_epoch=samples + 64),
                           AugmentConfig(), batch_size=4, seed=1)
     it = iter(td.loader)
@@ -106,7 +107,8 @@ def rss_growth(root: Path, samples: int, workers: int) -> dict[str, float]:
     for b in it:
         done += b["image"].shape[0]
     rss1 = rss_bytes()
-    return {"samples": done, "workers": workers, "rss_after_warmup_GB": rss0 / 1e9, "rss_end_GB": rss1 / 1e9,
+    return {"samples": done, "workers": workers, "shape": shape, "rss_after_warmup_GB": rss0 / 1e9,
+            "rss_end_GB": rss1 / 1e9,
             "growth_percent": 100 * (rss1 - rss0) / rss0}
 
 
@@ -139,7 +141,7 @@ def markdown(results: dict) -> str:
                      f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | | |")
     if results.get("rss"):
         g = results["rss"]
-        lines += ["", f"RSS over {g['samples']} 3D samples with {g['workers']} workers: "
+        lines += ["", f"RSS over {g['samples']} {g.get('shape', '3d')} samples with {g['workers']} workers: "
                       f"{g['rss_after_warmup_GB']:.2f} → {g['rss_end_GB']:.2f} GB ({g['growth_percent']:+.1f} %)"]
     return "\n".join(lines) + "\n"
 
@@ -157,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-2d", type=int, default=16)
     parser.add_argument("--rss-samples", type=int, default=0, help="also measure RSS growth over this many samples")
     parser.add_argument("--peer-python", help="interpreter with cellmap-data installed (side-by-side run)")
+    parser.add_argument("--peer-workers", help="worker counts for the peer (default: --workers)")
     args = parser.parse_args(argv)
     if args.synth and not (args.root / "train_crop_manifest.csv").is_file():
         from cellseg.synth import generate
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"date": datetime.date.today().isoformat(), "host": platform.node(), "torch": torch.__version__,
                "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
                "runs": [], "peer": []}
+    peer_workers = {int(w) for w in (args.peer_workers or args.workers).split(",")}
     for shape in args.shapes.split(","):
         batch = args.batch_3d if shape == "3d" else args.batch_2d
         for workers in (int(w) for w in args.workers.split(",")):
@@ -173,17 +177,24 @@ def main(argv: list[str] | None = None) -> int:
                 r = time_loader(args.root, shape, workers, augment, args.seconds, batch)
                 print(json.dumps(r), flush=True)
                 results["runs"].append(r)
-            if args.peer_python:
+                save(args.out, results)
+            if args.peer_python and workers in peer_workers:
                 p = run_peer(args.peer_python, args.root, shape, workers, args.seconds, batch)
                 print(json.dumps(p), flush=True)
                 results["peer"].append(p)
+                save(args.out, results)
     if args.rss_samples:
         results["rss"] = rss_growth(args.root, args.rss_samples, max(int(w) for w in args.workers.split(",")))
         print(json.dumps(results["rss"]), flush=True)
-    (args.out / "loader.json").write_text(json.dumps(results, indent=2))
-    (args.out / "loader.md").write_text(markdown(results))
+    save(args.out, results)
     print(markdown(results))
     return 0
+
+
+def save(out: Path, results: dict) -> None:
+    """Write JSON and markdown (after every configuration, so a cut-short run keeps what it measured)."""
+    (out / "loader.json").write_text(json.dumps(results, indent=2))
+    (out / "loader.md").write_text(markdown(results))
 
 
 if __name__ == "__main__":

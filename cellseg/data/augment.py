@@ -77,7 +77,8 @@ class GpuAugment:
         g.manual_seed((self.seed * 1_000_003 + self.rank * 7_919 + step) % 2**63)
         return g
 
-    def _affine(self, b: int, read: Sequence[int], g: torch.Generator, device: torch.device) -> torch.Tensor:
+    def _affine(self, b: int, read: Sequence[int], g: torch.Generator, device: torch.device,
+                rotate: torch.Tensor | None = None) -> torch.Tensor:
         """(B, dims, dims + 1) affine from output to input normalised coordinates (grid order x, y[, z]).
 
         In voxel units about the patch centre a point u of the output comes from T·u of the input, with T
@@ -89,7 +90,8 @@ class GpuAugment:
         inv_read = 1.0 / torch.tensor(list(reversed(read[-d:])), dtype=torch.float32, device=device)
         t = torch.eye(d, device=device).repeat(b, 1, 1)
         if cfg.enabled and cfg.rotate_p > 0:
-            on = (rand(b) < cfg.rotate_p).float()
+            # The dataset decided per sample (it read context only for those); else draw here.
+            on = rotate.float() if rotate is not None else (rand(b) < cfg.rotate_p).float()
             limit = math.radians(cfg.rotate_max_deg)
             angles = (rand(b, 3) * 2 - 1) * limit * torch.tensor([1.0, 1 / 3, 1 / 3], device=device)
             if not self.tilt:
@@ -109,10 +111,11 @@ class GpuAugment:
         m = torch.diag(inv_read) @ t @ torch.diag(patch)
         return torch.cat([m, torch.zeros(b, d, 1, device=device)], dim=2)
 
-    def spatial(self, image: torch.Tensor, bits: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def spatial(self, image: torch.Tensor, bits: torch.Tensor, step: int, rotate: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Resample (B, 1, *R) float image and (B, 2Kb, *R) packed bytes to (B, ., *P)."""
         b, device = image.shape[0], image.device
-        theta = self._affine(b, image.shape[2:], self._generator(step, device), device)
+        theta = self._affine(b, image.shape[2:], self._generator(step, device), device, rotate)
         size = (b, 1, *self.patch)
         grid = F.affine_grid(theta, list(size), align_corners=False)
         image = F.grid_sample(image, grid, mode="bilinear", padding_mode="border", align_corners=False)
@@ -138,7 +141,9 @@ class GpuAugment:
             image_u8, tbits, kbits = image_u8[:, :, 0], tbits[:, :, 0], kbits[:, :, 0]
         image = image_u8.float() / 255.0  # explicit: uint8 EM -> [0, 1]
         kb = tbits.shape[1]
-        image, bits = self.spatial(image, torch.cat([tbits, kbits], dim=1), step)
+        rotate = batch.get("rotate")
+        rotate = rotate.to(image.device) if torch.is_tensor(rotate) else None
+        image, bits = self.spatial(image, torch.cat([tbits, kbits], dim=1), step, rotate)
         g = self._generator(step + 1, image.device)
         if self.cfg.enabled and not self.is_2d:
             image, bits = self._sections(image, bits, g)

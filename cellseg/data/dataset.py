@@ -87,27 +87,38 @@ class PatchDataset(torch.utils.data.Dataset):
         read_shape_vox: patch shape including augmentation context (z, y, x); `(1, H, W)` for 2D.
         num_samples: samples per epoch (the `EpochSampler` turns epochs into global indices).
         em_pad_value: EM value of "outside the imaged volume"; such voxels become unknown.
+        patch_shape_vox: the patch the model sees; default `read_shape_vox`.
+        rotate_p: share of samples the GPU will rotate/zoom. The decision is made here from the sample's
+            seed: only those samples read the enlarged context; the others read just the patch and are
+            zero-padded to the read shape (the augmentation never looks outside their centre).
     """
 
     def __init__(self, crops: Sequence[CropSource], sampler: PatchSampler, *, voxel_size_nm: Sequence[float],
-                 read_shape_vox: Sequence[int], num_samples: int, em_pad_value: int = 0):
+                 read_shape_vox: Sequence[int], num_samples: int, em_pad_value: int = 0,
+                 patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0):
         self.crops = list(crops)
         self.sampler = sampler
         self.voxel_size_nm = tuple(float(v) for v in voxel_size_nm)
         self.read_shape_vox = tuple(int(n) for n in read_shape_vox)
+        self.patch_shape_vox = tuple(int(n) for n in (patch_shape_vox or read_shape_vox))
+        self.rotate_p = rotate_p
         self.num_samples = int(num_samples)
         self.em_pad_value = em_pad_value
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def grid_for(self, spec: PatchSpec) -> Grid:
-        """The world grid of a sample: the read shape oriented by the slicing axis, centred on the spec.
+    def rotates(self, spec: PatchSpec) -> bool:
+        """Whether the GPU will rotate this sample (drawn from the sample's own seed)."""
+        return self.read_shape_vox != self.patch_shape_vox and np.random.default_rng(spec.seed).random() < self.rotate_p
+
+    def grid_for(self, spec: PatchSpec, shape_vox: Sequence[int] | None = None) -> Grid:
+        """The world grid of a sample (default: the read shape), oriented by the slicing axis, centred on the spec.
 
         The origin snaps to the lattice of the EM level at the training voxel size when there is one, so
         EM reads are plain slices (no interpolation) and EM and labels share voxel centres.
         """
-        shape = list(self.read_shape_vox)
+        shape = list(shape_vox or self.read_shape_vox)
         if shape[0] == 1 and spec.slice_axis != 0:  # 2D patch cut across y or x: the 1 moves to that axis
             shape.insert(spec.slice_axis, shape.pop(0))
         vs = self.voxel_size_nm
@@ -120,16 +131,27 @@ class PatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, object]:
         spec = self.sampler(int(i))
         crop = self.crops[spec.crop]
-        grid = self.grid_for(spec)
+        rotate = self.rotates(spec)
+        grid = self.grid_for(spec, None if rotate else self.patch_shape_vox)
         em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value, dtype=np.uint8)
-        target, known = crop.read_targets(grid)
-        known &= (em != self.em_pad_value)[None]  # black "outside the imaged volume" EM is unknown
+        tbits, kbits = crop.read_targets_packed(grid)
+        kbits &= np.where(em == self.em_pad_value, np.uint8(0), np.uint8(255))[None]  # black EM is unknown
         if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:
-            em, target, known = (np.moveaxis(a, a.ndim - 3 + spec.slice_axis, a.ndim - 3) for a in (em, target, known))
+            em, tbits, kbits = (np.moveaxis(a, a.ndim - 3 + spec.slice_axis, a.ndim - 3) for a in (em, tbits, kbits))
+        if not rotate:  # centre the patch in a zero read-shaped frame that the GPU crops away again
+            em, tbits, kbits = (_centre_pad(a, self.read_shape_vox) for a in (em, tbits, kbits))
         return {
             "image": torch.from_numpy(np.ascontiguousarray(em[None])),
-            "target_bits": torch.from_numpy(pack_bits(target)),
-            "known_bits": torch.from_numpy(pack_bits(known)),
+            "target_bits": torch.from_numpy(np.ascontiguousarray(tbits)),
+            "known_bits": torch.from_numpy(np.ascontiguousarray(kbits)),
             "crop": spec.crop,
             "seed": spec.seed,
+            "rotate": rotate,
         }
+
+
+def _centre_pad(a: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Zero-pad the last three axes of `a` symmetrically to `shape` (differences are even by construction)."""
+    pad = [(0, 0)] * (a.ndim - 3) + [((n - m) // 2, (n - m) - (n - m) // 2) for m, n in zip(a.shape[-3:], shape,
+                                                                                             strict=True)]
+    return np.pad(a, pad) if any(p for pair in pad for p in pair) else a

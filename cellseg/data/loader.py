@@ -84,7 +84,9 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     read_shape = context_shape(data.patch_shape_vox, augment.context_factor if augment.enabled else 1.0,
                                is_2d=data.is_2d)
     dataset = PatchDataset(train, sampler, voxel_size_nm=data.voxel_size_nm, read_shape_vox=read_shape,
-                           num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value)
+                           num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value,
+                           patch_shape_vox=data.patch_shape_vox,
+                           rotate_p=augment.rotate_p if augment.enabled else 0.0)
     workers = loader.num_workers
     epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
     dl = torch.utils.data.DataLoader(
