@@ -31,13 +31,20 @@ SHAPES = {"3d": ((128, 128, 128), (8.0, 8.0, 8.0)), "2d": ((1, 256, 256), (8.0, 
 
 
 def rss_bytes() -> int:
-    """Resident memory of this process and all its children (DataLoader workers)."""
+    """Memory of this process and its children (DataLoader workers): the sum of PSS where available
+    (shared library pages counted once across processes), else of RSS."""
     try:
         import psutil
     except ImportError:  # /proc fallback, Linux only
         return _proc_rss(os.getpid())
     me = psutil.Process()
-    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += getattr(p.memory_full_info(), "pss", p.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
 
 
 def _proc_rss(pid: int) -> int:
@@ -63,12 +70,12 @@ def classes_of(root: Path) -> tuple[str, ...]:
     return tuple(c for c in tested_classes() if c in present)
 
 
-def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: float, batch: int, seed: int = 0
-                ) -> dict[str, float]:
+def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: float, batch: int, seed: int = 0,
+                boundaries: bool = True) -> dict[str, float]:
     """Run one configuration for ~`seconds` after warm-up."""
     patch, vs = SHAPES[shape]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
-                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",))
+                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",), instance_boundaries=boundaries)
     loader_cfg = LoaderConfig(num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
     td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), batch_size=batch, seed=seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -86,7 +93,8 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
                 torch.cuda.synchronize()
         n += 1
     elapsed = time.perf_counter() - start
-    result = {"shape": shape, "workers": workers, "augment": augment, "batch": batch,
+    result = {"shape": shape, "workers": workers, "augment": augment, "batch": batch, "boundaries": boundaries,
+              "channels": data.num_target_channels,
               "patches_per_s": n * batch / elapsed, "MB_per_s": nbytes / elapsed / 1e6,
               "rss_GB": rss_bytes() / 1e9, "rss_start_GB": rss0 / 1e9, "batches": n}
     del it, td
@@ -128,16 +136,16 @@ def markdown(results: dict) -> str:
     """The results as a markdown table."""
     lines = [f"Loader benchmark, {results['date']}, {results['host']}, torch {results['torch']}, "
              f"{results['cpus']} CPU cores, GPU: {results['gpu']}", "",
-             "| patch | workers | GPU aug | batch | cellseg patches/s | MB/s | RSS GB | cellmap-data patches/s | ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| patch | channels | workers | GPU aug | batch | cellseg patches/s | MB/s | memory GB | cellmap-data patches/s | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     peers = {(p["shape"], p["workers"]): p for p in results["peer"] if p}
     for r in results["runs"]:
         p = peers.get((r["shape"], r["workers"])) if not r["augment"] else None
         ratio = f"{r['patches_per_s'] / p['patches_per_s']:.1f}×" if p else ""
-        lines.append(f"| {r['shape']} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
+        lines.append(f"| {r['shape']} | {r.get('channels', '')} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
                      f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | "
                      f"{p['patches_per_s']:.1f} | {ratio} |" if p else
-                     f"| {r['shape']} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
+                     f"| {r['shape']} | {r.get('channels', '')} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
                      f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | | |")
     if results.get("rss"):
         g = results["rss"]
@@ -160,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-samples", type=int, default=0, help="also measure RSS growth over this many samples")
     parser.add_argument("--peer-python", help="interpreter with cellmap-data installed (side-by-side run)")
     parser.add_argument("--peer-workers", help="worker counts for the peer (default: --workers)")
+    parser.add_argument("--boundaries", choices=["on", "off", "both"], default="on",
+                        help="instance-boundary target channels (10 extra id-array reads per 3D sample)")
+    parser.add_argument("--no-runs", action="store_true", help="only the RSS measurement")
     args = parser.parse_args(argv)
     if args.synth and not (args.root / "train_crop_manifest.csv").is_file():
         from cellseg.synth import generate
@@ -170,14 +181,15 @@ def main(argv: list[str] | None = None) -> int:
                "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
                "runs": [], "peer": []}
     peer_workers = {int(w) for w in (args.peer_workers or args.workers).split(",")}
-    for shape in args.shapes.split(","):
+    for shape in [] if args.no_runs else args.shapes.split(","):
         batch = args.batch_3d if shape == "3d" else args.batch_2d
         for workers in (int(w) for w in args.workers.split(",")):
             for augment in (False, True):
-                r = time_loader(args.root, shape, workers, augment, args.seconds, batch)
-                print(json.dumps(r), flush=True)
-                results["runs"].append(r)
-                save(args.out, results)
+                for boundaries in {"on": [True], "off": [False], "both": [True, False]}[args.boundaries]:
+                    r = time_loader(args.root, shape, workers, augment, args.seconds, batch, boundaries=boundaries)
+                    print(json.dumps(r), flush=True)
+                    results["runs"].append(r)
+                    save(args.out, results)
             if args.peer_python and workers in peer_workers:
                 p = run_peer(args.peer_python, args.root, shape, workers, args.seconds, batch)
                 print(json.dumps(p), flush=True)

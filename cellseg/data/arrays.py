@@ -252,6 +252,9 @@ class MultiscaleImage:
                              f"{tuple(shape_vox)} reaches outside the volume and padding is not allowed")
         out_dtype = np.dtype(dtype) if dtype is not None else (lv.dtype if direct else np.dtype(np.float32))
         self._check_pad(out_dtype, pad_value, inside, lv)
+        if inside.all():  # the common case in training: no padding, no extra copy
+            out = _cast(self._gather(lv, taps, inside)[0], out_dtype)
+            return (out, inside) if return_mask else out
         out = np.full(tuple(shape_vox), pad_value if pad_value is not None else 0, dtype=out_dtype)
         if inside.any():
             values, where = self._gather(lv, taps, inside)

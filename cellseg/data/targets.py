@@ -37,6 +37,7 @@ from cellseg.data.classes import all_classes, get_class, is_instance, mutually_e
 from cellseg.data.split import SplitEntry
 
 log = logging.getLogger(__name__)
+ALL_OUTSIDE = 255  # pad value of `all` reads: not a CellMap id, so "outside the crop" stays unknown
 Vec3 = tuple[float, float, float]
 
 
@@ -199,36 +200,30 @@ class CropSource:
                 _set_bit(kbits, i, reads.foreground(plan.exclusive))
 
     @functools.cached_property
-    def _all_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per CellMap id v: packed target bits, packed known bits (v ≠ 0), and the annotated-channel byte mask."""
+    def _all_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per id v of `all` (0-255): packed target bits and packed known bits, shape (ceil(C/8), 256).
+
+        Id 0 (annotated background) is known-negative for every annotated class; `ALL_OUTSIDE` (255, not a
+        CellMap id) marks voxels outside the crop: unknown for everything.
+        """
         nbytes = -(-self.num_channels // 8)
-        t, k = np.zeros((256, nbytes), np.uint8), np.zeros((256, nbytes), np.uint8)
-        annotated = np.zeros(nbytes, np.uint8)
+        t, k = np.zeros((nbytes, 256), np.uint8), np.zeros((nbytes, 256), np.uint8)
         for i, plan in enumerate(self.plans):
-            atoms_c = get_class(plan.name).atom_ids
-            bit = np.uint8(1 << (i & 7))
+            atoms_c, bit = get_class(plan.name).atom_ids, np.uint8(1 << (i & 7))
             if plan.read:
-                annotated[i >> 3] |= bit
+                k[i >> 3, 0] |= bit
             for cls in all_classes():
                 if cls.atom_ids <= atoms_c and plan.read:
-                    t[cls.id, i >> 3] |= bit
+                    t[i >> 3, cls.id] |= bit
                 if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
-                    k[cls.id, i >> 3] |= bit
-        return t, k, annotated
+                    k[i >> 3, cls.id] |= bit
+        return t, k
 
     def _classes_from_all(self, reads: _Reads, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        ids, inside = reads.ids("all"), reads.inside(("all",))
-        if ids.dtype.itemsize > 1:
-            ids = np.minimum(ids, 255).astype(np.uint8)  # CellMap ids are <= 77
-        t_lut, k_lut, annotated = self._all_tables
-        tbits = np.ascontiguousarray(np.moveaxis(t_lut[ids], -1, 0))
-        kbits = np.ascontiguousarray(np.moveaxis(k_lut[ids], -1, 0))
-        # Background (id 0) inside the crop is known-negative for every annotated class.
-        background = (ids == 0) & inside
-        for b in range(shape[0]):
-            if annotated[b]:
-                kbits[b] |= background.view(np.uint8) * annotated[b]
-        return tbits, kbits
+        ids = reads.ids("all", pad_value=ALL_OUTSIDE)
+        if ids.dtype != np.uint8:
+            ids = np.minimum(ids, ALL_OUTSIDE).astype(np.uint8)  # CellMap ids are <= 77
+        return tuple(_gather_bytes(table, ids) for table in self._all_tables)  # type: ignore[return-value]
 
     def read_targets(self, grid: Grid, *, use_all: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`(target, known)` on `grid`, both `(C, z, y, x)` bool (C = K classes + boundary channels).
@@ -249,14 +244,14 @@ class _Reads:
     def __init__(self, crop: CropSource, grid: Grid):
         self.crop, self.grid, self.cache = crop, grid, {}
 
-    def _read(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    def _read(self, name: str, pad_value: int = 0) -> tuple[np.ndarray, np.ndarray]:
         if name not in self.cache:
             self.cache[name] = self.crop.image(name).read(**self.grid.read_kwargs(), interpolation="nearest",
-                                                          pad_value=0, return_mask=True)
+                                                          pad_value=pad_value, return_mask=True)
         return self.cache[name]
 
-    def ids(self, name: str) -> np.ndarray:
-        return self._read(name)[0]
+    def ids(self, name: str, pad_value: int = 0) -> np.ndarray:
+        return self._read(name, pad_value)[0]
 
     def foreground(self, names: Sequence[str]) -> np.ndarray:
         out = self._read(names[0])[0] > 0
@@ -275,6 +270,15 @@ def _set_bit(bits: np.ndarray, channel: int, mask: np.ndarray) -> None:
     """bits[channel // 8] |= mask << (channel % 8), in place."""
     shifted = mask.view(np.uint8) << np.uint8(channel & 7)
     np.bitwise_or(bits[channel >> 3], shifted, out=bits[channel >> 3])
+
+
+def _gather_bytes(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`table[:, ids]` for a (nbytes, 256) uint8 table, as one 8-byte gather per voxel plus a transpose."""
+    nbytes = table.shape[0]
+    wide = np.zeros((256, 8), np.uint8)
+    wide[:, :nbytes] = table.T
+    gathered = wide.view(np.uint64).ravel()[ids]  # (z, y, x) uint64: the voxel's 8 bytes
+    return np.ascontiguousarray(np.moveaxis(gathered.view(np.uint8).reshape(*ids.shape, 8)[..., :nbytes], -1, 0))
 
 
 def _lut(ids: Sequence[int]) -> np.ndarray:
@@ -298,17 +302,20 @@ def touching(ids: np.ndarray) -> np.ndarray:
     Work is restricted to the bounding box of the objects (instance classes are sparse in a patch).
     """
     out = np.zeros(ids.shape, dtype=bool)
-    nonzero = [np.flatnonzero(np.any(ids, axis=tuple(a for a in range(ids.ndim) if a != d))) for d in range(ids.ndim)]
-    if any(len(n) == 0 for n in nonzero):
+    if not ids.any():
         return out
+    mask = ids != 0
+    nonzero = [np.flatnonzero(mask.any(axis=tuple(a for a in range(ids.ndim) if a != d))) for d in range(ids.ndim)]
     box = tuple(slice(n[0], n[-1] + 1) for n in nonzero)
-    sub, sub_out = ids[box], out[box]
+    sub, sub_mask, sub_out = ids[box], mask[box], out[box]
     for axis in range(ids.ndim):
         a = [slice(None)] * ids.ndim
         b = [slice(None)] * ids.ndim
         a[axis], b[axis] = slice(1, None), slice(None, -1)
-        lo, hi = sub[tuple(a)], sub[tuple(b)]
-        diff = (lo != hi) & (lo > 0) & (hi > 0)
-        sub_out[tuple(a)] |= diff
-        sub_out[tuple(b)] |= diff
+        a, b = tuple(a), tuple(b)
+        diff = np.not_equal(sub[a], sub[b])  # in place from here on: no further temporaries
+        diff &= sub_mask[a]
+        diff &= sub_mask[b]
+        sub_out[a] |= diff
+        sub_out[b] |= diff
     return out
