@@ -42,7 +42,8 @@ def preset(name: str, quick: bool) -> tuple[int, tuple[int, ...], dict]:
             spec = build_model(name, 1, 2, preset="tiny").spec
         return 2, tuple(spec.default_patch_vox), {"preset": "tiny"}
     cfg = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    model_cfg = yaml.safe_load((CONFIGS / cfg["include"][0]).read_text())["model"]
+    model_file = next(inc for inc in cfg["include"] if "/model/" in inc)
+    model_cfg = yaml.safe_load((CONFIGS / model_file).read_text())["model"]
     patch = tuple(cfg["data"]["patch_shape_vox"])
     patch = patch[1:] if patch[0] == 1 and name.endswith("_2d") else patch
     return int(cfg["train"]["batch_size"]), patch, dict(model_cfg.get("params") or {})

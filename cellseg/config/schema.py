@@ -88,7 +88,7 @@ class DataConfig:
         instance_boundaries: add one "touching-objects boundary" target channel per instance-scored class
             (after the class channels), for the watershed to split touching objects.
         backend: array backend for reads.
-        cache_bytes: tensorstore chunk cache per opened array (bounded host memory).
+        cache_bytes: tensorstore chunk cache per process, shared by every opened array (bounded host memory).
     """
 
     root: str
@@ -105,7 +105,7 @@ class DataConfig:
     intensity_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
     instance_boundaries: bool = True
     backend: Literal["tensorstore", "zarr"] = "tensorstore"
-    cache_bytes: int = 32 * 2**20
+    cache_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
         from cellseg.data.classes import get_class

@@ -21,6 +21,7 @@ Resampling happens only when the chosen level's grid differs from the requested 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -38,7 +39,7 @@ BACKENDS: tuple[str, ...] = ("tensorstore", "zarr")
 LevelPolicy = Literal["closest", "finer"]
 VOXEL_SIZE_RTOL = 0.01  # relative voxel-size difference treated as "the same resolution"
 GRID_ATOL_VOX = 1e-3  # offsets within this fraction of a voxel count as on-grid (float noise in manifests)
-DEFAULT_CACHE_BYTES = 64 * 2**20  # tensorstore chunk cache per opened array
+DEFAULT_CACHE_BYTES = 256 * 2**20  # tensorstore chunk cache shared by every array of a process
 
 
 class ArrayReader(Protocol):
@@ -61,6 +62,24 @@ def _zarray(location: Location) -> dict[str, Any]:
     return meta
 
 
+_CONTEXTS: dict[tuple[int, int], Any] = {}
+
+
+def shared_context(cache_bytes: int) -> Any:
+    """One tensorstore context (chunk cache pool, thread pools) per process and cache size.
+
+    All arrays a process opens share the pool, so host memory for cached chunks is bounded by
+    `cache_bytes` per process however many crops and classes are open — not per array. The key includes
+    the process id: a context must never cross a fork.
+    """
+    import tensorstore as ts
+
+    key = (os.getpid(), int(cache_bytes))
+    if key not in _CONTEXTS:
+        _CONTEXTS[key] = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
+    return _CONTEXTS[key]
+
+
 class TensorStoreReader:
     """A zarr v2 array read through tensorstore."""
 
@@ -69,9 +88,8 @@ class TensorStoreReader:
 
         meta = _zarray(location)
         spec = {"driver": "zarr", "kvstore": location.tensorstore_kvstore()}
-        context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
         try:
-            self._array = ts.open(spec, read=True, context=context).result()
+            self._array = ts.open(spec, read=True, context=shared_context(cache_bytes)).result()
         except ValueError as err:
             raise ValueError(f"{location}: tensorstore cannot open this array ({err})") from None
         self.location = location
@@ -153,7 +171,7 @@ class MultiscaleImage:
         url: local path, `file://`, `s3://` or `http(s)://` location of the group.
         backend: "tensorstore" (default) or "zarr".
         expected_dtype: if given, every level must have this dtype (e.g. uint8 for EM).
-        cache_bytes: tensorstore chunk-cache budget per opened level.
+        cache_bytes: tensorstore chunk-cache budget of the process (shared by all opened arrays).
 
     Example:
         >>> em = MultiscaleImage("data/jrc_hela-2/jrc_hela-2.zarr/recon-1/em/fibsem-uint8")

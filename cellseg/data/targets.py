@@ -101,7 +101,7 @@ class CropSource:
     entry: SplitEntry
     classes: tuple[str, ...]
     backend: str = "tensorstore"
-    cache_bytes: int = 32 * 2**20
+    cache_bytes: int = 256 * 2**20
     on_disk: tuple[str, ...] = ()
     plans: tuple[ClassPlan, ...] = ()
     start_nm: Vec3 = (0.0, 0.0, 0.0)  # annotated box (lower corner)

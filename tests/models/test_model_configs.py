@@ -39,7 +39,7 @@ def test_model_config_holds_exactly_the_default_params(name: str) -> None:
 @pytest.mark.parametrize("name", list_models())
 def test_experiment_preset_follows_the_seed_plan(name: str) -> None:
     config = yaml.safe_load((CONFIGS / "experiments" / f"{name}.yaml").read_text())
-    assert config["include"] == [f"../model/{name}.yaml"]
+    assert f"../model/{name}.yaml" in config["include"]
     train, data = config["train"], config["data"]
     assert train["batch_size"] == SEED_BATCH[name]
     assert train["num_gpus"] == (4 if name.endswith("3d") else 2)
@@ -48,4 +48,4 @@ def test_experiment_preset_follows_the_seed_plan(name: str) -> None:
         divisor = build_model(name, 1, 2).input_divisor
     patch = data["patch_shape_vox"][-len(divisor) :]
     assert all(size % step == 0 for size, step in zip(patch, divisor, strict=True))
-    assert "# measured: see docs/benchmarks.md" in (CONFIGS / "experiments" / f"{name}.yaml").read_text()
+    assert "# measured (H200" in (CONFIGS / "experiments" / f"{name}.yaml").read_text()  # the fit verdict
