@@ -88,7 +88,7 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
         nbytes += sum(v.numel() * v.element_size() for v in b.values() if isinstance(v, torch.Tensor))
         if augment:
             b = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-            image, _, _ = td.augment(b, n)
+            td.augment(b, n)
             if device.type == "cuda":
                 torch.cuda.synchronize()
         n += 1

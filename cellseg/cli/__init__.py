@@ -16,7 +16,6 @@ import sys
 from cellseg import __version__
 
 
-
 def _command_modules() -> list[str]:
     """Every module of this package is a sub-command; `ORDER` (default 100) sorts `cellseg --help`."""
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]

@@ -210,8 +210,8 @@ def _gather_yx(volume: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor) -> torc
 
 
 def gaussian_blur(image: torch.Tensor, sigma_vox: float) -> torch.Tensor:
-    """Separable Gaussian blur of (B, 1, *S) along every spatial axis (reflect padding)."""
-    radius = max(1, int(math.ceil(3 * sigma_vox)))
+    """Separable Gaussian blur of (B, 1, *S) along every spatial axis (edge-replicating padding)."""
+    radius = max(1, math.ceil(3 * sigma_vox))
     x = torch.arange(-radius, radius + 1, device=image.device, dtype=image.dtype)
     kernel = torch.exp(-0.5 * (x / sigma_vox) ** 2)
     kernel = kernel / kernel.sum()

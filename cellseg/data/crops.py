@@ -138,7 +138,7 @@ def _parse_crop_rows(text: str, source: str) -> dict[int, tuple[str, dict[str, G
             crop_id = int(row["crop_name"].removeprefix("crop"))
         except ValueError as err:
             raise ValueError(f"{source}, line {line}: {err}") from None
-        dataset, labels = crops.setdefault(crop_id, (row["dataset"], {}))
+        _, labels = crops.setdefault(crop_id, (row["dataset"], {}))
         labels[row["class_label"]] = geometry
     return crops
 

@@ -11,6 +11,7 @@ axes (``ZYX`` in 3D, ``YX`` in 2D).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ def cumulative_divisor(strides: Sequence[Sequence[int]], spatial_dims: int) -> t
     return tuple(divisor)
 
 
-class SegModel(nn.Module):
+class SegModel(nn.Module, abc.ABC):
     """Base class of every registered architecture: validates the input, then runs the network.
 
     Subclasses implement :meth:`forward_logits`. :func:`cellseg.models.build_model` attaches a
@@ -157,9 +158,9 @@ class SegModel(nn.Module):
         self.validate_input(image_BCS)
         return self.forward_logits(image_BCS)
 
+    @abc.abstractmethod
     def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
         """The network itself; implemented by each architecture."""
-        raise NotImplementedError
 
     def example_shape(self, *, batch_size: int = 2) -> tuple[int, ...]:
         """A valid input shape: the spec's default patch, or the divisor when no spec is attached."""

@@ -8,6 +8,7 @@ and records the shape's object id there. Order matters: later shapes paint over 
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ Vec3 = tuple[float, float, float]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Shape:
+class Shape(abc.ABC):
     """Base of every painted primitive.
 
     Attributes:
@@ -36,9 +37,9 @@ class Shape:
     lo_nm: Vec3
     hi_nm: Vec3
 
+    @abc.abstractmethod
     def paint(self, z: np.ndarray, y: np.ndarray, x: np.ndarray, min_thick_nm: float) -> np.ndarray:
         """Atom ids (uint8, 0 = leave as is) at the given voxel centres."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

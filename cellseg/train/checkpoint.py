@@ -55,14 +55,15 @@ def git_commit(path: str | os.PathLike[str] | None = None) -> str:
 
 def rng_state() -> dict[str, Any]:
     """Every random generator a run touches."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    # The legacy global NumPy generator is saved because libraries (and user hooks) may draw from it.
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),  # noqa: NPY002
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore `rng_state()`."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002 - see rng_state
     torch.set_rng_state(state["torch"])
     if torch.cuda.is_available() and state.get("cuda"):
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -58,7 +58,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
         t_compiled = _probe(compiled, image, cfg.train.compile_probe_steps, precision)
         record = {"mode": mode, "backend": backend, "compile_s": time.perf_counter() - start,
                   "compiled_step_s": t_compiled}
-    except Exception as err:  # noqa: BLE001 - any compiler failure must fall back, whatever its type
+    except Exception as err:
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, str(err).splitlines()[0])
         model.zero_grad(set_to_none=True)
         model.load_state_dict(buffers, strict=False)

@@ -170,7 +170,7 @@ def test_bad_input_errors_name_the_path(tmp_path, em_path, labels_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / ".zattrs").write_text(json.dumps(attrs))
-    with pytest.raises(FileNotFoundError, match="missing .zarray"):
+    with pytest.raises(FileNotFoundError, match=r"missing \.zarray"):
         MultiscaleImage(broken)
     with pytest.raises(ValueError, match="no level 's7'"):
         MultiscaleImage(em_path).level("s7")

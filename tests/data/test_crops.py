@@ -88,7 +88,7 @@ def test_from_dir_with_relative_urls(tmp_path):
 
 
 def test_bad_manifests(tmp_path):
-    with pytest.raises(FileNotFoundError, match="train_crop_manifest.csv"):
+    with pytest.raises(FileNotFoundError, match=r"train_crop_manifest\.csv"):
         Catalog.from_dir(tmp_path)
     (tmp_path / "train_crop_manifest.csv").write_text("crop,dataset\n1,a\n")
     with pytest.raises(ValueError, match="expected columns"):

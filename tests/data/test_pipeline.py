@@ -3,14 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from crafted import write_root
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
-from cellseg.data.augment import GpuAugment, unpack_bits
+from cellseg.data.augment import unpack_bits
 from cellseg.data.dataset import pack_bits
 from cellseg.data.loader import build_train_data
 from cellseg.data.split import read_datasplit
-
-from crafted import write_root
 
 NO_INTENSITY = dict(
     intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0, misalign_p=0.0
@@ -76,7 +75,7 @@ def test_2d_patches_and_slicing_axes(root):
     td = build_train_data(
         data, LoaderConfig(num_workers=0), AugmentConfig(**NO_INTENSITY), batch_size=2, seed=0
     )
-    image, target, known = td.augment(_batch(td, 6), 0)
+    image, target, _ = td.augment(_batch(td, 6), 0)
     assert image.shape == (6, 1, 16, 16) and target.shape == (6, 4, 16, 16)
     axes = {td.dataset.sampler(i).slice_axis for i in range(30)}
     assert axes == {0, 1, 2}
@@ -118,7 +117,7 @@ def test_crop_smaller_than_patch_pads_unknown(root):
     td = build_train_data(
         data, LoaderConfig(num_workers=0), AugmentConfig(enabled=False), batch_size=2, seed=0
     )
-    _, target, known = td.augment(_batch(td, 2), 0)
+    _, _, known = td.augment(_batch(td, 2), 0)
     assert known.shape == (2, 1, 32, 32, 32)
     assert 0 < known.float().mean() < 1
 
@@ -130,7 +129,7 @@ def test_anisotropic_grid_and_coarser_level(root):
         data, LoaderConfig(num_workers=0), AugmentConfig(**NO_INTENSITY), batch_size=2, seed=0
     )
     assert td.augment.tilt is False and td.augment.swappable == [(1, 2)]
-    image, target, _ = td.augment(_batch(td, 2), 0)
+    image, _, _ = td.augment(_batch(td, 2), 0)
     assert image.shape == (2, 1, 4, 8, 8)
     # Reading at 32 nm needs a coarser level than the labels' 8 nm s0.
     coarse = _data(
@@ -152,7 +151,7 @@ def test_black_em_is_unknown(tmp_path):
         seed=0,
     )
     batch = _batch(td, 4)
-    image, _, known = td.augment(batch, 0)
+    _, _, known = td.augment(batch, 0)
     black = batch["image"][:, 0] == 0
     assert black.any()
     assert not known.permute(1, 0, 2, 3, 4)[:, black].any()

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from crafted import checker_labels, write_root
 
 from cellseg.data.split import SplitEntry
 from cellseg.data.targets import CropSource, Grid, plan_class, touching
-
-from crafted import checker_labels, write_root
 
 
 def _entry(root, crop, classes):

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 
+from cellseg.cli import main as cli_main
 from cellseg.models import list_models
 
 
 def _main(argv: list[str]) -> int:
-    """`cellseg.cli.main`, or only the `models` sub-command while sibling commands are being written.
-
-    The dispatcher imports every module it lists; in a working tree where another command module is
-    not there yet, the real dispatcher cannot start, which is not what this test is about.
-    """
-    cli = importlib.import_module("cellseg.cli")
-    try:
-        cli.build_parser()
-    except ModuleNotFoundError:
-        parser = argparse.ArgumentParser(prog="cellseg")
-        importlib.import_module("cellseg.cli.models").register(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(argv)
-        try:
-            return args.func(args)
-        except ValueError:
-            return 2
-    return cli.main(argv)
+    return cli_main(argv)
 
 
 def test_models_lists_every_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
