@@ -170,7 +170,7 @@ class SegModel(nn.Module, abc.ABC):
     def validate_input(self, image_BCS: torch.Tensor) -> None:
         """Raise ``ValueError`` naming the valid shapes if ``image_BCS`` cannot be segmented.
 
-        Only shapes are inspected (never values), so this costs nothing under ``torch.compile``.
+        Only shapes are inspected (never values), so this costs nothing under graph compilation.
         """
         shape = tuple(image_BCS.shape)
         problems = self._shape_problems(shape)

@@ -1,7 +1,7 @@
 """Small convolutional building blocks shared by the architectures, built from MONAI layers.
 
 Norm choice (``norm``): ``"batch"`` is the default everywhere. BatchNorm has native
-channels-last kernels in cuDNN and fuses well under ``torch.compile``, while eager
+channels-last kernels in cuDNN and fuses well under graph compilation, while eager
 ``InstanceNorm3d`` has no channels-last support and loses to layout conversions (see
 ``/work/shared/reference/performance.md`` §7.2 for the measured numbers). ``"instance"``
 (nnU-Net's choice, affine) and ``"group"`` (8 groups) remain selectable.

@@ -4,7 +4,7 @@ The encoder is assembled here from MONAI's Swin building blocks (``SwinTransform
 ``PatchMerging``, ``compute_mask``) rather than by wrapping ``monai.networks.nets.SwinUNETR``:
 - SwinUNETR's stage code calls ``einops``, which is not a cellseg dependency;
 - its forward checks the input size with NumPy; ours checks plain ints (``SegModel``), which
-  ``torch.compile`` resolves at trace time;
+  the compiler resolves at trace time;
 - tokens stay in ``(B, *S, C)`` layout from stage to stage instead of being permuted to
   ``(B, C, *S)`` and back around every stage; with a ``channels_last`` model the patch
   embedding's output already has that layout, so the first ``movedim`` is free.

@@ -4,7 +4,7 @@ Unlike ``monai.networks.nets.UNETR``, whose learned position embedding fixes the
 position embedding here is defined on a reference token grid and interpolated (bilinear /
 trilinear) to the actual grid, so any multiple of ``patch_size`` is a valid input. The
 interpolation runs only when the grid differs from the reference (a shape check, which
-``torch.compile`` resolves at trace time).
+the compiler resolves at trace time).
 
 Decoder (UNETR, generalised to any power-of-two patch size ``2**n``): the image itself feeds
 level 0 through a residual conv block; the outputs of ``n - 1`` evenly spaced transformer blocks
