@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("config", help="YAML run config")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of config keys")
-    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir from checkpoints/last.pt")
+    parser.add_argument("--resume", nargs="?", const="yes", default="no", choices=["yes", "no", "auto"],
+                        help="continue the run in run_dir from checkpoints/last.pt; 'auto' continues if one exists "
+                             "and starts fresh otherwise (requeued SLURM jobs)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="write a torch.profiler trace of N steps to run_dir/profile")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -37,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump(cfg))
         return 0
-    train(cfg, resume=args.resume)
+    train(cfg, resume={"yes": True, "no": False, "auto": "auto"}[args.resume])
     return 0

@@ -60,5 +60,6 @@ def train_flops_per_sample(name: str, in_channels: int, out_channels: int, patch
     """Forward + backward FLOPs for one sample, counted on the meta device (no memory, no GPU time)."""
     with torch.device("meta"):
         model = build_model(name, in_channels, out_channels, preset=preset, **(params or {}))
-    shape = (1, in_channels, *(patch_vox[1:] if model.spec.spatial_dims == 2 else patch_vox))
-    return count_flops(model, shape, backward=True)
+    # Two samples, halved: BatchNorm in training mode refuses one sample at a 1x1 bottleneck.
+    shape = (2, in_channels, *(patch_vox[1:] if model.spec.spatial_dims == 2 else patch_vox))
+    return count_flops(model, shape, backward=True) // 2

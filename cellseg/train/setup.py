@@ -167,8 +167,11 @@ def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> Non
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
-def build_setup(cfg: RunConfig, *, resume: bool = False) -> Setup:
-    """Assemble a training job (module docstring); resumes from `run_dir/checkpoints/last.pt` if asked."""
+def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
+    """Assemble a training job (module docstring); resumes from `run_dir/checkpoints/last.pt` if asked.
+
+    `resume="auto"` continues when that checkpoint exists and starts fresh otherwise.
+    """
     tc = cfg.train
     d = runtime.init_distributed(tc.device)
     runtime.configure_backends(tf32=tc.tf32, cudnn_benchmark=tc.cudnn_benchmark)
@@ -176,7 +179,9 @@ def build_setup(cfg: RunConfig, *, resume: bool = False) -> Setup:
     seed_everything(tc.seed + d.rank)
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
-    resume = resume or runtime.restart_count() > 0
+    if resume == "auto":
+        resume = (ckpt_dir / "last.pt").is_file()
+    resume = bool(resume) or runtime.restart_count() > 0
     if d.is_main and not resume and (ckpt_dir / "last.pt").exists():
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
     spatial_dims = 2 if cfg.data.is_2d else 3

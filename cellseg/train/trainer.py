@@ -37,7 +37,7 @@ class Trainer:
         >>> Trainer(load_run_config("configs/smoke/unet_3d.yaml", ["data.root=/tmp/synth"])).fit()
     """
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False):
+    def __init__(self, cfg: RunConfig, *, resume: bool | str = False):
         self.cfg = cfg
         self.s: Setup = build_setup(cfg, resume=resume)
 
@@ -198,7 +198,7 @@ class Trainer:
         (out / "summary.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
 
 
-def train(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+def train(cfg: RunConfig, *, resume: bool | str = False) -> dict[str, Any]:
     """Build a `Trainer` and run it; the process group is torn down afterwards."""
     try:
         trainer = Trainer(cfg, resume=resume)

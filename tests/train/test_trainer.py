@@ -51,6 +51,10 @@ def test_resume_continues_exactly(tiny_synth_root, tmp_path):
     assert [a[s] for s in (4, 5, 6)] == [b[s] for s in (4, 5, 6)]
     with pytest.raises(FileExistsError, match="--resume"):
         train(_cfg(tiny_synth_root, tmp_path / "b", "train.max_steps=6", *common))
+    # "auto" (requeued SLURM jobs): continue where a checkpoint exists, start fresh where none does.
+    assert train(_cfg(tiny_synth_root, tmp_path / "b", "train.max_steps=7", *common), resume="auto")
+    assert max(_losses(tmp_path / "b")) == 7
+    train(_cfg(tiny_synth_root, tmp_path / "c", "train.max_steps=1", *common), resume="auto")
 
 
 def test_sigterm_checkpoints_and_exits_zero(tiny_synth_root, tmp_path):
@@ -119,3 +123,13 @@ def test_ddp_two_processes_equal_one_with_double_batch(tiny_synth_root, tmp_path
     ddp = torch.load(tmp_path / "ddp" / "checkpoints" / "last.pt", weights_only=False)["model"]
     for key, value in single.items():
         torch.testing.assert_close(ddp[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("path", sorted(SMOKE.parent.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_smoke_config_trains_on_cpu(tiny_synth_root, tmp_path, path):
+    cfg = load_run_config(path, [f"data.root={tiny_synth_root}", f"run_dir={tmp_path / path.stem}",
+                                 "train.max_steps=2", "train.val_every=2"])
+    result = train(cfg)
+    assert torch.isfinite(torch.tensor(result["loss"]))
+    assert (tmp_path / path.stem / "checkpoints" / "best.pt").is_file()
+    assert result["val"]["metric"] == "2026"
