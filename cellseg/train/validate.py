@@ -81,7 +81,7 @@ def split_instances(mask: np.ndarray, boundary: np.ndarray | None) -> np.ndarray
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """Per-class scores of one crop in the era of `cfg.val.metric`."""
     era, th, vs = cfg.val.metric, cfg.val.threshold, grid.voxel_size_nm
-    target, known = crop.read_targets(grid)
+    target, known = crop.read_targets(grid, use_all=False)  # truth from the class arrays themselves
     boundary_of = {c: len(cfg.data.classes) + j for j, c in enumerate(cfg.data.boundary_classes)}
     scores = {}
     for k, plan in enumerate(crop.plans):

@@ -133,3 +133,11 @@ def test_every_smoke_config_trains_on_cpu(tiny_synth_root, tmp_path, path):
     assert torch.isfinite(torch.tensor(result["loss"]))
     assert (tmp_path / path.stem / "checkpoints" / "best.pt").is_file()
     assert result["val"]["metric"] == "2026"
+
+
+def test_profile_writes_a_trace(tiny_synth_root, tmp_path):
+    code = cli(["train", str(SMOKE), f"data.root={tiny_synth_root}", f"run_dir={tmp_path / 'run'}",
+                "train.max_steps=6", "--profile", "2"])
+    assert code == 0
+    profile = tmp_path / "run" / "profile"
+    assert list(profile.glob("*.json")) and (profile / "summary.txt").read_text().strip()
