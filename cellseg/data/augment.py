@@ -33,6 +33,13 @@ def unpack_bits(bits: torch.Tensor, num_classes: int) -> torch.Tensor:
     return unpacked.flatten(1, 2)[:, :num_classes].bool()
 
 
+def lut_gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per-sample lookup: `table[b, :, ids[b]]` for a (B, Kb, 256) table and (B, *S) ids → (B, Kb, *S)."""
+    b, kb = table.shape[:2]
+    index = ids.reshape(b, 1, -1).expand(b, kb, -1)  # a stride-0 view: no index copy per byte
+    return torch.gather(table, 2, index).view(b, kb, *ids.shape[1:])
+
+
 def _rotation(angles: torch.Tensor, dims: int) -> torch.Tensor:
     """(B, dims, dims) rotation matrices in grid coordinate order (x, y[, z]) from (B, 3) angles."""
     b = angles.shape[0]
@@ -53,15 +60,16 @@ class GpuAugment:
 
     Args:
         cfg: augmentation settings.
-        num_classes: K.
+        num_classes: C, all target channels (classes, then boundary channels).
+        num_boundaries: A, the trailing boundary channels (they travel as bits in the "ids" encoding).
         patch_shape_vox: output patch (z, y, x); `(1, H, W)` for 2D.
         voxel_size_nm: training voxel size, to allow transposes/tilts only where the grid is isotropic.
         seed, rank: the random stream is a function of (seed, rank, step).
     """
 
     def __init__(self, cfg: AugmentConfig, *, num_classes: int, patch_shape_vox: Sequence[int],
-                 voxel_size_nm: Sequence[float], seed: int = 0, rank: int = 0):
-        self.cfg, self.num_classes = cfg, num_classes
+                 voxel_size_nm: Sequence[float], seed: int = 0, rank: int = 0, num_boundaries: int = 0):
+        self.cfg, self.num_classes, self.num_boundaries = cfg, num_classes, num_boundaries
         self.is_2d = patch_shape_vox[0] == 1
         self.patch = tuple(patch_shape_vox[1:]) if self.is_2d else tuple(patch_shape_vox)
         vs = tuple(voxel_size_nm[1:]) if self.is_2d else tuple(voxel_size_nm)
@@ -129,33 +137,49 @@ class GpuAugment:
         """Augment one batch, with no host-device synchronisation.
 
         Args:
-            batch: collated sample dicts (see `cellseg.data.dataset`), already on the target device.
+            batch: collated sample dicts (see `cellseg.data.dataset`, "ids" or "bits" encoding), already on
+                the target device.
             step: the global step (random stream position).
             mean, std: optional per-sample (B,) EM statistics in uint8 units; default: scale to [0, 1].
 
         Returns:
-            image (B, 1, *P) float32, target (B, K, *P) bool, known (B, K, *P) bool.
+            image (B, 1, *P) float32, target (B, C, *P) bool, known (B, C, *P) bool.
         """
-        image_u8, tbits, kbits = batch["image"], batch["target_bits"], batch["known_bits"]
-        if self.is_2d:  # (B, C, 1, H, W) -> (B, C, H, W)
-            image_u8, tbits, kbits = image_u8[:, :, 0], tbits[:, :, 0], kbits[:, :, 0]
-        image = image_u8.float() / 255.0  # explicit: uint8 EM -> [0, 1]
-        kb = tbits.shape[1]
+        squeeze = (lambda t: t[:, :, 0]) if self.is_2d else (lambda t: t)  # 2D: (B, C, 1, H, W) -> (B, C, H, W)
+        image = squeeze(batch["image"]).float() / 255.0  # explicit: uint8 EM -> [0, 1]
+        tbits, kbits = squeeze(batch["target_bits"]), squeeze(batch["known_bits"])
+        ids = squeeze(batch["ids"]) if "ids" in batch else tbits[:, :0]
+        # Moved together with one nearest-neighbour transform: [ids?, target bytes, known bytes].
+        volumes = torch.cat([ids, tbits, kbits], dim=1)
+        n_ids, kb = ids.shape[1], tbits.shape[1]
         rotate = batch.get("rotate")
         rotate = rotate.to(image.device) if torch.is_tensor(rotate) else None
-        image, bits = self.spatial(image, torch.cat([tbits, kbits], dim=1), step, rotate)
+        image, volumes = self.spatial(image, volumes, step, rotate)
         g = self._generator(step + 1, image.device)
         if self.cfg.enabled and not self.is_2d:
-            image, bits = self._sections(image, bits, g)
+            # Strips wrapped in by a misalignment become unknown: id 255, known bytes 0.
+            fill = torch.tensor([255] * n_ids + [0] * 2 * kb, dtype=torch.uint8, device=image.device)
+            replace = torch.tensor([True] * n_ids + [False] * kb + [True] * kb, device=image.device)
+            image, volumes = self._sections(image, volumes, g, fill=fill, replace=replace)
         if self.cfg.enabled:
             image = self._intensity(image, g)
         if mean is not None and std is not None:  # per-dataset statistics, in uint8 units
             shape = (-1, *([1] * (image.ndim - 1)))
             image = (image * 255.0 - mean.view(shape)) / std.view(shape)
-        return image, unpack_bits(bits[:, :kb], self.num_classes), unpack_bits(bits[:, kb:], self.num_classes)
+        t_moved, k_moved = volumes[:, n_ids:n_ids + kb], volumes[:, n_ids + kb:]
+        if not n_ids:
+            return image, unpack_bits(t_moved, self.num_classes), unpack_bits(k_moved, self.num_classes)
+        ids = volumes[:, 0].long()
+        target = unpack_bits(lut_gather(batch["target_lut"], ids), self.num_classes)
+        known = unpack_bits(lut_gather(batch["known_lut"], ids), self.num_classes)
+        if self.num_boundaries:  # boundary channels come last and travel as their own bits
+            first = self.num_classes - self.num_boundaries
+            target[:, first:] = unpack_bits(t_moved, self.num_boundaries)
+            known[:, first:] = unpack_bits(k_moved, self.num_boundaries)
+        return image, target, known
 
-    def _sections(self, image: torch.Tensor, bits: torch.Tensor, g: torch.Generator
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sections(self, image: torch.Tensor, bits: torch.Tensor, g: torch.Generator, *, fill: torch.Tensor,
+                  replace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Duplicated, dimmed and misaligned z-sections (B, C, Z, Y, X), vectorised over the batch."""
         cfg, device = self.cfg, image.device
         b, _, z, y, x = image.shape
@@ -176,8 +200,8 @@ class GpuAugment:
         bits = _gather_yx(bits, iy, ix)
         ys, xs = torch.arange(y, device=device).view(1, 1, 1, y, 1), torch.arange(x, device=device).view(1, 1, 1, 1, x)
         wrapped = ((dy > 0) & (ys < dy)) | ((dy < 0) & (ys >= y + dy)) | ((dx > 0) & (xs < dx)) | ((dx < 0) & (xs >= x + dx))
-        kb = bits.shape[1] // 2
-        bits = torch.cat([bits[:, :kb], torch.where(wrapped, torch.zeros_like(bits[:, kb:]), bits[:, kb:])], dim=1)
+        channels = (1, -1, 1, 1, 1)
+        bits = torch.where(wrapped & replace.view(channels), fill.view(channels), bits)
         return image, bits
 
     def _intensity(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:

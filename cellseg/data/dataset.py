@@ -8,12 +8,19 @@ Targets of K classes travel bit-packed along the class axis (`numpy.packbits(...
 class k is bit k % 8 of byte k // 8), so 48 classes cost 6 + 6 bytes per voxel instead of 96; the GPU
 augmentation moves the packed bytes with the same nearest-neighbour transform and unpacks them there.
 
-Sample dict (3D; 2D patches have a z extent of 1 after the slicing axis is moved first):
+Two target encodings (`PatchDataset.target_mode`). "ids", when every crop has its `all` array: the atom
+ids travel (1 byte per voxel) with the crop's lookup tables, and only the boundary channels travel as
+bits; the GPU looks the class bits up. "bits" otherwise: every channel travels bit-packed.
+
+Sample dict (3D; 2D patches have a z extent of 1 after the slicing axis is moved first). C = K classes +
+A boundary channels:
     image        uint8  (1, Z, Y, X)
-    target_bits  uint8  (ceil(K / 8), Z, Y, X)
-    known_bits   uint8  (ceil(K / 8), Z, Y, X)
-    crop         int64  index into `crops`
-    seed         int64  per-sample seed
+    ids          uint8  (1, Z, Y, X)                     "ids" mode: `all` ids, 255 = unknown everywhere
+    target_lut   uint8  (ceil(C / 8), 256)               "ids" mode: class bits per id
+    known_lut    uint8  (ceil(C / 8), 256)
+    target_bits  uint8  (ceil(C / 8) or ceil(A / 8), Z, Y, X)   all channels ("bits") or boundaries ("ids")
+    known_bits   uint8  (same)
+    crop, seed, rotate   crop index, per-sample seed, whether the GPU rotates this sample
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import numpy as np
 import torch
 
 from cellseg.data.sampling import PatchSampler, PatchSpec
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.targets import ALL_OUTSIDE, CropSource, Grid
 
 
 def context_shape(patch_shape_vox: Sequence[int], factor: float, *, is_2d: bool) -> tuple[int, int, int]:
@@ -128,26 +135,38 @@ class PatchDataset(torch.utils.data.Dataset):
             origin = [t + round((o - t) / v) * v for o, t, v in zip(origin, level.translation_nm, vs, strict=True)]
         return Grid(translation_nm=tuple(origin), shape_vox=tuple(shape), voxel_size_nm=vs)  # type: ignore[arg-type]
 
+    @property
+    def target_mode(self) -> str:
+        """"ids" when every crop has an `all` array (1 byte per voxel travels; the GPU looks classes up),
+        else "bits" (bit-packed targets and known masks of every channel)."""
+        return "ids" if all(c.has_all and c.use_all for c in self.crops) else "bits"
+
     def __getitem__(self, i: int) -> dict[str, object]:
         spec = self.sampler(int(i))
         crop = self.crops[spec.crop]
         rotate = self.rotates(spec)
         grid = self.grid_for(spec, None if rotate else self.patch_shape_vox)
         em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value, dtype=np.uint8)
-        tbits, kbits = crop.read_targets_packed(grid)
-        kbits &= np.where(em == self.em_pad_value, np.uint8(0), np.uint8(255))[None]  # black EM is unknown
-        if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:
-            em, tbits, kbits = (np.moveaxis(a, a.ndim - 3 + spec.slice_axis, a.ndim - 3) for a in (em, tbits, kbits))
-        if not rotate:  # centre the patch in a zero read-shaped frame that the GPU crops away again
-            em, tbits, kbits = (_centre_pad(a, self.read_shape_vox) for a in (em, tbits, kbits))
-        return {
-            "image": torch.from_numpy(np.ascontiguousarray(em[None])),
-            "target_bits": torch.from_numpy(np.ascontiguousarray(tbits)),
-            "known_bits": torch.from_numpy(np.ascontiguousarray(kbits)),
-            "crop": spec.crop,
-            "seed": spec.seed,
-            "rotate": rotate,
-        }
+        black = em == self.em_pad_value  # "outside the imaged volume": unknown for every channel
+        if self.target_mode == "ids":
+            ids, tbits, kbits = crop.read_ids_and_boundaries(grid)
+            ids[black] = ALL_OUTSIDE
+            volumes = {"image": em[None], "ids": ids[None], "target_bits": tbits, "known_bits": kbits}
+        else:
+            tbits, kbits = crop.read_targets_packed(grid)
+            volumes = {"image": em[None], "target_bits": tbits, "known_bits": kbits}
+        volumes["known_bits"] &= np.where(black, np.uint8(0), np.uint8(255))[None]
+        for key, a in volumes.items():
+            if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:  # 2D across y or x: slice axis first
+                a = np.moveaxis(a, 1 + spec.slice_axis, 1)
+            if not rotate:  # centre the patch in a zero read-shaped frame that the GPU crops away again
+                a = _centre_pad(a, self.read_shape_vox)
+            volumes[key] = torch.from_numpy(np.ascontiguousarray(a))
+        sample: dict[str, object] = {**volumes, "crop": spec.crop, "seed": spec.seed, "rotate": rotate}
+        if self.target_mode == "ids":
+            t_lut, k_lut = crop.lookup_tables
+            sample.update(target_lut=torch.from_numpy(t_lut), known_lut=torch.from_numpy(k_lut))
+        return sample
 
 
 def _centre_pad(a: np.ndarray, shape: Sequence[int]) -> np.ndarray:

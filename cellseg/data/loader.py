@@ -96,6 +96,7 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
         prefetch_factor=loader.prefetch_factor if workers > 0 else None,
         multiprocessing_context=mp_context if workers > 0 else None,
     )
-    gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, patch_shape_vox=data.patch_shape_vox,
+    gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, num_boundaries=len(data.boundary_classes),
+                             patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
     return TrainData(loader=dl, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=train, val_crops=val, split=split)

@@ -178,16 +178,46 @@ class CropSource:
         shape = (-(-self.num_channels // 8), *grid.shape_vox)
         reads = _Reads(self, grid)
         if self.use_all and self.has_all:
-            tbits, kbits = self._classes_from_all(reads, shape)
+            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self._all_tables)
         else:
             tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
             self._classes_from_arrays(reads, tbits, kbits)
-        for j, i in enumerate(self.aux_classes, start=len(self.plans)):
+        self._boundaries(reads, tbits, kbits, first_channel=len(self.plans))
+        return tbits, kbits
+
+    def read_ids_and_boundaries(self, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The compact form for the GPU: `all` ids (uint8, `ALL_OUTSIDE` outside the crop) and the packed
+        boundary bits `(ceil(A/8), z, y, x)` for target and known; the class bits are `lookup_tables[:, ids]`.
+
+        Raises:
+            ValueError: for a crop without an `all` array.
+        """
+        if not self.has_all:
+            raise ValueError(f"{self.name}: no `all` array, so its targets cannot travel as ids")
+        reads = _Reads(self, grid)
+        shape = (-(-len(self.aux_classes) // 8), *grid.shape_vox)
+        tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+        self._boundaries(reads, tbits, kbits, first_channel=0)
+        return self._all_ids(reads), tbits, kbits
+
+    @property
+    def lookup_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8;
+        the boundary channels are left 0 (they come from the id arrays)."""
+        return self._all_tables
+
+    def _all_ids(self, reads: _Reads) -> np.ndarray:
+        ids = reads.ids("all", pad_value=ALL_OUTSIDE)
+        if ids.dtype != np.uint8:
+            ids = np.minimum(ids, ALL_OUTSIDE).astype(np.uint8)  # CellMap ids are <= 77
+        return ids
+
+    def _boundaries(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray, *, first_channel: int) -> None:
+        for j, i in enumerate(self.aux_classes, start=first_channel):
             if len(self.plans[i].read) == 1:  # ids on disk
                 name = self.plans[i].read[0]
                 _set_bit(tbits, j, touching(reads.ids(name)))
                 _set_bit(kbits, j, reads.inside((name,)))
-        return tbits, kbits
 
     def _classes_from_arrays(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray) -> None:
         for i, plan in enumerate(self.plans):
@@ -218,12 +248,6 @@ class CropSource:
                 if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
                     k[i >> 3, cls.id] |= bit
         return t, k
-
-    def _classes_from_all(self, reads: _Reads, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        ids = reads.ids("all", pad_value=ALL_OUTSIDE)
-        if ids.dtype != np.uint8:
-            ids = np.minimum(ids, ALL_OUTSIDE).astype(np.uint8)  # CellMap ids are <= 77
-        return tuple(_gather_bytes(table, ids) for table in self._all_tables)  # type: ignore[return-value]
 
     def read_targets(self, grid: Grid, *, use_all: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`(target, known)` on `grid`, both `(C, z, y, x)` bool (C = K classes + boundary channels).
@@ -267,9 +291,12 @@ class _Reads:
 
 
 def _set_bit(bits: np.ndarray, channel: int, mask: np.ndarray) -> None:
-    """bits[channel // 8] |= mask << (channel % 8), in place."""
-    shifted = mask.view(np.uint8) << np.uint8(channel & 7)
-    np.bitwise_or(bits[channel >> 3], shifted, out=bits[channel >> 3])
+    """bits[channel // 8] |= mask << (channel % 8), in place (a scalar OR when the mask is all True)."""
+    bit = np.uint8(1 << (channel & 7))
+    if mask.all():
+        np.bitwise_or(bits[channel >> 3], bit, out=bits[channel >> 3])
+        return
+    np.bitwise_or(bits[channel >> 3], mask.view(np.uint8) * bit, out=bits[channel >> 3])
 
 
 def _gather_bytes(table: np.ndarray, ids: np.ndarray) -> np.ndarray:

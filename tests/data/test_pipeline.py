@@ -180,3 +180,20 @@ def test_workers_give_the_same_samples(root):
     ).loader
     for a, b in zip(loader0, loader2, strict=True):
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["target_bits"], b["target_bits"])
+
+
+def test_ids_and_bits_encodings_give_the_same_targets(tmp_path):
+    """Targets looked up on the GPU from `all` ids equal the bit-packed per-array targets."""
+    root = write_root(tmp_path, black_slab=True)
+    aug = AugmentConfig(rotate_p=0.5, **NO_INTENSITY)
+    td = build_train_data(_data(root, patch_shape_vox=(16, 16, 16)), LoaderConfig(num_workers=0), aug,
+                          batch_size=4, seed=4)
+    assert td.dataset.target_mode == "ids"
+    ids_batch = _batch(td, 4)
+    assert ids_batch["ids"].dtype == torch.uint8 and ids_batch["target_bits"].shape[1] == 1  # 1 boundary channel
+    for crop in td.dataset.crops:
+        crop.use_all = False
+    assert td.dataset.target_mode == "bits"
+    bits_batch = _batch(td, 4)
+    for a, b in zip(td.augment(ids_batch, 7), td.augment(bits_batch, 7), strict=True):
+        assert torch.equal(a, b)
