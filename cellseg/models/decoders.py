@@ -14,12 +14,15 @@ Shape legend: ``B`` batch, ``F`` feature channels, ``K`` logit channels, ``S`` s
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from monai.networks.blocks import UnetOutBlock, UnetrUpBlock
 from torch import nn
 
+from cellseg.models.base import SegModel, cumulative_divisor, resolve_strides
 from cellseg.models.blocks import conv_stage, head_conv, norm_spec, up_conv
 
 
@@ -127,3 +130,31 @@ class UNETRDecoder(nn.Module):
         for level in reversed(range(len(self.ups))):
             x_BFS = self.ups[level](x_BFS, features_BFS[level])
         return self.head(x_BFS)
+
+
+class StridedUNet(SegModel):
+    """The skeleton `unet_*` and `resnet_3d` share: strides resolved from the params, an encoder returning one
+    feature map per stage (full resolution first), and a :class:`UNetDecoder` with matching skips.
+
+    Subclasses build the encoder in :meth:`make_encoder`; the params must provide ``features_per_stage``,
+    ``strides``, ``norm`` and ``deep_supervision``.
+    """
+
+    def __init__(self, in_channels: int, *, out_channels: int, params: Any, spatial_dims: int,
+                 decoder_convs: int) -> None:
+        strides = resolve_strides(params.strides, num_steps=len(params.features_per_stage) - 1,
+                                  spatial_dims=spatial_dims)
+        super().__init__(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=out_channels,
+                         input_divisor=cumulative_divisor(strides, spatial_dims))
+        self.encoder = self.make_encoder(in_channels, params, strides)
+        self.decoder = UNetDecoder(spatial_dims, skip_channels=params.features_per_stage, strides=strides,
+                                   out_channels=out_channels, norm=params.norm, num_convs=decoder_convs,
+                                   deep_supervision=params.deep_supervision)
+
+    @abc.abstractmethod
+    def make_encoder(self, in_channels: int, params: Any, strides: Sequence[Sequence[int]]) -> nn.Module:
+        """The encoder: image ``(B, C, *S)`` → feature maps of every stage, full resolution first."""
+
+    def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """Encode, then decode to logits ``(B, K, *S)`` (a list in deep-supervised training)."""
+        return self.decoder(self.encoder(image_BCS))

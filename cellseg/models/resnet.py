@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import timm
@@ -23,9 +24,9 @@ import torch
 from monai.networks.blocks import UnetResBlock
 from torch import nn
 
-from cellseg.models.base import SegModel, cumulative_divisor, resolve_strides
+from cellseg.models.base import SegModel
 from cellseg.models.blocks import LEAKY_RELU, check_norm, check_positive, conv_norm_act, conv_stage, norm_spec
-from cellseg.models.decoders import UNetDecoder
+from cellseg.models.decoders import StridedUNet, UNetDecoder
 from cellseg.models.pretrained import load_encoder_checkpoint
 from cellseg.models.registry import register_model
 
@@ -184,35 +185,19 @@ class ResidualEncoder(nn.Module):
         return features_BFS
 
 
-class ResEncUNet(SegModel):
+class ResEncUNet(StridedUNet):
     """Residual-encoder UNet (nnU-Net ResEnc-style) for 2D or 3D; registered as ``resnet_3d``."""
 
     def __init__(
         self, in_channels: int, *, out_channels: int, params: ResNet3DParams, spatial_dims: int
     ) -> None:
-        strides = resolve_strides(
-            params.strides, num_steps=len(params.features_per_stage) - 1, spatial_dims=spatial_dims
-        )
-        super().__init__(
-            spatial_dims=spatial_dims,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            input_divisor=cumulative_divisor(strides, spatial_dims),
-        )
-        self.encoder = ResidualEncoder(spatial_dims, in_channels, params=params, strides=strides)
-        self.decoder = UNetDecoder(
-            spatial_dims,
-            skip_channels=params.features_per_stage,
-            strides=strides,
-            out_channels=out_channels,
-            norm=params.norm,
-            num_convs=params.num_decoder_convs,
-            deep_supervision=params.deep_supervision,
-        )
+        super().__init__(in_channels, out_channels=out_channels, params=params, spatial_dims=spatial_dims,
+                         decoder_convs=params.num_decoder_convs)
 
-    def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
-        """Encode, then decode to logits ``(B, K, *S)`` (a list in deep-supervised training)."""
-        return self.decoder(self.encoder(image_BCS))
+    def make_encoder(self, in_channels: int, params: ResNet3DParams, strides: Sequence[Sequence[int]]
+                     ) -> ResidualEncoder:
+        """Residual stages (nnU-Net ResEnc style)."""
+        return ResidualEncoder(self.spatial_dims, in_channels, params=params, strides=strides)
 
 
 @register_model(

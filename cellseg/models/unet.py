@@ -15,14 +15,14 @@ Shape legend: ``B`` batch, ``C`` input channels, ``F`` features, ``S`` spatial a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from cellseg.models.base import SegModel, cumulative_divisor, resolve_strides
 from cellseg.models.blocks import check_norm, check_positive, conv_stage
-from cellseg.models.decoders import UNetDecoder
+from cellseg.models.decoders import StridedUNet
 from cellseg.models.registry import register_model
 
 Strides = tuple[int | tuple[int, ...], ...] | None
@@ -93,7 +93,7 @@ class PlainEncoder(nn.Module):
         return features_BFS
 
 
-class UNet(SegModel):
+class UNet(StridedUNet):
     """Plain convolutional UNet for 2D or 3D (see module docstring).
 
     Example:
@@ -105,36 +105,13 @@ class UNet(SegModel):
     def __init__(
         self, in_channels: int, *, out_channels: int, params: UNet3DParams, spatial_dims: int
     ) -> None:
-        strides = resolve_strides(
-            params.strides, num_steps=len(params.features_per_stage) - 1, spatial_dims=spatial_dims
-        )
-        super().__init__(
-            spatial_dims=spatial_dims,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            input_divisor=cumulative_divisor(strides, spatial_dims),
-        )
-        self.encoder = PlainEncoder(
-            spatial_dims,
-            in_channels,
-            features=params.features_per_stage,
-            strides=strides,
-            num_convs=params.num_convs_per_stage,
-            norm=params.norm,
-        )
-        self.decoder = UNetDecoder(
-            spatial_dims,
-            skip_channels=params.features_per_stage,
-            strides=strides,
-            out_channels=out_channels,
-            norm=params.norm,
-            num_convs=params.num_convs_per_stage,
-            deep_supervision=params.deep_supervision,
-        )
+        super().__init__(in_channels, out_channels=out_channels, params=params, spatial_dims=spatial_dims,
+                         decoder_convs=params.num_convs_per_stage)
 
-    def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
-        """Encode, then decode to logits ``(B, K, *S)`` (a list in deep-supervised training)."""
-        return self.decoder(self.encoder(image_BCS))
+    def make_encoder(self, in_channels: int, params: UNet3DParams, strides: Sequence[Sequence[int]]) -> PlainEncoder:
+        """Plain conv stages, ``num_convs_per_stage`` per stage (the first of a stage strided)."""
+        return PlainEncoder(self.spatial_dims, in_channels, features=params.features_per_stage, strides=strides,
+                            num_convs=params.num_convs_per_stage, norm=params.norm)
 
 
 TINY = {"features_per_stage": (4, 8, 16)}
