@@ -17,6 +17,7 @@ Shapes: `B` batch, `Kb` packed class bytes, `K` classes, `P*` patch and `R*` rea
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -157,10 +158,7 @@ class GpuAugment:
         image, volumes = self.spatial(image, volumes, step, rotate)
         g = self._generator(step + 1, image.device)
         if self.cfg.enabled and not self.is_2d:
-            # Strips wrapped in by a misalignment become unknown: id 255, known bytes 0.
-            fill = torch.tensor([255] * n_ids + [0] * 2 * kb, dtype=torch.uint8, device=image.device)
-            replace = torch.tensor([True] * n_ids + [False] * kb + [True] * kb, device=image.device)
-            image, volumes = self._sections(image, volumes, g, fill=fill, replace=replace)
+            image, volumes = self._sections(image, volumes, g, **self._wrap_fill(n_ids, kb, image.device))
         if self.cfg.enabled:
             image = self._intensity(image, g)
         if mean is not None and std is not None:  # per-dataset statistics, in uint8 units
@@ -177,6 +175,12 @@ class GpuAugment:
             target[:, first:] = unpack_bits(t_moved, self.num_boundaries)
             known[:, first:] = unpack_bits(k_moved, self.num_boundaries)
         return image, target, known
+
+    @functools.cache  # noqa: B019 - a handful of (layout, device) keys per run; avoids a copy to the GPU per step
+    def _wrap_fill(self, n_ids: int, kb: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Strips wrapped in by a misalignment become unknown: id 255, known bytes 0, target bytes kept."""
+        return {"fill": torch.tensor([255] * n_ids + [0] * 2 * kb, dtype=torch.uint8, device=device),
+                "replace": torch.tensor([True] * n_ids + [False] * kb + [True] * kb, device=device)}
 
     def _sections(self, image: torch.Tensor, bits: torch.Tensor, g: torch.Generator, *, fill: torch.Tensor,
                   replace: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

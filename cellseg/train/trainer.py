@@ -136,9 +136,15 @@ class Trainer:
         return last
 
     def _stop_requested(self, stop: StopRequest) -> bool:
+        """Single process: the flag itself, no GPU involved. DDP: every rank must stop at the same step, which
+        takes a collective and a host sync, so ranks agree only every `log_every` steps (a pre-emption
+        warning leaves minutes, steps take well under a second)."""
+        if not self.s.dist.distributed:
+            return stop.requested
+        if self.s.state.step % self.cfg.train.log_every:
+            return False
         flag = torch.tensor(float(stop.requested), device=self.s.dist.device)
-        if self.s.dist.distributed:  # every rank must agree to stop at the same step
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return bool(flag.item())
 
     def _log(self, run_log: RunLog, loss: torch.Tensor, grad_norm: torch.Tensor, steps: int, seconds: float
