@@ -33,7 +33,7 @@ from cellseg.data.write import DEFAULT_CHUNK, atomic_dir, write_multiscale
 Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
 QUANTUM = 255  # uint8 probabilities hold round(255 p)
-BOUNDARY_SUFFIX = "_boundary"  # as in a run's meta.json channels  # auxiliary channel of an instance class: its touching-object boundaries
+BOUNDARY_SUFFIX = "_boundary"  # auxiliary channel of an instance class: its touching-object boundaries (as in meta.json)
 
 
 def boundary_channel(class_name: str) -> str:
