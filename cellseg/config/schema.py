@@ -28,24 +28,24 @@ class AugmentConfig:
     Spatial transforms are applied identically to image, target and known-mask.
     """
 
-    enabled: bool = True
+    enabled: bool = True  # false: no augmentation at all (normalisation only)
     flip_p: float = 0.5  # per allowed axis
     transpose: bool = True  # permute axes of equal voxel size (in-plane only for 2D)
-    rotate_p: float = 0.3
+    rotate_p: float = 0.3  # per sample; a rotated sample is also zoomed by `scale_range`
     rotate_max_deg: float = 15.0  # around z (in-plane); 3D patches also tilt by up to a third of this
     scale_range: tuple[float, float] = (0.9, 1.1)  # isotropic zoom with rotation
-    gamma_range: tuple[float, float] = (0.7, 1.5)
-    contrast_range: tuple[float, float] = (0.75, 1.25)
+    gamma_range: tuple[float, float] = (0.7, 1.5)  # image ** gamma, gamma drawn uniformly from the range
+    contrast_range: tuple[float, float] = (0.75, 1.25)  # factor applied about the sample's mean intensity
     brightness_max: float = 0.1  # additive, image in [0, 1]
     intensity_p: float = 0.5  # probability of each of gamma / contrast / brightness
-    noise_p: float = 0.2
-    noise_std_max: float = 0.05
-    blur_p: float = 0.1
-    blur_sigma_max_vox: float = 1.0
-    missing_section_p: float = 0.05  # a z-section replaced by its neighbour's mean intensity
-    dim_section_p: float = 0.05  # a z-section darkened/brightened
-    misalign_p: float = 0.05  # sections from a random z shifted in y/x
-    misalign_max_vox: int = 4
+    noise_p: float = 0.2  # probability of additive Gaussian noise
+    noise_std_max: float = 0.05  # its standard deviation is drawn from [0, this] (image in [0, 1])
+    blur_p: float = 0.1  # probability of a Gaussian blur
+    blur_sigma_max_vox: float = 1.0  # blur sigma = 0.75 x this, in voxels (one sigma per batch)
+    missing_section_p: float = 0.05  # 3D: a z-section replaced by the one before it (duplicated section)
+    dim_section_p: float = 0.05  # 3D: a z-section's intensity scaled by a factor in [0.6, 1.4]
+    misalign_p: float = 0.05  # 3D: sections from a random z on shifted in y/x (labels too)
+    misalign_max_vox: int = 4  # largest misalignment shift per axis, in voxels
 
     def __post_init__(self) -> None:
         for name in ("flip_p", "rotate_p", "intensity_p", "noise_p", "blur_p", "missing_section_p", "dim_section_p",
@@ -140,7 +140,16 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    """torch DataLoader settings (`cellseg.data.loader`); the batch size is `train.batch_size`."""
+    """torch DataLoader settings (`cellseg.data.loader`); the batch size is `train.batch_size`.
+
+    Attributes:
+        num_workers: loader processes per GPU (started with "spawn"); 0 reads in the training process.
+        prefetch_factor: batches each worker prepares ahead (with workers only).
+        pin_memory: page-locked host batches for faster, asynchronous copies to the GPU (CUDA only).
+        persistent_workers: keep the workers (and their open arrays) alive from epoch to epoch.
+        samples_per_epoch: length of an epoch of the global sample stream; at least one global batch
+            (`train.batch_size` × GPUs).
+    """
 
     num_workers: int = 8
     prefetch_factor: int = 4
@@ -156,7 +165,14 @@ class LoaderConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """An architecture from the registry (`cellseg models`) and its typed parameters."""
+    """An architecture from the registry (`cellseg models`) and its typed parameters.
+
+    Attributes:
+        name: a registered architecture (`cellseg models` lists them), e.g. unet_3d.
+        params: parameters of that architecture, overriding the preset's values (checked against its params
+            dataclass; see "model.params by architecture" in docs/config.md).
+        preset: "default" (full size) or "tiny" (small widths for CPU tests and smoke runs).
+    """
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -175,8 +191,13 @@ class OptimConfig:
     Attributes:
         name: "adamw" (fused on CUDA) or "sgd" (Nesterov momentum, nnU-Net's choice).
         lr: peak learning rate.
+        weight_decay: weight decay of weights and kernels (never of biases and norm parameters).
+        betas, eps: AdamW's moment coefficients and epsilon.
+        momentum: SGD's Nesterov momentum.
+        warmup_steps: optimizer steps of linear warm-up to `lr`.
         schedule: "cosine", "poly" (power `poly_power`), "onecycle" or "constant", after `warmup_steps`.
         min_lr_ratio: floor of the decay as a fraction of `lr`.
+        poly_power: exponent of the "poly" schedule, (1 − progress) ** poly_power.
         grad_clip_norm: clip the global gradient norm (null: no clipping); nnU-Net clips at 12.
         ema_decay: keep an exponential moving average of the weights (null: off), e.g. 0.999.
     """
@@ -205,7 +226,14 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    """Masked BCE + soft Dice (`cellseg.losses`); `class_weights` maps class names to channel weights."""
+    """Masked BCE + soft Dice (`cellseg.losses`); `class_weights` maps class names to channel weights.
+
+    Attributes:
+        bce_weight: weight of the masked binary cross-entropy term.
+        dice_weight: weight of the masked soft Dice term.
+        class_weights: class name → weight of its channel (default 1.0); names not in `data.classes` have
+            no effect.
+    """
 
     bce_weight: float = 1.0
     dice_weight: float = 1.0
@@ -245,18 +273,26 @@ class TrainConfig:
     """The training loop and its Hopper settings (`cellseg.train`).
 
     Attributes:
+        seed: seeds sampling, augmentation and initialisation (each rank adds its rank to its own generators).
         max_steps: optimizer steps.
         batch_size: samples per GPU per micro-step, or "auto" (largest that fits `memory_fraction`).
         grad_accum_steps: loader batches per optimizer step.
         precision: "auto" (bf16 on CUDA, fp32 on CPU), "bf16", "fp16" (with GradScaler) or "fp32".
         tf32: TF32 for fp32 matmuls and convolutions.
+        cudnn_benchmark: let cuDNN time its convolution algorithms at the first steps and keep the fastest.
         channels_last: channels_last(_3d) memory format for model and inputs.
         compile: "auto" (on CUDA: time compiled vs eager after warm-up, keep the faster), "on", "off";
             any compile error falls back to eager with a warning.
-        activation_checkpointing: recompute activations in backward (Swin/ViT 3D), if the model supports it.
+        compile_probe_steps: steps timed for eager and for compiled when `compile` is "auto".
+        device: "auto" (CUDA when available), "cuda" or "cpu".
+        activation_checkpointing: recompute activations in backward (less memory); models with a
+            `use_checkpoint` parameter only (the swin models).
+        memory_fraction: share of GPU memory that `batch_size: auto` may fill.
+        max_auto_batch: the largest batch `batch_size: auto` tries.
         num_gpus: GPUs per job for the SLURM launchers (informational; torchrun decides the world size).
         val_every, checkpoint_every, log_every: periods in optimizer steps.
         keep_top_k: best checkpoints kept by validation score (plus `last`).
+        profile_steps: write a torch.profiler trace of this many steps to run_dir/profile (0: off).
     """
 
     seed: int = 0
@@ -292,7 +328,11 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything one training job needs; `config.yaml` in a run directory is this, resolved."""
+    """Everything one training job needs; `config.yaml` in a run directory is this, resolved.
+
+    Attributes:
+        run_dir: the run's directory: config.yaml, meta.json, datasplit.csv, metrics.jsonl, checkpoints/.
+    """
 
     run_dir: str
     data: DataConfig
