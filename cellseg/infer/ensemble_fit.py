@@ -1,0 +1,500 @@
+"""Per-class ensemble weights fitted on validation crops against the challenge metric (`--weights auto`).
+
+Method, for each class c that M_c ≥ 2 members predict (a class of one member gets weight 1):
+
+1. **Validation crops**: the given crop ids, or else the crops marked "validate" in the `datasplit.csv`
+   of every member's run (provenance `run_dir`), intersected so that no member trained on a fitting
+   crop; without run directories, the data root's own `datasplit.csv`. Only crops that every member
+   predicted are used. Labels come from the data root (`--truth`, else the members' provenance
+   `data_root` or their runs' `config.yaml`), else from the paths the datasplit rows record.
+2. **Truth on the ensemble grid** (the grid the ensemble is written on, `ensemble_grid`):
+   `CropSource.read_targets(grid, use_all=False)`, scored only where the class is known, exactly as
+   validation during training scores (`cellseg.train.validate.score_crop`).
+3. **Candidate weightings**: each member alone (one-hot), uniform, and, when M_c ≤ 4, every point of the
+   simplex grid with step 1/n, n the largest ≤ 10 that keeps ≤ 40 points (11 points for 2 members, 36
+   for 3, 35 for 4).
+4. **Score of a candidate w**: threshold Σ w·p at 0.5, score each crop with the era's per-crop semantic
+   scorer, and combine the crops exactly as that era's leaderboard does (`cellseg.eval.aggregate`: 2025
+   volume-weighted mean IoU, 2026 pooled IoU). Instance classes are fitted on the IoU of their foreground
+   by default (`instance_score="iou"`, a proxy): the probabilities only decide the foreground, the
+   objects come from the watershed tuned afterwards, and the instance metric of plain connected
+   components mostly measures how touching objects merge (the post-processing's job), which is very
+   noisy on a few crops. `instance_score="metric"` scores the 26-connected components of the
+   thresholded mean with the era's official instance scorer instead (slower: matching and Hausdorff
+   distances per candidate).
+5. **w_fit**: M_c ≤ 4: the best candidate; when several tie (within 1e-9: thresholded scores are often
+   flat, e.g. a bad member cannot flip a 0.5 decision until its weight passes some value), their mean,
+   the middle of the best plateau rather than its edge, and uniform when nothing discriminates. M_c > 4:
+   softmax of the members' own scores with temperature 0.05 (a lead of 0.05 in score weighs e ≈ 2.7×).
+6. **Shrinkage towards uniform** against over-fitting small validation sets: w = (1 − λ)·w_fit + λ/M_c
+   with λ = 1 − (1 − λ0)·e, λ0 = `shrink` (default 0.5) and the evidence
+   e = min(1, n_c / 8) · min(1, v_c / 10⁴), n_c the validation crops annotating c, v_c their positive
+   truth voxels. Crops are the independent samples (the voxels of a crop are strongly correlated): with
+   8 crops the standard error of a mean per-crop score is about a third of the crop-to-crop spread,
+   small next to typical differences between members; with fewer crops, or under ~10⁴ positive voxels
+   (a handful of small organelles, where IoU swings on a few boundary voxels), the fit is trusted
+   proportionally less. No validation data: uniform (λ = 1). Any λ > 0 keeps every member above 0.
+7. Boundary channels take their class's weights.
+8. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
+   and of the final weights (the last two scored in a second pass), with n_c, v_c and λ.
+
+Scores are computed from counts of `Σ w·p > 0.5` in float32 (torch, on the GPU when there is one); at
+voxels whose mean lies within float rounding of the threshold the written ensemble can differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from cellseg.data.classes import get_class, is_instance
+from cellseg.data.crops import Catalog
+from cellseg.data.split import SplitEntry, read_datasplit
+from cellseg.data.targets import CropSource, Grid
+from cellseg.eval.aggregate import combine
+from cellseg.eval.instance_2025 import score_instance_2025
+from cellseg.eval.instance_2026 import score_instance_2026
+from cellseg.eval.relabel import relabel_26
+from cellseg.eval.rules import ERAS, Era
+from cellseg.infer.ensemble import (
+    ChannelPlan,
+    GridChoice,
+    Weights,
+    crop_sort_key,
+    ensemble_grid,
+    normalised,
+    read_on_grid,
+)
+from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+
+log = logging.getLogger(__name__)
+
+InstanceScore = Literal["iou", "metric"]
+INSTANCE_SCORES: tuple[str, ...] = ("iou", "metric")
+GRID_MAX_MEMBERS = 4  # above this the simplex grid grows too fast: softmax of the members' scores instead
+GRID_MAX_POINTS = 40  # candidate budget per class (each is scored on every validation crop)
+GRID_MAX_STEPS = 10  # never finer than 0.1
+SOFTMAX_TEMPERATURE = 0.05
+TIE_TOLERANCE = 1e-9
+CROPS_FOR_FULL_TRUST = 8
+VOXELS_FOR_FULL_TRUST = 10_000
+SLAB_VOXELS = 2**21  # voxels mixed at once for all candidates: bounds the (candidates × voxels) buffer
+FOREGROUND_SUFFIX = "__foreground"  # an instance class's foreground IoU is aggregated under this label
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitOptions:
+    """How `--weights auto` fits (method in the module docstring).
+
+    Attributes:
+        metric: scoring era, "2026" (current) or "2025" (challenge era).
+        shrink: λ0, the shrinkage towards uniform with ample validation data (more with less).
+        instance_score: "iou" (foreground IoU proxy) or "metric" (official instance scorer).
+        threshold: probability threshold of the candidate ensembles.
+        device: "auto", "cpu" or "cuda" for mixing and counting.
+    """
+
+    metric: Era = "2026"
+    shrink: float = 0.5
+    instance_score: InstanceScore = "iou"
+    threshold: float = 0.5
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.metric not in ERAS:
+            raise ValueError(f"metric {self.metric!r} is not one of {ERAS}")
+        if not 0.0 <= self.shrink <= 1.0:
+            raise ValueError(f"--shrink {self.shrink} must be in [0, 1]")
+        if self.instance_score not in INSTANCE_SCORES:
+            raise ValueError(f"instance score {self.instance_score!r} is not one of {INSTANCE_SCORES}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold {self.threshold} must be in (0, 1)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device {self.device!r} is not one of ('auto', 'cpu', 'cuda')")
+
+
+# ------------------------------------------------------------------------------------- validation crops
+
+
+def crop_name(text: str) -> str:
+    """`12` or `crop12` → `crop12`.
+
+    Raises:
+        ValueError: anything else.
+    """
+    text = str(text).strip()
+    number = text.removeprefix("crop")
+    if not number.isdigit():
+        raise ValueError(f"crop {text!r}: expected a crop id (12) or name (crop12)")
+    return f"crop{int(number)}"
+
+
+def _root_from_run(run_dir: str) -> str | None:
+    import yaml
+
+    try:
+        return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["data"]["root"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
+def resolve_data_root(stores: Sequence[PredictionStore], data_root: str | Path | None) -> Path | None:
+    """The data root holding the validation labels: the given one, else the one the members record.
+
+    Raises:
+        ValueError: members recording different data roots (pass one explicitly).
+    """
+    if data_root is not None:
+        return Path(data_root)
+    roots = set()
+    for store in stores:
+        root = store.provenance.get("data_root") or (
+            _root_from_run(store.provenance["run_dir"]) if store.provenance.get("run_dir") else None)
+        if root:
+            roots.add(str(root))
+    if len(roots) > 1:
+        raise ValueError(f"the members were predicted from different data roots {sorted(roots)}; pass --truth DATA_ROOT")
+    return Path(roots.pop()) if roots else None
+
+
+def _splits(stores: Sequence[PredictionStore], root: Path | None) -> list[list[SplitEntry]]:
+    """The members' run datasplits; without any, the data root's."""
+    found = []
+    for store in stores:
+        run_dir = store.provenance.get("run_dir")
+        if run_dir and (Path(run_dir) / "datasplit.csv").is_file():
+            found.append(read_datasplit(Path(run_dir) / "datasplit.csv"))
+    if not found and root is not None and (root / "datasplit.csv").is_file():
+        found.append(read_datasplit(root / "datasplit.csv"))
+    return found
+
+
+def _validation_names(splits: list[list[SplitEntry]], available: Sequence[str]) -> list[str]:
+    if not splits:
+        raise ValueError("--weights auto needs validation crops: no member's provenance names a run_dir with a "
+                         "datasplit.csv and the data root has none; pass --crops IDS (and --truth DATA_ROOT)")
+    val_sets = [{e.crop_name for e in entries if e.split == "validate"} for entries in splits]
+    names = set.intersection(*val_sets)
+    if set.union(*val_sets) - names:
+        log.info("not used for fitting (a member trained on them): %s", sorted(set.union(*val_sets) - names))
+    if names - set(available):
+        log.warning("validation crops not predicted by every member, not used for fitting: %s",
+                    sorted(names - set(available), key=crop_sort_key))
+    return sorted(names & set(available), key=crop_sort_key)
+
+
+def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Path | None = None,
+                       crops: Sequence[str] | None = None, available: Sequence[str]) -> list[SplitEntry]:
+    """The crops to fit on, with their label locations (rules in the module docstring, step 1).
+
+    Args:
+        crops: crop ids/names, or None (or ["val"]) for the members' validation crops.
+        available: the crops every member predicted.
+
+    Raises:
+        ValueError: no validation crop found, a requested crop missing from a member, or a crop whose
+            labels cannot be located.
+    """
+    root = resolve_data_root(stores, data_root)
+    splits = _splits(stores, root)
+    if crops is None or list(crops) == ["val"]:
+        names = _validation_names(splits, available)
+    else:
+        names = [crop_name(c) for c in crops]
+        lacking = [n for n in names if n not in available]
+        if lacking:
+            raise ValueError(f"fitting crops {lacking} are not in every member store (crops in all: {list(available)})")
+    if not names:
+        raise ValueError(f"no validation crop is predicted by every member (crops in all: {list(available)})")
+    if root is not None:
+        catalog = Catalog.from_dir(root)
+        return [_catalog_entry(catalog, n, root) for n in names]
+    rows = {e.crop_name: e for entries in splits for e in entries}
+    unknown = [n for n in names if n not in rows]
+    if unknown:
+        raise ValueError(f"no labels known for crops {unknown}: pass --truth DATA_ROOT")
+    return [rows[n] for n in names]
+
+
+def _catalog_entry(catalog: Catalog, name: str, root: Path) -> SplitEntry:
+    crop = catalog.train.get(int(name.removeprefix("crop")))
+    if crop is None or not crop.crop_url:
+        raise ValueError(f"{name}: not a training crop with labels in {root} (training crops: "
+                         f"{[c.name for c in catalog.train.values()]})")
+    return SplitEntry(split="validate", em_url=str(catalog.locate(crop.em_url)),
+                      crop_url=str(catalog.locate(crop.crop_url)), classes=crop.classes)
+
+
+# ----------------------------------------------------------------------------------------------- scoring
+
+
+def candidate_weights(num_members: int) -> np.ndarray:
+    """(P, M) candidate weightings: one-hot rows, then uniform, then the simplex grid (step 3)."""
+    eye = np.eye(num_members)
+    rows = [*eye, np.full(num_members, 1.0 / num_members)]
+    if num_members <= GRID_MAX_MEMBERS:
+        steps = max(n for n in range(1, GRID_MAX_STEPS + 1) if math.comb(n + num_members - 1, num_members - 1)
+                    <= GRID_MAX_POINTS)
+        rows += [np.asarray(c, dtype=np.float64) / steps for c in _compositions(steps, num_members)]
+    unique: list[np.ndarray] = []
+    for row in rows:
+        if not any(np.allclose(row, u) for u in unique):
+            unique.append(row)
+    return np.stack(unique)
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)]
+    return [(first, *rest) for first in range(total, -1, -1) for rest in _compositions(total - first, parts - 1)]
+
+
+def semantic_from_counts(tp: int, fp: int, fn: int, era: Era) -> dict[str, Any]:
+    """The per-crop semantic scores of `cellseg.eval.semantic` from confusion counts (same formulas)."""
+    if era == "2026":
+        return {"tp": tp, "fp": fp, "fn": fn, "status": "scored"}
+    if tp + fp + fn == 0:
+        return {"iou": 1, "dice_score": 1}
+    return {"iou": float(np.float64(tp) / np.float64(tp + fp + fn)),
+            "dice_score": 1 - float((fn + fp) / np.array(2.0 * tp + fn + fp))}
+
+
+def candidate_counts(probs_MN: np.ndarray, truth_N: np.ndarray, candidates_PM: np.ndarray, *, threshold: float,
+                     device: str = "cpu") -> np.ndarray:
+    """(P, 3) int64 tp, fp, fn of `Σ_m w_m p_m > threshold` for each candidate w over N voxels.
+
+    NaN probabilities (a member not covering the voxel) are left out and the mean renormalised; a voxel
+    no weighted member covers is negative.
+    """
+    import torch
+
+    weights = torch.as_tensor(candidates_PM, dtype=torch.float32, device=device)
+    tp_pred = torch.zeros((len(candidates_PM), 2), dtype=torch.int64, device=device)
+    for start in range(0, truth_N.size, SLAB_VOXELS):
+        probs = torch.from_numpy(np.ascontiguousarray(probs_MN[:, start:start + SLAB_VOXELS])).to(device)
+        truth = torch.from_numpy(truth_N[start:start + SLAB_VOXELS]).to(device)
+        missing = torch.isnan(probs)
+        mix = weights @ torch.nan_to_num(probs, nan=0.0)
+        if bool(missing.any()):
+            cover = weights @ (~missing).to(torch.float32)
+            mix = torch.where(cover > 0, mix / cover.clamp_min(1e-30), torch.zeros_like(mix))
+        pred = mix > threshold
+        tp_pred[:, 0] += (pred & truth).sum(dim=1)
+        tp_pred[:, 1] += pred.sum(dim=1)
+    tp, predicted = tp_pred[:, 0].cpu().numpy(), tp_pred[:, 1].cpu().numpy()
+    return np.stack([tp, predicted - tp, int(np.count_nonzero(truth_N)) - tp], axis=1)
+
+
+def _mix(probs_MZYX: np.ndarray, weights_M: np.ndarray) -> np.ndarray:
+    """NaN-aware weighted mean over members (float32)."""
+    missing = np.isnan(probs_MZYX)
+    num = np.tensordot(weights_M.astype(np.float32), np.where(missing, np.float32(0), probs_MZYX), axes=1)
+    if not missing.any():
+        return num
+    cover = np.tensordot(weights_M.astype(np.float32), (~missing).astype(np.float32), axes=1)
+    return np.divide(num, cover, out=np.zeros_like(num), where=cover > 0)
+
+
+@dataclass
+class Tally:
+    """Per-crop scores of every candidate weighting of one class, and the evidence behind them."""
+
+    label: str  # the label the era's aggregation sees (the foreground proxy is aggregated as semantic)
+    key: str  # class-level score: "combined_score" (instance) or "iou"
+    candidates: np.ndarray  # (P, M_c)
+    crop_scores: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per candidate: crop → scores
+    num_crops: int = 0
+    truth_voxels: int = 0
+
+    def scores(self, era: Era) -> np.ndarray:
+        """Class score of each candidate over the crops seen (NaN without crops)."""
+        out = []
+        for per_crop in self.crop_scores:
+            if not per_crop:
+                out.append(float("nan"))
+                continue
+            labels = combine({crop: {self.label: s} for crop, s in per_crop.items()}, era)["label_scores"]
+            out.append(float(labels[self.label][self.key]))
+        return np.asarray(out)
+
+
+def _new_tally(name: str, candidates: np.ndarray, options: FitOptions) -> Tally:
+    metric = is_instance(name) and options.instance_score == "metric"
+    return Tally(label=name if metric else f"{name}{FOREGROUND_SUFFIX}" if is_instance(name) else name,
+                 key="combined_score" if metric else "iou", candidates=candidates,
+                 crop_scores=[{} for _ in candidates])
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return choice
+
+
+def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: Sequence[SplitEntry],
+                     candidates: Mapping[str, np.ndarray], *, grid: GridChoice, options: FitOptions,
+                     progress: bool = False) -> dict[str, Tally]:
+    """Score every candidate weighting of every class on the validation crops (steps 2 and 4)."""
+    from tqdm import tqdm
+
+    device = _device(options.device)
+    tallies = {c: _new_tally(c, cands, options) for c, cands in candidates.items()}
+    if not tallies:
+        return tallies
+    for entry in tqdm(entries, desc="fitting weights", unit="crop", disable=not progress, leave=False):
+        try:
+            source = CropSource(entry=entry, classes=tuple(candidates), boundaries=False)
+        except ValueError as err:
+            log.info("%s: not used for fitting: %s", entry.crop_name, err)
+            continue
+        target_grid, _ = ensemble_grid(stores, entry.crop_name, grid)
+        target, known = source.read_targets(target_grid, use_all=False)
+        for k, class_plan in enumerate(source.plans):
+            if class_plan.read:
+                _score_class(stores, plan, source, target_grid, target[k], known[k], tallies[class_plan.name],
+                             k=k, options=options, device=device)
+    return tallies
+
+
+def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, source: CropSource, grid: Grid,
+                 target: np.ndarray, known: np.ndarray, tally: Tally, *, k: int, options: FitOptions,
+                 device: str) -> None:
+    name, crop = source.plans[k].name, source.name
+    probs_MZYX = np.stack([read_on_grid(stores[i], crop, name, grid) for i in plan.members_of[name]])
+    num_known = int(np.count_nonzero(known))
+    extra = {"num_voxels": num_known, "voxel_size": list(grid.voxel_size_nm)}
+    if tally.key == "combined_score":  # the official instance scorer on 26-connected components
+        truth = _instance_truth(source, k, grid, target) * known
+        scorer = score_instance_2026 if options.metric == "2026" else score_instance_2025
+        for p, w in enumerate(tally.candidates):
+            pred = (_mix(probs_MZYX, w) > options.threshold) & known
+            tally.crop_scores[p][crop] = {**scorer(pred, truth, grid.voxel_size_nm), **extra}
+    else:
+        counts = candidate_counts(probs_MZYX[:, known], target[known], tally.candidates,
+                                  threshold=options.threshold, device=device)
+        for p, (tp, fp, fn) in enumerate(counts.tolist()):
+            tally.crop_scores[p][crop] = {**semantic_from_counts(tp, fp, fn, options.metric), **extra}
+    tally.num_crops += 1
+    tally.truth_voxels += int(np.count_nonzero(target & known))
+
+
+def _instance_truth(source: CropSource, k: int, grid: Grid, target: np.ndarray) -> np.ndarray:
+    """Truth object ids on the grid, read as validation reads them (ids on disk, else components of the union)."""
+    plan = source.plans[k]
+    if len(plan.read) == 1:
+        return source.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
+    return relabel_26(target)[0]
+
+
+# -------------------------------------------------------------------------------------------------- fitting
+
+
+def shrinkage(shrink: float, num_crops: int, truth_voxels: int) -> float:
+    """λ of step 6: `shrink` with ample evidence, rising to 1 (uniform) as crops or truth voxels run out."""
+    evidence = min(1.0, num_crops / CROPS_FOR_FULL_TRUST) * min(1.0, truth_voxels / VOXELS_FOR_FULL_TRUST)
+    return 1.0 - (1.0 - shrink) * evidence
+
+
+def best_candidate(candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The best-scoring candidate; the mean of the best ones when several tie (step 5)."""
+    tied = np.flatnonzero(scores >= np.nanmax(scores) - TIE_TOLERANCE)
+    return candidates[tied].mean(axis=0)
+
+
+def softmax_weights(scores: np.ndarray, temperature: float = SOFTMAX_TEMPERATURE) -> np.ndarray:
+    """softmax(score / T); NaN scores count as the worst score."""
+    scores = np.nan_to_num(scores, nan=np.nanmin(scores) if np.isfinite(scores).any() else 0.0)
+    z = np.exp((scores - scores.max()) / temperature)
+    return z / z.sum()
+
+
+def _fit_class(tally: Tally, options: FitOptions) -> dict[str, Any]:
+    num = tally.candidates.shape[1]
+    scores = tally.scores(options.metric)
+    uniform = np.full(num, 1.0 / num)
+    if tally.num_crops == 0 or not np.isfinite(scores).any():
+        return {"method": "uniform (no validation crop annotates it)", "lambda": 1.0, "fitted_weights": uniform,
+                "weights": uniform, "scores": {}}
+    if num > GRID_MAX_MEMBERS:
+        method, fitted = "softmax", softmax_weights(scores[:num])
+    else:
+        method, fitted = "grid", best_candidate(tally.candidates, scores)
+    lam = shrinkage(options.shrink, tally.num_crops, tally.truth_voxels)
+    return {"method": method, "lambda": lam, "fitted_weights": fitted, "weights": (1 - lam) * fitted + lam * uniform,
+            "scores": {"members": scores[:num].tolist(), "uniform": float(scores[num])}}
+
+
+def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: Sequence[SplitEntry], *,
+                grid: GridChoice = "finest", options: FitOptions | None = None, progress: bool = False) -> Weights:
+    """Fit per-class weights on the validation crops `entries` (method in the module docstring).
+
+    Returns:
+        Weights for every output channel, with a report of the fit per class.
+    """
+    options = options or FitOptions()
+    fittable, notes = [], {}
+    for c in plan.classes:
+        if len(plan.members_of[c]) < 2:
+            notes[c] = "single member"
+        elif not _is_cellmap(c):
+            notes[c] = "uniform (not a CellMap class: no labels)"
+        else:
+            fittable.append(c)
+    tallies = score_candidates(stores, plan, entries, {c: candidate_weights(len(plan.members_of[c]))
+                                                        for c in fittable}, grid=grid, options=options,
+                               progress=progress)
+    fits = {c: _fit_class(tallies[c], options) for c in fittable}
+    second = {c: np.stack([f["fitted_weights"], f["weights"]]) for c, f in fits.items() if f["scores"]}
+    final = score_candidates(stores, plan, entries, second, grid=grid, options=options, progress=progress)
+    report_classes: dict[str, Any] = {c: {"method": note, "members": list(plan.members_of[c])}
+                                      for c, note in notes.items()}
+    for c, f in fits.items():
+        if c in final:
+            f["scores"]["fitted"], f["scores"]["final"] = (float(v) for v in final[c].scores(options.metric))
+        report_classes[c] = {"method": f["method"], "members": list(plan.members_of[c]),
+                             "weights": [float(v) for v in f["weights"]],
+                             "fitted_weights": [float(v) for v in f["fitted_weights"]], "lambda": f["lambda"],
+                             "num_crops": tallies[c].num_crops, "truth_voxels": tallies[c].truth_voxels,
+                             "scores": f["scores"], "score": "foreground IoU" if tallies[c].label.endswith(
+                                 FOREGROUND_SUFFIX) else tallies[c].key}
+        log.info("%s: weights %s (fit %s, λ=%.2f over %d crops); scores: %s", c,
+                 [round(float(v), 3) for v in f["weights"]], [round(float(v), 3) for v in f["fitted_weights"]],
+                 f["lambda"], tallies[c].num_crops, f["scores"])
+    per_channel = _channel_weights(plan, len(stores), {c: f["weights"] for c, f in fits.items()})
+    report = {"metric": options.metric, "threshold": options.threshold, "shrink": options.shrink,
+              "instance_score": options.instance_score, "grid": grid,
+              "validation_crops": [e.crop_name for e in entries], "classes": report_classes}
+    return Weights(per_channel, "auto", report)
+
+
+def _is_cellmap(name: str) -> bool:
+    try:
+        get_class(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _channel_weights(plan: ChannelPlan, num_members: int, fitted: Mapping[str, np.ndarray]
+                     ) -> dict[str, tuple[float, ...]]:
+    """Class weights (over the class's members) → every channel's weights over all members (step 7)."""
+    out = {}
+    for channel in plan.channels:
+        cls = channel.removesuffix(BOUNDARY_SUFFIX)
+        full = np.zeros(num_members)
+        if cls in fitted:
+            full[list(plan.members_of[cls])] = fitted[cls]
+        else:
+            full[list(plan.members_of[cls])] = 1.0
+        out[channel] = normalised(full.tolist(), plan.members_of[channel], num_members, what=f"channel {channel}")
+    return out
