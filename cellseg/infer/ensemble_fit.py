@@ -5,8 +5,8 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
 1. **Validation crops**: the given crop ids, or else the crops marked "validate" in the `datasplit.csv`
    of every member's run (provenance `run_dir`), intersected so that no member trained on a fitting
    crop; without run directories, the data root's own `datasplit.csv`. Only crops that every member
-   predicted are used. Labels come from the data root (`--truth`, else the members' provenance
-   `data_root` or their runs' `config.yaml`), else from the paths the datasplit rows record.
+   predicted are used. Labels come from the catalogue of the data root given (`--truth`), else from the
+   paths the datasplit rows record, else from the data root the members' provenance names.
 2. **Truth on the ensemble grid** (the grid the ensemble is written on, `ensemble_grid`):
    `CropSource.read_targets(grid, use_all=False)`, scored only where the class is known, exactly as
    validation during training scores (`cellseg.train.validate.score_crop`).
@@ -212,14 +212,14 @@ def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Pa
             raise ValueError(f"fitting crops {lacking} are not in every member store (crops in all: {list(available)})")
     if not names:
         raise ValueError(f"no validation crop is predicted by every member (crops in all: {list(available)})")
-    if root is not None:
-        catalog = Catalog.from_dir(root)
-        return [_catalog_entry(catalog, n, root) for n in names]
-    rows = {e.crop_name: e for entries in splits for e in entries}
-    unknown = [n for n in names if n not in rows]
-    if unknown:
-        raise ValueError(f"no labels known for crops {unknown}: pass --truth DATA_ROOT")
-    return [rows[n] for n in names]
+    # Labels: an explicit data root's catalogue; else where the datasplit rows say, the catalogue for the rest.
+    rows = {} if data_root is not None else {e.crop_name: e for entries in splits for e in entries}
+    if all(n in rows for n in names):
+        return [rows[n] for n in names]
+    if root is None:
+        raise ValueError(f"no labels known for crops {[n for n in names if n not in rows]}: pass --truth DATA_ROOT")
+    catalog = Catalog.from_dir(root)
+    return [rows[n] if n in rows else _catalog_entry(catalog, n, root) for n in names]
 
 
 def _catalog_entry(catalog: Catalog, name: str, root: Path) -> SplitEntry:
@@ -276,17 +276,22 @@ def candidate_counts(probs_MN: np.ndarray, truth_N: np.ndarray, candidates_PM: n
 
     weights = torch.as_tensor(candidates_PM, dtype=torch.float32, device=device)
     tp_pred = torch.zeros((len(candidates_PM), 2), dtype=torch.int64, device=device)
+    any_missing = bool(np.isnan(probs_MN).any())
     for start in range(0, truth_N.size, SLAB_VOXELS):
         probs = torch.from_numpy(np.ascontiguousarray(probs_MN[:, start:start + SLAB_VOXELS])).to(device)
         truth = torch.from_numpy(truth_N[start:start + SLAB_VOXELS]).to(device)
-        missing = torch.isnan(probs)
-        mix = weights @ torch.nan_to_num(probs, nan=0.0)
-        if bool(missing.any()):
+        if any_missing:
+            missing = torch.isnan(probs)
             cover = weights @ (~missing).to(torch.float32)
+            mix = weights @ torch.nan_to_num(probs, nan=0.0)
             mix = torch.where(cover > 0, mix / cover.clamp_min(1e-30), torch.zeros_like(mix))
-        pred = mix > threshold
-        tp_pred[:, 0] += (pred & truth).sum(dim=1)
-        tp_pred[:, 1] += pred.sum(dim=1)
+        else:
+            mix = weights @ probs
+        # (tp, predicted) of every candidate as one product with [truth, 1]: sums of 0/1 in float32 are exact
+        # below 2^24, and a slab holds 2^21 voxels; twice as fast on a CPU as boolean reductions.
+        ones = torch.ones_like(truth, dtype=torch.float32)
+        counts = (mix > threshold).to(torch.float32) @ torch.stack([truth.to(torch.float32), ones], dim=1)
+        tp_pred += counts.to(torch.int64)
     tp, predicted = tp_pred[:, 0].cpu().numpy(), tp_pred[:, 1].cpu().numpy()
     return np.stack([tp, predicted - tp, int(np.count_nonzero(truth_N)) - tp], axis=1)
 

@@ -326,3 +326,23 @@ def test_candidates_and_shrinkage_follow_the_documented_rules():
     assert shrinkage(0.5, 0, 10_000) == 1.0
     assert shrinkage(0.5, 2, 10**6) == 0.875
     assert shrinkage(0.0, 8, 5_000) == 0.5
+
+
+def test_ensemble_of_real_predictions_fits_on_the_runs_validation_crops(tiny_run, tmp_path, capsys):
+    # Two `cellseg predict` stores of the smoke run (best and last checkpoints): the run directory in their
+    # provenance gives the validation crops (its datasplit.csv) and the data root gives the labels.
+    members = []
+    for checkpoint in ("best", "last"):
+        members.append(tmp_path / f"{checkpoint}.zarr")
+        assert main(["-q", "predict", str(tiny_run), "--crops", "val", "--out", str(members[-1]), "--tta", "1",
+                     "--checkpoint", checkpoint, "--device", "cpu"]) == 0
+    out = tmp_path / "ens.zarr"
+    assert main(["-q", "ensemble", *map(str, members), "--out", str(out), "--weights", "auto", "--device", "cpu"]) == 0
+    store, first = PredictionStore.open(out), PredictionStore.open(members[0])
+    validation = [e.crop_name for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"]
+    report = json.loads((out / "weights.json").read_text())["fit"]
+    assert report["validation_crops"] == validation and store.completed() == first.completed()
+    assert store.channels == first.channels and store.instance_channels == first.instance_channels
+    assert store.provenance["ensemble"]["members"][0]["run_dir"] == str(tiny_run.resolve())
+    for channel, weights in store.provenance["ensemble"]["weights"]["channels"].items():
+        assert sum(weights) == pytest.approx(1.0) and min(weights) > 0, channel
