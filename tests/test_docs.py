@@ -82,6 +82,43 @@ def test_handwritten_docs_link_to_existing_files_and_headings() -> None:
                     f"docs/{name} links to {target or name}#{fragment}, which matches no heading there"
 
 
+def _command_lines(text: str) -> list[str]:
+    """`cellseg ...` command lines of a page's fenced blocks (also after `torchrun ... -m`), continuations joined."""
+    import re
+
+    lines = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.removeprefix("$ ").strip()
+            start = 0 if line.startswith("cellseg ") else line.find("-m cellseg ") + len("-m ")
+            if start >= len("-m ") or line.startswith("cellseg "):
+                lines.append(line[start:])
+    return lines
+
+
+def test_handwritten_command_lines_parse_with_the_real_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `cellseg ...` line in the guides' code blocks is accepted by today's argparse parsers, and its
+    dotted `key=value` overrides name existing config keys."""
+    import re
+    import shlex
+
+    from cellseg.cli import build_parser
+
+    parser, keys = build_parser(), set(config_keys())
+    checked = 0
+    for name in HANDWRITTEN:
+        for line in _command_lines((DOCS_DIR / name).read_text(encoding="utf-8")):
+            words = shlex.split(line, comments=True)[1:]
+            try:
+                parser.parse_args(words)
+            except SystemExit:
+                pytest.fail(f"docs/{name}: `{line}` is not a valid command line: {capsys.readouterr().err}")
+            for key in (w.split("=")[0] for w in words if re.match(r"[a-z_]+(\.[a-z_]+)+=", w)):
+                assert key in keys or key.startswith("model.params."), f"docs/{name}: unknown config key {key}"
+            checked += 1
+    assert checked >= 10
+
+
 # ------------------------------------------------------------------------------------------- the generator
 
 

@@ -214,8 +214,12 @@ def config_keys() -> list[str]:
 
 def undocumented_keys() -> list[str]:
     """Dotted keys with no documentation in the schema."""
-    return [f"{s.prefix}{f.name}" for root in schema_roots() for s in sections(root)
-            for f in leaf_fields(s.cls) if f.name not in field_docs(s.cls)]
+    out = []
+    for root in schema_roots():
+        for section in sections(root):
+            docs = field_docs(section.cls)
+            out += [f"{section.prefix}{f.name}" for f in leaf_fields(section.cls) if f.name not in docs]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- rendering
