@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -54,6 +54,9 @@ from cellseg.infer.store import (
     grid_to_json,
     quantise,
 )
+
+if TYPE_CHECKING:
+    from cellseg.infer.ensemble_fit import FitOptions
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +411,7 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
 def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
              weights: str | Sequence[float] | os.PathLike[str] = "uniform", grid: GridChoice = "finest",
              allow_partial: bool = False, truth_root: str | os.PathLike[str] | None = None,
-             val_crops: Sequence[str] | None = None, fit: Any = None, uint8: bool = False,
+             val_crops: Sequence[str] | None = None, fit: FitOptions | None = None, uint8: bool = False,
              overwrite: bool = False, progress: bool = False) -> EnsembleResult:
     """Ensemble member prediction stores into `out` (the steps are in the module docstring).
 
