@@ -1,0 +1,146 @@
+"""From a probability store to a segmentation store, crop by crop (what `cellseg postprocess` runs).
+
+Each class channel of the input becomes one output channel: a uint8 0/1 mask for semantic classes, uint32
+object ids for instance classes (their `<class>_boundary` channel, when present, feeds the seeds and is
+not written). `segment_class` chooses the implementation: device "cpu" runs the CPU path (numpy, cc3d,
+scipy), any torch device ("cuda", "cuda:1") the torch path; both give the same arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellseg.data.classes import is_instance
+from cellseg.infer.store import PredictionStore, boundary_channel
+from cellseg.postprocess.instances import segment_instances
+from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet
+from cellseg.postprocess.semantic import segment_semantic
+
+log = logging.getLogger(__name__)
+ALGORITHM = "cellseg.postprocess/1"  # bump when a change alters any output voxel
+
+
+def resolve(device: str) -> str:
+    """"auto" → "cuda" when torch sees a GPU, else "cpu"; other names are checked.
+
+    Raises:
+        ValueError: an unknown device name, or "cuda" without a GPU.
+    """
+    if device == "cpu":
+        return device
+    from cellseg.postprocess.gpu import resolve_device
+
+    if device != "auto" and not device.startswith("cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+    return str(resolve_device(device))
+
+
+def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None, *,
+                  voxel_size_nm: Sequence[float], params: ClassParams, device: str = "cpu") -> np.ndarray:
+    """One class of one crop: bool mask (semantic) or uint32 ids (instance), on the CPU or a torch device."""
+    if isinstance(params, InstanceParams) != is_instance(class_name):
+        raise ValueError(f"{class_name}: {params.kind} parameters for a class scored as "
+                         f"{'instances' if is_instance(class_name) else 'semantic'}")
+    if device == "cpu":
+        if isinstance(params, InstanceParams):
+            return segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm, params=params)
+        return segment_semantic(prob, voxel_size_nm=voxel_size_nm, params=params)
+    from cellseg.postprocess.gpu import segment_instances_torch, segment_semantic_torch, to_numpy_ids
+
+    if isinstance(params, InstanceParams):
+        return to_numpy_ids(segment_instances_torch(prob, boundary, voxel_size_nm=voxel_size_nm, params=params,
+                                                    device=device))
+    return segment_semantic_torch(prob, voxel_size_nm=voxel_size_nm, params=params, device=device).cpu().numpy()
+
+
+def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(probability, boundary probability or None) of one class of one crop, float32."""
+    aux = boundary_channel(class_name)
+    boundary = store.read(crop, aux) if is_instance(class_name) and aux in store.channels else None
+    return store.read(crop, class_name), boundary
+
+
+def open_probabilities(path: str | os.PathLike[str]) -> PredictionStore:
+    """Open a probability store.
+
+    Raises:
+        FileNotFoundError: no such directory.
+        ValueError: not a prediction store, or a segmentation store (already post-processed).
+    """
+    store = PredictionStore.open(path)
+    if store.kind != "probabilities":
+        raise ValueError(f"{store.path}: holds {store.kind}, not probabilities; postprocess reads what "
+                         "`cellseg predict` or `cellseg ensemble` wrote")
+    if not store.classes:
+        raise ValueError(f"{store.path}: no class channels (channels: {list(store.channels)})")
+    return store
+
+
+def _class_settings(params: ParamSet, classes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    return {c: {"kind": params.get(c).kind, **dataclasses.asdict(params.get(c))} for c in classes}
+
+
+def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, overwrite: bool) -> PredictionStore:
+    """Create the segmentation store, or reopen one written by the same source and settings (resume)."""
+    classes = list(pred.classes)
+    settings = {"algorithm": ALGORITHM, "source": str(pred.path.resolve()),
+                "classes": _class_settings(params, classes)}
+    if out.exists() and not overwrite:
+        try:
+            existing = PredictionStore.open(out)
+        except ValueError as err:
+            raise ValueError(f"{out} exists and is not a segmentation store (use --overwrite to replace it)") from err
+        if existing.kind != "segmentation" or existing.provenance.get("postprocess") != settings:
+            raise ValueError(f"{out} exists with other contents or settings; use --overwrite to replace it")
+        log.info("%s: resuming (%d crops already written)", out, len(existing.completed()))
+        return existing
+    provenance = {"postprocess": settings, "era": params.era, "tuned_on": dict(params.tuned_on),
+                  "scores": {c: dict(s) for c, s in params.scores.items()}, "source_provenance": pred.provenance}
+    return PredictionStore.create(out, kind="segmentation", channels=classes,
+                                  instance_channels=[c for c in classes if is_instance(c)], provenance=provenance,
+                                  overwrite=overwrite)
+
+
+def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, params: ParamSet,
+                      device: str = "auto", overwrite: bool = False, progress: bool = True) -> PredictionStore:
+    """Segment every crop of a probability store into a segmentation store (resuming finished crops).
+
+    Raises:
+        ValueError: the parameters name classes the store lacks; `out` exists with other settings.
+    """
+    from tqdm import tqdm
+
+    params.check_classes(pred.classes, where=str(pred.path))
+    crops = pred.completed()
+    if not crops:
+        raise ValueError(f"{pred.path}: no complete crops to post-process")
+    device = resolve(device)
+    seg = _open_output(Path(out), pred, params, overwrite=overwrite)
+    todo = [c for c in crops if c not in seg]
+    for crop in tqdm(todo, desc="postprocess", unit="crop", disable=not progress):
+        start = time.perf_counter()
+        grid = pred.grid(crop)
+        arrays, objects = {}, {}
+        for name in pred.classes:
+            prob, boundary = read_class(pred, crop, name)
+            arrays[name] = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
+                                         params=params.get(name), device=device)
+            if is_instance(name):
+                objects[name] = int(arrays[name].max(initial=0))
+        seconds = time.perf_counter() - start
+        attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k != "grid"}
+        attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device}
+        seg.write_crop(crop, grid, arrays, attrs=attrs)
+        summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
+        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(arrays), device, seconds, summary)
+    if len(todo) < len(crops):
+        log.info("%d crops were already written", len(crops) - len(todo))
+    return seg

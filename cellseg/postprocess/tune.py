@@ -1,0 +1,231 @@
+"""Tune post-processing parameters per class on validation crops, against the challenge metric of one era.
+
+For every class of the store annotated in at least one tuning crop, the crops' probabilities and truth
+(read at the store's grid, exactly as validation during training reads it: semantic truth from the class
+arrays, instance truth as the ids on disk, or the 26-connected components of a group's union) are held in
+memory; each candidate setting segments every crop, scores it with the official per-crop scorer of the era
+(`score_semantic_2025/2026`, `score_instance_2025/2026`, inside the annotated voxels only) and combines
+the crops as the leaderboard does (`cellseg.eval.aggregate.combine`): class IoU for semantic classes, the
+class combined score for instance classes.
+
+Search (small on purpose: validation sets are small, a fine grid would fit their noise):
+- semantic: the threshold over `SEMANTIC_THRESHOLDS`;
+- instance: coordinate search, one parameter at a time with the others at their current best, in the
+  order use_boundary (when the store has a boundary channel) → threshold → seed distance → minimum size →
+  threshold again. Seed distances are multiples of the coarsest voxel edge of the tuning crops, minimum
+  sizes are cubes of a few voxels (`SEED_STEPS`, `SIZE_EDGES`).
+A candidate replaces the current setting only when it scores strictly higher, so ties keep the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellseg.data.classes import is_instance
+from cellseg.data.crops import Catalog
+from cellseg.data.split import SplitEntry
+from cellseg.data.targets import CropSource, Grid
+from cellseg.eval.aggregate import combine
+from cellseg.eval.instance_2025 import score_instance_2025
+from cellseg.eval.instance_2026 import score_instance_2026
+from cellseg.eval.relabel import relabel_26
+from cellseg.eval.rules import ERAS
+from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
+from cellseg.infer.store import PredictionStore, boundary_channel
+from cellseg.postprocess.apply import read_class, segment_class
+from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet, SemanticParams, default_params
+
+log = logging.getLogger(__name__)
+SEMANTIC_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+INSTANCE_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
+SEED_STEPS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0)  # seed distances, in coarsest voxel edges of the tuning crops
+SIZE_EDGES = (0, 2, 3, 4, 5)  # minimum sizes: cubes of this many voxels (of the largest voxel volume)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One class of one crop, in memory: probabilities, truth and the annotated voxels (z, y, x)."""
+
+    crop: str
+    prob: np.ndarray  # float32
+    boundary: np.ndarray | None  # float32 boundary probability (instance classes), or None
+    truth: np.ndarray  # bool (semantic) or object ids (instance), 0 outside `inside`
+    inside: np.ndarray  # bool: annotated voxels
+    voxel_size_nm: tuple[float, float, float]
+
+
+def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
+                  device: str = "cpu") -> float:
+    """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`."""
+    instance = is_instance(class_name)
+    crop_scores: dict[str, dict[str, dict[str, Any]]] = {}
+    for s in samples:
+        seg = segment_class(class_name, s.prob, s.boundary, voxel_size_nm=s.voxel_size_nm, params=params,
+                            device=device)
+        if instance:
+            seg = np.where(s.inside, seg, 0).astype(seg.dtype)
+            fn = score_instance_2026 if era == "2026" else score_instance_2025
+            score = fn(seg, s.truth, s.voxel_size_nm)
+        else:
+            fn = score_semantic_2026 if era == "2026" else score_semantic_2025
+            score = fn(seg & s.inside, s.truth)
+        crop_scores[s.crop] = {class_name: {**score, "num_voxels": int(s.inside.sum()),
+                                            "voxel_size": list(s.voxel_size_nm)}}
+    label = combine(crop_scores, era)["label_scores"][class_name]
+    return float(label["combined_score" if instance else "iou"])
+
+
+class _Search:
+    """Memoised candidate scoring: each distinct setting is scored once."""
+
+    def __init__(self, class_name: str, samples: Sequence[Sample], *, era: str, device: str,
+                 on_score: Callable[[], None]):
+        self.class_name, self.samples, self.era, self.device = class_name, samples, era, device
+        self.on_score = on_score
+        self.cache: dict[ClassParams, float] = {}
+
+    def score(self, params: ClassParams) -> float:
+        if params not in self.cache:
+            self.cache[params] = score_samples(self.class_name, self.samples, params, era=self.era, device=self.device)
+            self.on_score()
+        return self.cache[params]
+
+    def sweep(self, best: ClassParams, field: str, values: Sequence[Any]) -> ClassParams:
+        """Try each value of one field with the rest of `best`; keep a strictly better one."""
+        best_score = self.score(best)
+        for value in values:
+            candidate = dataclasses.replace(best, **{field: value})
+            score = self.score(candidate)
+            if score > best_score:
+                best, best_score = candidate, score
+        return best
+
+
+def tune_class(class_name: str, samples: Sequence[Sample], *, era: str, device: str = "cpu",
+               on_score: Callable[[], None] = lambda: None) -> tuple[ClassParams, dict[str, float]]:
+    """Best parameters of one class on the samples, with {"score", "default_score"} (module docstring)."""
+    if era not in ERAS:
+        raise ValueError(f"era must be one of {ERAS}, got {era!r}")
+    if not samples:
+        raise ValueError(f"{class_name}: no tuning samples")
+    search = _Search(class_name, samples, era=era, device=device, on_score=on_score)
+    default = default_params(class_name)
+    best: ClassParams = default
+    if isinstance(default, SemanticParams):
+        best = search.sweep(best, "threshold", SEMANTIC_THRESHOLDS)
+    else:
+        coarsest = max(max(s.voxel_size_nm) for s in samples)
+        volume = max(float(np.prod(s.voxel_size_nm)) for s in samples)
+        if any(s.boundary is not None for s in samples):
+            best = search.sweep(best, "use_boundary", (True, False))
+        best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
+        best = search.sweep(best, "seed_distance_nm", [k * coarsest for k in SEED_STEPS])
+        best = search.sweep(best, "min_size_nm3", [float(e**3) * volume for e in SIZE_EDGES])
+        best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
+    return best, {"score": search.score(best), "default_score": search.score(default)}
+
+
+def num_candidates(class_name: str, has_boundary: bool) -> int:
+    """Upper bound on the settings `tune_class` scores (for progress bars)."""
+    if not is_instance(class_name):
+        return len(SEMANTIC_THRESHOLDS) + 1
+    return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_STEPS) + len(SIZE_EDGES)
+
+
+def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: PredictionStore) -> list[SplitEntry]:
+    """Training crops of `data_root` to tune on: the named ones (`12` or `crop12`), by default every crop of
+    the store that has truth in the data root.
+
+    Raises:
+        ValueError: a named crop that is not a training crop of the data root or not in the store.
+    """
+    catalog = Catalog.from_dir(data_root)
+    by_name = {c.name: c for c in catalog.train.values()}
+    written = set(store.completed())
+    if crops:
+        names = [c if c.startswith("crop") else f"crop{c}" for c in crops]
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise ValueError(f"{data_root}: {unknown} are not training crops with truth (known: "
+                             f"{sorted(by_name, key=lambda n: int(n[4:]))[:20]}...)")
+        missing = [n for n in names if n not in written]
+        if missing:
+            raise ValueError(f"{store.path}: crops {missing} are not in the prediction store (it holds {sorted(written)})")
+    else:
+        names = sorted(written & set(by_name))
+        if not names:
+            raise ValueError(f"{store.path}: none of its crops {sorted(written)} has truth in {data_root}")
+    return [SplitEntry(split="validate", em_url=str(catalog.locate(by_name[n].em_url)),
+                       crop_url=str(catalog.locate(by_name[n].crop_url)), classes=by_name[n].classes) for n in names]
+
+
+def read_truth(entry: SplitEntry, class_name: str, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
+    """(truth, annotated voxels) of one class on `grid`, or None where the crop does not annotate it."""
+    try:
+        crop = CropSource(entry=entry, classes=(class_name,), backend="zarr")
+    except ValueError:
+        return None  # the class is not annotated in this crop
+    target, known = crop.read_targets(grid, use_all=False)
+    plan, inside = crop.plans[0], known[0]
+    if not is_instance(class_name):
+        return target[0] & inside, inside
+    if len(plan.read) == 1:  # ids on disk
+        ids = crop.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
+    else:  # a union of atoms: its objects are the connected components
+        ids = relabel_26(target[0])[0]
+    return np.where(inside, ids, 0).astype(ids.dtype), inside
+
+
+def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str) -> list[Sample]:
+    """The class's samples over the tuning crops that annotate it."""
+    samples = []
+    for entry in entries:
+        grid = store.grid(entry.crop_name)
+        truth = read_truth(entry, class_name, grid)
+        if truth is None:
+            continue
+        prob, boundary = read_class(store, entry.crop_name, class_name)
+        samples.append(Sample(crop=entry.crop_name, prob=prob, boundary=boundary, truth=truth[0], inside=truth[1],
+                              voxel_size_nm=tuple(float(v) for v in grid.voxel_size_nm)))  # type: ignore[arg-type]
+    return samples
+
+
+def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
+               era: str = "2026", device: str = "cpu", progress: bool = True) -> ParamSet:
+    """Tune every class of a probability store on its crops with truth in `data_root`.
+
+    Classes annotated in none of the crops keep their defaults (and no score).
+    """
+    from tqdm import tqdm
+
+    entries = find_crops(data_root, crops, store)
+    chosen: dict[str, ClassParams] = {}
+    scores: dict[str, dict[str, float | None]] = {}
+    total = sum(num_candidates(c, boundary_channel(c) in store.channels) for c in store.classes)
+    with tqdm(total=total, desc="tune", unit="setting", disable=not progress) as bar:
+        for name in store.classes:
+            samples = load_samples(store, entries, name)
+            if not samples:
+                log.info("%s: annotated in none of the tuning crops; defaults kept", name)
+                bar.update(num_candidates(name, boundary_channel(name) in store.channels))
+                continue
+            chosen[name], scores[name] = tune_class(name, samples, era=era, device=device, on_score=lambda: bar.update())
+            log.info("%s (%d crops): %s → %s score %.4f (defaults %.4f)", name, len(samples), era,
+                     _describe(chosen[name]), scores[name]["score"], scores[name]["default_score"])
+    return ParamSet(classes=chosen, scores=scores, era=era,
+                    tuned_on={"store": str(store.path), "data_root": str(data_root),
+                              "crops": [e.crop_name for e in entries], "metric": era})
+
+
+def _describe(params: ClassParams) -> str:
+    fields = dataclasses.asdict(params)
+    if isinstance(params, InstanceParams):
+        return ", ".join(f"{k}={v}" for k, v in fields.items())
+    return f"threshold={fields['threshold']}"
