@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> None:
     net = torch.compile(model) if args.compile == "on" else model
     net = runtime.wrap_ddp(net, d)
     loss_fn = SegmentationLoss().to(device)
+    loss_fn = torch.compile(loss_fn) if args.compile_loss == "on" else loss_fn
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     precision = "bf16" if device.type == "cuda" else "fp32"
 
@@ -114,18 +115,20 @@ def run(args: argparse.Namespace) -> None:
     peak = matmul_peak_tflops(device)
     groups = None
     if args.profile and d.is_main and device.type == "cuda":
-        groups = profile_steps(step, args.out / f"profile_{args.model}_b{args.batch}.txt", args.model)
+        args.out.mkdir(parents=True, exist_ok=True)
+        groups = profile_steps(step, args.out / f"profile_{args.model}_b{args.batch}_loss{args.compile_loss}.txt",
+                               args.model)
     if d.is_main:
         samples = args.batch * d.world_size / sec
         row = {"model": args.model, "world_size": d.world_size, "batch_per_gpu": args.batch, "patch": list(spatial),
-               "channels": args.channels, "compile": args.compile, "step_ms": 1e3 * sec, "samples_per_s": samples,
+               "channels": args.channels, "compile": args.compile, "compile_loss": args.compile_loss, "step_ms": 1e3 * sec, "samples_per_s": samples,
                "mvox_per_s": samples * math.prod(spatial) / 1e6, "warmup_s": warmup_s,
                "mfu_per_gpu": flops / sec / 1e12 / peak if peak else None, "matmul_peak_tflops": peak,
                "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
                "kernel_groups": groups, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "versions": versions(),
                "date": datetime.date.today().isoformat()}
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"ddp_{args.model}_w{d.world_size}_b{args.batch}.json"
+        path = args.out / f"ddp_{args.model}_w{d.world_size}_b{args.batch}_c{args.channels}_loss{args.compile_loss}.json"
         path.write_text(json.dumps(row, indent=1))
         print(json.dumps({k: row[k] for k in ("world_size", "batch_per_gpu", "step_ms", "samples_per_s",
                                                "mfu_per_gpu", "peak_gb")}))
@@ -136,13 +139,15 @@ def run(args: argparse.Namespace) -> None:
 def summarize(folder: Path) -> str:
     """Markdown table of every `ddp_*.json` in `folder`, efficiency relative to the 1-GPU run of the same setting."""
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("ddp_*.json"))]
-    base = {(r["model"], r["batch_per_gpu"]): r["samples_per_s"] for r in rows if r["world_size"] == 1}
-    out = ["| model | GPUs | batch/GPU | ms/step | samples/s | MFU/GPU | scaling efficiency |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["model"], r["batch_per_gpu"], r["world_size"])):
-        one = base.get((r["model"], r["batch_per_gpu"]))
+    key = lambda r: (r["model"], r["batch_per_gpu"], r["channels"], r.get("compile_loss", "off"))  # noqa: E731
+    base = {key(r): r["samples_per_s"] for r in rows if r["world_size"] == 1}
+    out = ["| model | channels | loss compiled | GPUs | batch/GPU | ms/step | samples/s | MFU/GPU | scaling efficiency |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (*key(r), r["world_size"])):
+        one = base.get(key(r))
         eff = f"{r['samples_per_s'] / (r['world_size'] * one):.1%}" if one else "n/a"
         mfu = f"{r['mfu_per_gpu']:.1%}" if r.get("mfu_per_gpu") else "n/a"
-        out.append(f"| {r['model']} | {r['world_size']} | {r['batch_per_gpu']} | {r['step_ms']:.1f} | "
+        out.append(f"| {r['model']} | {r['channels']} | {r.get('compile_loss', 'off')} | {r['world_size']} | {r['batch_per_gpu']} | {r['step_ms']:.1f} | "
                    f"{r['samples_per_s']:.1f} | {mfu} | {eff} |")
     return "\n".join(out)
 
@@ -159,6 +164,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=8, help="untimed steps (compile and cuDNN autotuning)")
     parser.add_argument("--compile", choices=["on", "off"], default="on")
+    parser.add_argument("--compile-loss", choices=["on", "off"], default="on", help="torch.compile the loss too")
     parser.add_argument("--profile", action="store_true", help="also profile 3 steps on rank 0")
     parser.add_argument("--summarize", type=Path, default=None, metavar="DIR", help="print the table of DIR and exit")
     args = parser.parse_args()

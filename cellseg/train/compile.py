@@ -5,6 +5,10 @@ after warm-up, times eager and compiled the same way, and keeps the faster: comp
 (a 2D UNet was slower compiled, performance.md §7.4). Probe steps leave the weights untouched (no
 optimizer step; BatchNorm buffers restored). Any compiler error becomes a warning and eager execution.
 `CELLSEG_COMPILE_BACKEND` picks the backend (default "inductor").
+
+The loss is compiled on its own by the same rule (`maybe_compile_loss`): eager, the masked BCE + Dice of
+48 channels over 8 × 128³ voxels makes a dozen float32 passes over 3 GB tensors and cost as much as a
+third of a unet_3d step on an H200; compiled, it is a few fused reductions (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -31,15 +35,57 @@ def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: r
         out.float().square().mean().backward()
         model.zero_grad(set_to_none=True)
 
+    return _timed(step, steps, image.device)
+
+
+def _timed(step: Any, steps: int, device: torch.device) -> float:
+    """Seconds per call of `step` after one warm-up call (which triggers compilation)."""
     step()
-    if image.device.type == "cuda":
-        torch.cuda.synchronize(image.device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    if image.device.type == "cuda":
-        torch.cuda.synchronize(image.device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return (time.perf_counter() - start) / steps
+
+
+def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
+                       precision: runtime.Precision, batch: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The loss to train with (compiled or not; same policy as the model) and a record for meta.json."""
+    mode = cfg.train.compile
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return criterion, {"mode": mode, "compiled": False, "reason": "off" if mode == "off" else "CPU: eager"}
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+    shape = (batch, cfg.data.num_target_channels, *patch)
+    dtype = runtime.DTYPES[precision]
+    logits = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    target = torch.rand(shape, device=device) > 0.9
+    known = torch.rand(shape, device=device) > 0.1
+
+    def step(fn: torch.nn.Module) -> Any:
+        def run() -> None:
+            fn(logits, target, known).backward()
+            logits.grad = None
+        return run
+
+    backend = os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
+    try:
+        compiled = torch.compile(criterion, backend=backend)
+        start = time.perf_counter()
+        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 3, device)}
+        record["compile_s"] = time.perf_counter() - start
+    except Exception as err:
+        log.warning("torch.compile of the loss failed (%s: %s); eager loss", type(err).__name__,
+                    str(err).splitlines()[0])
+        return criterion, {"mode": mode, "compiled": False, "reason": f"compile error: {type(err).__name__}"}
+    if mode == "auto":
+        record["eager_step_s"] = _timed(step(criterion), 3, device)
+    record["compiled"] = mode == "on" or record["compiled_step_s"] < record["eager_step_s"]
+    log.info("loss compile %s: %s", mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                    for k, v in record.items()))
+    return (compiled if record["compiled"] else criterion), record
 
 
 def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, *, precision: runtime.Precision,

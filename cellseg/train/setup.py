@@ -24,7 +24,7 @@ from cellseg.models import build_model, get_entry
 from cellseg.train import runtime
 from cellseg.train.batch import find_batch_size
 from cellseg.train.checkpoint import CheckpointKeeper, git_commit, load, set_rng_state, versions
-from cellseg.train.compile import maybe_compile
+from cellseg.train.compile import maybe_compile, maybe_compile_loss
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
 
@@ -53,7 +53,7 @@ class Setup:
     memory_format: torch.memory_format
     batch_size: int
     data: TrainData
-    criterion: SegmentationLoss
+    criterion: torch.nn.Module  # SegmentationLoss, possibly compiled
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
@@ -223,6 +223,8 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
             s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
         log.info("resumed %s at step %d", run_dir, s.state.step)
     compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt, batch=s.state.micro_batch)
+    s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
+                                                           batch=s.state.micro_batch)
     s.net = runtime.wrap_ddp(compiled, d)
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
     if d.is_main:
