@@ -139,6 +139,13 @@ def num_candidates(class_name: str, has_boundary: bool) -> int:
     return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_STEPS) + len(SIZE_EDGES)
 
 
+def split_entry(catalog: Catalog, crop_id: int) -> SplitEntry:
+    """The training crop `crop_id` of a catalogue as a validation entry (EM and label locations resolved)."""
+    crop = catalog.train[crop_id]
+    return SplitEntry(split="validate", em_url=str(catalog.locate(crop.em_url)), crop_url=str(catalog.locate(crop.crop_url)),
+                      classes=crop.classes)
+
+
 def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: PredictionStore) -> list[SplitEntry]:
     """Training crops of `data_root` to tune on: the named ones (`12` or `crop12`), by default every crop of
     the store that has truth in the data root.
@@ -162,8 +169,7 @@ def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: Predic
         names = sorted(written & set(by_name))
         if not names:
             raise ValueError(f"{store.path}: none of its crops {sorted(written)} has truth in {data_root}")
-    return [SplitEntry(split="validate", em_url=str(catalog.locate(by_name[n].em_url)),
-                       crop_url=str(catalog.locate(by_name[n].crop_url)), classes=by_name[n].classes) for n in names]
+    return [split_entry(catalog, by_name[n].id) for n in names]
 
 
 def read_truth(entry: SplitEntry, class_name: str, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
