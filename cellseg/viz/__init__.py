@@ -2,7 +2,8 @@
 
 Every `*_figure` function returns a `matplotlib.figure.Figure`; `save_png` writes it atomically. Figures
 are built without `pyplot` on the Agg canvas: importing this package selects no backend and changes no
-global matplotlib state, and no display is needed. In a notebook, `display(fig)` shows one.
+global matplotlib state, and no display is needed. In a notebook, a figure left as a cell's value
+shows itself as a PNG (no `%matplotlib inline` needed).
 
     load_crop_slice → crop_figure           EM | class colours | object colours (+ legend)
     load_group_slice → group_figure         a group class vs its atoms (`mito` vs `mito_mem`, ...)

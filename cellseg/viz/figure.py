@@ -3,7 +3,7 @@
 Figures are `matplotlib.figure.Figure` objects created directly, never through `pyplot`: nothing here
 selects a backend, registers a figure with a global manager or changes `rcParams`, so importing
 `cellseg.viz` has no side effect on other modules or on a notebook's own plotting. PNGs are rendered
-by the Agg canvas, which needs no display.
+by the Agg canvas, which needs no display; in a notebook a returned figure displays itself (as a PNG).
 
 Sizes: a figure is `width_px × height_px` at `DPI`; `save_png` writes exactly that many pixels (no
 tight bounding box, so a figure's PNG size is known before it is drawn).
@@ -11,6 +11,7 @@ tight bounding box, so a figure's PNG size is known before it is drawn).
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -33,13 +34,23 @@ SCALE_BAR_FRACTION = 0.2  # target scale-bar length as a fraction of the panel w
 NICE_STEPS = (1, 2, 5)  # scale-bar lengths are 1, 2 or 5 × 10^k nm
 
 
-def new_figure(width_px: int, height_px: int) -> Figure:
+class NotebookFigure(Figure):
+    """A `Figure` that Jupyter shows as a PNG by itself (IPython's `_repr_png_`): no pyplot, no inline
+    backend, no global state needed."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=self.dpi)
+        return buffer.getvalue()
+
+
+def new_figure(width_px: int, height_px: int) -> NotebookFigure:
     """A figure of exactly `width_px × height_px` pixels with constrained layout, on an Agg canvas."""
     if width_px < 16 or height_px < 16:
         raise ValueError(f"figure size {width_px}×{height_px} px is too small (at least 16×16)")
     # Agg truncates inches × dpi to whole pixels; a hair over the exact size survives float rounding
     # (8.7 in × 100 dpi = 869.999...), so the PNG is exactly width_px × height_px.
-    fig = Figure(figsize=((width_px + SIZE_EPS) / DPI, (height_px + SIZE_EPS) / DPI), dpi=DPI, layout="constrained")
+    fig = NotebookFigure(figsize=((width_px + SIZE_EPS) / DPI, (height_px + SIZE_EPS) / DPI), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 

@@ -178,8 +178,8 @@ def scores_figure(sets: ScoreSet | Sequence[ScoreSet]) -> Figure:
         ax.set_xlabel("score (instance: combined, semantic: IoU)", fontsize=7)
         ax.tick_params(labelsize=7)
         ax.grid(axis="x", alpha=0.3)
-        ax.set_title(f"{s.source}\n{ERA_TITLES[s.era]} · overall {_fmt(s.overall)} "
-                     f"(instance {_fmt(s.overall_instance)}, semantic {_fmt(s.overall_semantic)})", fontsize=8)
+        ax.set_title(f"{s.source}\n{ERA_TITLES[s.era]}\noverall {_fmt(s.overall)} · instance "
+                     f"{_fmt(s.overall_instance)} · semantic {_fmt(s.overall_semantic)}", fontsize=8)
     axes[0].set_yticks(list(positions), order)
     axes[0].invert_yaxis()  # best class on top
     handles = [Patch(facecolor=c, label=f"{k} class") for k, c in KIND_COLORS.items()]

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -53,6 +54,12 @@ class CropSlice:
     def classes(self) -> tuple[str, ...]:
         """The classes loaded, in the order asked for."""
         return tuple(self.masks)
+
+    def subset(self, names: Sequence[str]) -> CropSlice:
+        """The same slice with only `names` (which must be loaded)."""
+        return dataclasses.replace(self, masks={n: self.masks[n] for n in names},
+                                   known={n: self.known[n] for n in names},
+                                   ids={n: self.ids[n] for n in names if n in self.ids})
 
     def title(self) -> str:
         """`crop1 (synth-iso4-1) · z=16 of 32 (at 176 nm) · 4×4×4 nm voxels`."""
@@ -154,20 +161,23 @@ def _read_channel(store: PredictionStore, crop: str, channel: str, plane: Plane)
     return data.astype(np.float32)
 
 
-def _default_prediction_classes(store: PredictionStore, crop: str, plane: Plane, available: Sequence[str],
-                                threshold: float, progress: bool) -> tuple[str, ...]:
-    """Classes predicted in view, the `MAX_DEFAULT_ROWS` largest, in store order (all if none is)."""
+def _default_rows(prediction: dict[str, np.ndarray], truth: CropSlice | None, *, kind: str,
+                  threshold: float) -> tuple[str, ...]:
+    """Classes predicted or true in view, the `MAX_DEFAULT_ROWS` with most such pixels, in store order;
+    the first `MAX_DEFAULT_ROWS` classes when nothing is in view."""
     sizes = {}
-    for name in tqdm(available, desc=f"scan {crop}", unit="class", disable=not progress):
-        values = _read_channel(store, crop, name, plane)
-        sizes[name] = int((values > threshold).sum() if store.kind == "probabilities" else (values != 0).sum())
-    shown = [n for n in available if sizes[n] > 0] or list(available)
-    if len(shown) > MAX_DEFAULT_ROWS:
-        keep = set(sorted(shown, key=lambda n: -sizes[n])[:MAX_DEFAULT_ROWS])
+    for name, values in prediction.items():
+        predicted = values > threshold if kind == "probabilities" else values != 0
+        sizes[name] = int(predicted.sum()) + (int(truth.masks[name].sum()) if truth is not None else 0)
+    in_view = [n for n in prediction if sizes[n] > 0]
+    if not in_view:
+        log.info("nothing predicted or true in view; showing the first %d classes", MAX_DEFAULT_ROWS)
+        return tuple(prediction)[:MAX_DEFAULT_ROWS]
+    keep = set(sorted(in_view, key=lambda n: -sizes[n])[:MAX_DEFAULT_ROWS])
+    if len(in_view) > len(keep):
         log.info("showing the %d classes with most foreground in view; left out: %s (use --classes)",
-                 MAX_DEFAULT_ROWS, ", ".join(n for n in shown if n not in keep))
-        shown = [n for n in shown if n in keep]
-    return tuple(shown)
+                 MAX_DEFAULT_ROWS, ", ".join(n for n in in_view if n not in keep))
+    return tuple(n for n in in_view if n in keep)
 
 
 def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *,
@@ -180,10 +190,10 @@ def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *
         store_path: a prediction or segmentation store (`cellseg.infer.store.PredictionStore`).
         crop: crop number or name present in the store.
         truth_root: data root holding the crop (training crop, or test crop with `ground_truth.zarr`).
-        classes: default: the store's classes (also annotated in the truth when given) predicted in view,
-            at most `MAX_DEFAULT_ROWS`.
+        classes: default: the store's classes (also annotated in the truth when given) predicted or true
+            in view, at most `MAX_DEFAULT_ROWS`.
         threshold: probability threshold for the error panel (the evaluator's 0.5 by default).
-        progress: show a progress bar while scanning the store's classes for the default selection.
+        progress: show a progress bar while reading the store's channels.
 
     Raises:
         ValueError: unknown crop, class or index out of range (messages name the store and the crop).
@@ -204,15 +214,19 @@ def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *
             raise ValueError(f"{store.path}: no channel for {', '.join(missing)} (classes: {', '.join(store.classes)})")
         if view is not None:
             view.check_classes(names)
-    else:
-        names = _default_prediction_classes(store, name, plane, available, threshold, progress)
-    prediction = {c: _read_channel(store, name, c, plane) for c in names}
+    candidates = names if classes else tuple(available)
+    prediction = {c: _read_channel(store, name, c, plane)
+                  for c in tqdm(candidates, desc=f"read {name}", unit="class", disable=not progress)}
     truth = None
     if view is not None:
-        masks, known, ids = _slice_layers(view, plane, names)
+        masks, known, ids = _slice_layers(view, plane, candidates)
         em = view.em(plane.slab)
         truth = CropSlice(crop=view.name, dataset=view.dataset, plane=plane,
                           em=None if em is None else plane.squeeze(em), masks=masks, known=known, ids=ids)
+    if not classes:
+        names = _default_rows(prediction, truth, kind=store.kind, threshold=threshold)
+        prediction = {c: prediction[c] for c in names}
+        truth = truth.subset(names) if truth is not None else None
     return PredictionSlice(store=store.path, kind=store.kind, crop=name, plane=plane, prediction=prediction,
                            truth=truth, threshold=threshold)
 

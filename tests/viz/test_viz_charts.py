@@ -196,3 +196,17 @@ def test_bench_merges_files_of_one_kind_and_refuses_mixtures(tmp_path):
         load_bench(_json(tmp_path, "d.json", {"machine": "x"}))
     with pytest.raises(ValueError, match=r"metric\(s\) \['tflops'\] not in these results"):
         bench_figure(table, metrics=["tflops"])
+
+
+@pytest.mark.parametrize(("width", "height"), [(870, 333), (1001, 207), (480, 1290)])
+def test_png_size_is_exact_and_notebooks_get_a_png(width, height, tmp_path):
+    from io import BytesIO
+
+    from cellseg.viz.figure import new_figure
+
+    fig = new_figure(width, height)
+    fig.add_subplot().plot([0, 1], [1, 0])
+    assert figure_size_px(fig) == (width, height)
+    assert imread(save_png(fig, tmp_path / "f.png")).shape[:2] == (height, width)
+    png = fig._repr_png_()  # what Jupyter shows for a figure left as a cell's value
+    assert png.startswith(b"\x89PNG") and imread(BytesIO(png)).shape[:2] == (height, width)

@@ -197,3 +197,20 @@ def test_prediction_defaults_segmentation_and_no_truth(tiny_synth_root, stores, 
 def test_prediction_errors(stores, kwargs, message):
     with pytest.raises(ValueError, match=message):
         load_prediction_slice(stores / "probs.zarr", **kwargs)
+
+
+def test_default_rows_include_missed_classes_and_are_capped(tiny_synth_root, tmp_path):
+    view = open_crop(tiny_synth_root, 1)
+    grid = view.grid((8.0, 8.0, 8.0))
+    plane_index = grid.shape_vox[0] // 2
+    names = [n for n in view.classes if view.masks(grid, [n])[n][0][plane_index].any()]
+    assert len(names) > 8  # enough classes in view to need the cap
+    truth = view.masks(grid, names)
+    arrays = {n: np.zeros(grid.shape_vox, np.float32) for n in names}  # predicts nothing: all misses
+    store = PredictionStore.create(tmp_path / "missed.zarr", kind="probabilities", channels=names)
+    store.write_crop("crop1", grid, arrays)
+    p = load_prediction_slice(tmp_path / "missed.zarr", 1, truth_root=tiny_synth_root)
+    sizes = {n: int(truth[n][0][plane_index].sum()) for n in names}
+    assert len(p.classes) == 8 and set(p.classes) == set(sorted(names, key=lambda n: -sizes[n])[:8])
+    assert list(p.classes) == [n for n in names if n in p.classes]  # store order kept
+    assert set(p.truth.masks) == set(p.classes)
