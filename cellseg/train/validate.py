@@ -1,7 +1,8 @@
 """Validation during training with the challenge metric (`val.metric`: "2026" current or "2025" challenge era).
 
-For each validation crop: read the EM over the annotated box at the training voxel size plus half a
-patch of context on every side, predict with the Gaussian-blended sliding window, threshold, and score
+For each validation crop: predict its annotated box at the training voxel size with the engine of
+`cellseg predict` (`cellseg.infer.predict.predict_volume`: half a patch of EM context on every side, the
+Gaussian-blended sliding window, no test-time augmentation), threshold, and score
 every class annotated in the crop against its truth on the same grid with the official per-crop
 scoring of that era (`cellseg.eval`), only inside the annotated box. Instance classes are split with
 their boundary channel (components of `mask − boundary`, grown back into the mask) before scoring.
@@ -26,47 +27,11 @@ from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
-from cellseg.infer.sliding_window import sliding_window
+from cellseg.infer.predict import crop_grid, predict_volume
 from cellseg.train import runtime
 
 log = logging.getLogger(__name__)
 GROW_BACK_VOX = 2  # boundary voxels removed before labelling are returned to the nearest object
-
-
-def crop_grid(crop: CropSource, voxel_size_nm: Sequence[float]) -> Grid:
-    """The crop's annotated box on the training grid, snapped to the EM lattice when one matches."""
-    vs = np.asarray(voxel_size_nm, dtype=np.float64)
-    start, stop = np.asarray(crop.start_nm), np.asarray(crop.stop_nm)
-    shape = np.maximum(1, np.round((stop - start) / vs)).astype(int)
-    origin = start + vs / 2
-    level = crop.em().choose_level(vs)
-    if np.allclose(level.voxel_size_nm, vs, rtol=0.01):
-        origin = np.asarray(level.translation_nm) + np.round((origin - level.translation_nm) / vs) * vs
-    return Grid(translation_nm=tuple(origin), shape_vox=tuple(int(n) for n in shape), voxel_size_nm=tuple(vs))
-
-
-def predict_crop(model: torch.nn.Module, crop: CropSource, grid: Grid, cfg: RunConfig, *, device: torch.device,
-                 precision: runtime.Precision) -> np.ndarray:
-    """(C, z, y, x) float32 probabilities of every output channel on `grid`."""
-    patch = cfg.data.patch_shape_vox
-    margin = [0 if p == 1 else p // 2 for p in patch]
-    vs = grid.voxel_size_nm
-    em = crop.em().read(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin, vs, strict=True)],
-                        shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin, strict=True)], voxel_size_nm=vs,
-                        interpolation="area", pad_value=cfg.data.em_pad_value, dtype=np.uint8)
-    image = torch.from_numpy(em)[None].float() / 255.0
-    fmt = runtime.memory_format(2 if cfg.data.is_2d else 3, cfg.train.channels_last and device.type == "cuda")
-
-    def predict(batch: torch.Tensor) -> torch.Tensor:
-        with runtime.autocast(device, precision):
-            logits = model(batch.contiguous(memory_format=fmt))
-        return torch.sigmoid(logits.float())
-
-    probs = sliding_window(predict, image, patch_vox=patch, num_outputs=cfg.data.num_target_channels,
-                           overlap=cfg.val.overlap, batch_size=cfg.val.batch_size, device=device,
-                           accumulate_on=torch.device("cpu"))
-    inner = tuple(slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True))
-    return probs[(slice(None), *inner)].numpy()
 
 
 def split_instances(mask: np.ndarray, boundary: np.ndarray | None) -> np.ndarray:
@@ -116,7 +81,10 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
     try:
         for crop in list(crops)[: cfg.val.max_crops]:
             grid = crop_grid(crop, cfg.data.voxel_size_nm)
-            probs = predict_crop(model, crop, grid, cfg, device=device, precision=precision)
+            probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
+                                   num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
+                                   overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
+                                   channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
             crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
     finally:
         model.train(was_training)

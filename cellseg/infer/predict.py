@@ -1,0 +1,609 @@
+"""`cellseg predict`: per-class probabilities of a trained run over crops, into a `PredictionStore`.
+
+Stages, one file each: `load_run` (the run directory alone rebuilds the model: `config.yaml`, `meta.json`,
+`checkpoints/<best|last>.pt`, EMA weights when the run validated with them) → `select_targets` (which crops,
+and the box of each) → `predict_volume` (the engine shared with validation during training) → the store.
+
+`predict_volume`, for one crop: read the EM over the crop's box on the model's grid plus half a patch of
+context on every side (from the full EM volume; outside it the EM pad value), then the Gaussian-blended
+sliding window (`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA
+transforms (`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities. A 2D model predicts slice
+by slice; across z only, or across z, y and x (isotropic voxels) with the three results averaged.
+
+Under torchrun every rank predicts its share of the crops (largest first, to the least loaded rank) and
+writes them into the same store; rank 0 creates the store first. Crops already complete in the store are
+skipped, so an interrupted run resumes (the store writes each crop atomically).
+
+Shapes: `K` output channels, `C` image channels (1); `ZYX` the crop's grid.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import cellseg
+from cellseg.config import load_run_config
+from cellseg.config.schema import RunConfig
+from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.classes import is_instance
+from cellseg.data.crops import Catalog, Crop
+from cellseg.data.loader import open_crops
+from cellseg.data.split import SplitEntry, dataset_paths, read_datasplit
+from cellseg.data.targets import CropSource, Grid
+from cellseg.infer import tta
+from cellseg.infer.sliding_window import sliding_window, tile_starts
+from cellseg.infer.store import PredictionStore, quantise
+from cellseg.models import build_model
+from cellseg.train import runtime
+from cellseg.train.checkpoint import load as load_checkpoint
+from cellseg.train.setup import resolve_precision
+
+log = logging.getLogger(__name__)
+Vec3 = tuple[float, float, float]
+AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
+EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
+GPU_ACCUMULATE_FRACTION = 0.25  # blend on the GPU when the sums need at most this share of its free memory
+ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
+# Provenance entries that must agree for a re-run to add crops to an existing store.
+RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
+               "axes_2d", "dtype", "voxel_size_nm")
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+@dataclass
+class LoadedRun:
+    """A trained model rebuilt from its run directory, in eval mode on `device`."""
+
+    run_dir: Path
+    cfg: RunConfig
+    meta: dict[str, Any]
+    model: torch.nn.Module
+    checkpoint: Path
+    step: int
+    weights: str  # "ema" or "model"
+    device: torch.device
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """Output channels: the classes, then `<class>_boundary` channels (meta.json "channels")."""
+        return tuple(self.meta["channels"])
+
+    @property
+    def spatial_dims(self) -> int:
+        """2 or 3."""
+        return 2 if self.cfg.data.is_2d else 3
+
+
+def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+    if checkpoint not in ("best", "last"):
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such checkpoint file")
+        return path
+    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        present = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) if path.parent.is_dir() else []
+        hint = " (the run never validated: use --checkpoint last)" if checkpoint == "best" and present else ""
+        raise FileNotFoundError(f"{run_dir}: no checkpoint {path.name} in {path.parent} "
+                                f"(present: {', '.join(present) or 'none'}){hint}")
+    return path
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.device | str = "cpu",
+             data_root: str | None = None) -> LoadedRun:
+    """Rebuild a run's model from `config.yaml` + `meta.json` + a checkpoint.
+
+    Args:
+        run_dir: a `cellseg train` run directory.
+        checkpoint: "best", "last" or the path of a checkpoint file.
+        device: where the model goes (channels-last on CUDA).
+        data_root: replaces the run's `data.root`.
+
+    Raises:
+        FileNotFoundError: no config.yaml/meta.json, or no such checkpoint (the present ones are named).
+        ValueError: meta.json disagrees with the config or the checkpoint with the architecture.
+    """
+    run_dir, device = Path(run_dir), torch.device(device)
+    for name in ("config.yaml", "meta.json"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir / name}: missing (is {run_dir} a `cellseg train` run directory?)")
+    cfg = load_run_config(run_dir / "config.yaml", [f"data.root={data_root}"] if data_root else [])
+    meta = json.loads((run_dir / "meta.json").read_text())
+    if len(meta.get("channels", ())) != cfg.data.num_target_channels:
+        raise ValueError(f"{run_dir / 'meta.json'}: channels {meta.get('channels')} do not match the config's "
+                         f"{cfg.data.num_target_channels} output channels")
+    path = _checkpoint_path(run_dir, checkpoint)
+    ckpt = load_checkpoint(path)
+    model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **cfg.model.params)
+    # Validation during training used the EMA weights when the run kept them (`Setup.eval_model`): so do we.
+    weights = "ema" if ckpt.get("ema") is not None else "model"
+    state = ckpt["ema"] if weights == "ema" else ckpt["model"]
+    own = model.state_dict()
+    try:
+        model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()})
+    except RuntimeError as err:
+        raise ValueError(f"{path}: weights do not fit {cfg.model.name} ({cfg.model.preset}): {err}") from None
+    fmt = runtime.memory_format(2 if cfg.data.is_2d else 3, device.type == "cuda")
+    model = model.to(device=device, memory_format=fmt).eval()
+    log.info("loaded %s (%s weights, step %d) from %s", cfg.model.name, weights, ckpt["step"], path)
+    return LoadedRun(run_dir=run_dir, cfg=cfg, meta=meta, model=model, checkpoint=path, step=int(ckpt["step"]),
+                     weights=weights, device=device)
+
+
+# ----------------------------------------------------------------------------------------------- crops
+
+
+@dataclass(frozen=True, kw_only=True)
+class CropTarget:
+    """A crop to predict: where its EM is and its box in world space (nm)."""
+
+    name: str  # crop<N>
+    dataset: str
+    split: str  # "validate", "train" or "test"
+    em_url: str
+    start_nm: Vec3  # lower corner of the box
+    stop_nm: Vec3
+    backend: str = "tensorstore"
+    cache_bytes: int = 256 * 2**20
+
+    def em(self) -> MultiscaleImage:
+        """Open the dataset's EM (uint8).
+
+        Raises:
+            FileNotFoundError: naming the crop and the EM location.
+        """
+        try:
+            return MultiscaleImage(self.em_url, backend=self.backend, expected_dtype="uint8",
+                                   cache_bytes=self.cache_bytes)
+        except (FileNotFoundError, OSError) as err:
+            raise FileNotFoundError(f"{self.name} ({self.dataset}): cannot open its EM at {self.em_url}: "
+                                    f"{err}") from None
+
+    @property
+    def volume_nm3(self) -> float:
+        """The box's volume (to balance crops over ranks)."""
+        return math.prod(b - a for a, b in zip(self.start_nm, self.stop_nm, strict=True))
+
+
+def dataset_of(em_url: str) -> str:
+    """`jrc_hela-2` from `.../jrc_hela-2/jrc_hela-2.zarr/recon-1/em/fibsem-uint8`."""
+    zarr_parts = [p for p in em_url.replace("\\", "/").split("/") if p.endswith(".zarr")]
+    return zarr_parts[-1].removesuffix(".zarr") if zarr_parts else ""
+
+
+def _from_source(crop: CropSource, cfg: RunConfig) -> CropTarget:
+    return CropTarget(name=crop.name, dataset=dataset_of(crop.entry.em_url), split=crop.entry.split,
+                      em_url=crop.entry.em_url, start_nm=crop.start_nm, stop_nm=crop.stop_nm,
+                      backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)
+
+
+def _from_manifest(crop: Crop, split: str, em_url: str, cfg: RunConfig) -> CropTarget:
+    """The union of the boxes of the crop's labels (test crops have no arrays, only these boxes)."""
+    geometries = list(crop.labels.values())
+    start = tuple(float(min(g.start_nm[a] for g in geometries)) for a in range(3))
+    stop = tuple(float(max(g.stop_nm[a] for g in geometries)) for a in range(3))
+    return CropTarget(name=crop.name, dataset=crop.dataset, split=split, em_url=em_url, start_nm=start,  # type: ignore[arg-type]
+                      stop_nm=stop, backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)  # type: ignore[arg-type]
+
+
+def _crop_id(text: str) -> int:
+    try:
+        return int(text.strip().removeprefix("crop"))
+    except ValueError:
+        raise ValueError(f"--crops: {text!r} is not a crop id (use val, test or ids like 12,34)") from None
+
+
+class _Sources:
+    """Where crops come from: the run's datasplit.csv and the data root's catalogue (read once)."""
+
+    def __init__(self, run: LoadedRun, root: str, *, relocate: bool):
+        self.run, self.root, self.relocate = run, root, relocate
+        self._catalog: Catalog | None = None
+
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = Catalog.from_dir(self.root)
+        return self._catalog
+
+    def split(self) -> list[SplitEntry]:
+        """The run's split; with another data root (`relocate`), its crops located in that root."""
+        path = self.run.run_dir / "datasplit.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing (it lists the run's validation crops)")
+        entries = read_datasplit(path)
+        if not self.relocate:
+            return entries
+        catalog, out = self.catalog(), []
+        for e in entries:
+            crop = catalog.train.get(_crop_id(e.crop_name))
+            if crop is None:
+                raise ValueError(f"{e.crop_name} of {path} is not in the training manifest of {self.root}")
+            out.append(SplitEntry(split=e.split, em_url=str(catalog.locate(crop.em_url)),
+                                  crop_url=str(catalog.locate(crop.crop_url)), classes=e.classes))
+        return out
+
+    def tests(self) -> dict[int, Crop]:
+        """The data root's test crops, or the official ones for a real-data root without a test manifest."""
+        tests = self.catalog().tests
+        if tests:
+            return dict(tests["2026"] if "2026" in tests else next(iter(tests.values())))
+        return dict(Catalog.official().test("2026"))
+
+    def em_of(self, dataset: str) -> str:
+        """The EM of a dataset: as a training crop of it lists it, else the standard layout under the root."""
+        catalog = self.catalog()
+        for crop in catalog.crops_of(dataset):
+            if crop.em_url:
+                return str(catalog.locate(crop.em_url))
+        return dataset_paths(self.root, dataset)[0]
+
+
+def select_targets(spec: str, run: LoadedRun, *, data_root: str | None = None) -> list[CropTarget]:
+    """The crops of `--crops`: "val" (the run's validation crops), "test" (the data root's test crops) or
+    comma-separated ids (training crops of the datasplit or the catalogue, or test crops).
+
+    Raises:
+        ValueError: a crop id found nowhere (named), or no crop selected.
+    """
+    cfg = run.cfg
+    sources = _Sources(run, data_root or cfg.data.root, relocate=data_root is not None)
+    if spec == "val":
+        targets = [_from_source(c, cfg) for c in open_crops([e for e in sources.split() if e.split == "validate"],
+                                                             cfg.data)]
+        if not targets:
+            raise ValueError(f"{run.run_dir / 'datasplit.csv'}: no validation crop annotates the run's classes")
+        return targets
+    if spec == "test":
+        return [_from_manifest(c, "test", sources.em_of(c.dataset), cfg) for c in sources.tests().values()]
+    wanted = [_crop_id(t) for t in spec.split(",") if t.strip()]
+    if not wanted:
+        raise ValueError("--crops: no crop given (use val, test or ids like 12,34)")
+    split = {_crop_id(e.crop_name): e for e in sources.split()}
+    targets = []
+    for cid in wanted:
+        if cid in split:
+            sources_found = open_crops([split[cid]], cfg.data)
+            if sources_found:
+                targets.append(_from_source(sources_found[0], cfg))
+                continue
+        if cid in sources.catalog().train:
+            crop = sources.catalog().train[cid]
+            targets.append(_from_manifest(crop, "train", str(sources.catalog().locate(crop.em_url)), cfg))
+        elif cid in sources.tests():
+            crop = sources.tests()[cid]
+            targets.append(_from_manifest(crop, "test", sources.em_of(crop.dataset), cfg))
+        else:
+            raise ValueError(f"crop {cid} is in neither the run's datasplit.csv nor the training or test manifest "
+                             f"of {sources.root}")
+    return targets
+
+
+# ----------------------------------------------------------------------------------------------- the engine
+
+
+def box_grid(start_nm: Sequence[float], stop_nm: Sequence[float], em: MultiscaleImage,
+             voxel_size_nm: Sequence[float]) -> Grid:
+    """The box on a grid of `voxel_size_nm`, snapped to the EM lattice when an EM level has that voxel size."""
+    vs = np.asarray(voxel_size_nm, dtype=np.float64)
+    start, stop = np.asarray(start_nm, dtype=np.float64), np.asarray(stop_nm, dtype=np.float64)
+    shape = np.maximum(1, np.round((stop - start) / vs)).astype(int)
+    origin = start + vs / 2
+    level = em.choose_level(vs)
+    if np.allclose(level.voxel_size_nm, vs, rtol=0.01):
+        origin = np.asarray(level.translation_nm) + np.round((origin - level.translation_nm) / vs) * vs
+    return Grid(translation_nm=tuple(float(o) for o in origin), shape_vox=tuple(int(n) for n in shape),  # type: ignore[arg-type]
+                voxel_size_nm=tuple(float(v) for v in vs))  # type: ignore[arg-type]
+
+
+def crop_grid(crop: CropSource | CropTarget, voxel_size_nm: Sequence[float]) -> Grid:
+    """The crop's annotated box (a test crop's box) on the model's grid (see `box_grid`)."""
+    return box_grid(crop.start_nm, crop.stop_nm, crop.em(), voxel_size_nm)
+
+
+def context_margin(patch_vox: Sequence[int], slice_axes: Sequence[str] = ("z",)) -> tuple[int, int, int]:
+    """Voxels of context read on each side of the box: half a patch on every axis a tile spans (3D: all;
+    2D: the in-plane axes of each slicing axis), none across the slices of a 2D model."""
+    if patch_vox[0] != 1:
+        return tuple(p // 2 for p in patch_vox)  # type: ignore[return-value]
+    margin = [0, 0, 0]
+    for axis in slice_axes:
+        a = AXIS_INDEX[axis]
+        for d, p in zip([d for d in range(3) if d != a], patch_vox[1:], strict=True):
+            margin[d] = max(margin[d], p // 2)
+    return tuple(margin)  # type: ignore[return-value]
+
+
+def count_tiles(shape_vox: Sequence[int], patch_vox: Sequence[int], overlap: float,
+                slice_axes: Sequence[str] = ("z",)) -> int:
+    """Tiles `predict_volume` runs over a context-padded volume of `shape_vox` (for progress bars)."""
+    margin = context_margin(patch_vox, slice_axes)
+    padded = [n + 2 * m for n, m in zip(shape_vox, margin, strict=True)]
+    if patch_vox[0] != 1:
+        return math.prod(len(tile_starts(n, p, overlap)) for n, p in zip(padded, patch_vox, strict=True))
+    total = 0
+    for axis in slice_axes:
+        a = AXIS_INDEX[axis]
+        plane = [padded[d] for d in range(3) if d != a]
+        total += shape_vox[a] * math.prod(len(tile_starts(n, p, overlap))
+                                          for n, p in zip(plane, patch_vox[1:], strict=True))
+    return total
+
+
+def _accumulate_device(device: torch.device, num_outputs: int, shape: Sequence[int]) -> torch.device:
+    if device.type != "cuda":
+        return device
+    need = 2 * (num_outputs + 1) * math.prod(shape) * 4  # float32 sums and weights, and the normalised copy
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if need <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
+
+
+def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: int) -> torch.Tensor:
+    """(1, Z, Y, X) float32 EM in [0, 1] over the grid enlarged by `margin` voxels per side."""
+    vs = grid.voxel_size_nm
+    data = em.read(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin, vs, strict=True)],
+                   shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin, strict=True)], voxel_size_nm=vs,
+                   interpolation="area", pad_value=pad_value, dtype=np.uint8)
+    return torch.from_numpy(data)[None].to(torch.float32) / EM_SCALE
+
+
+def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,
+                 channels_last: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast."""
+    formats: dict[int, torch.memory_format] = {}
+
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        fmt = formats.setdefault(batch.ndim, runtime.memory_format(batch.ndim - 2, channels_last))
+        with runtime.autocast(device, precision):
+            logits = model(batch.contiguous(memory_format=fmt))
+        return torch.sigmoid(logits.float())
+
+    return forward
+
+
+@torch.inference_mode()
+def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, patch_vox: Sequence[int],
+                   num_outputs: int, device: torch.device, precision: runtime.Precision, overlap: float = 0.5,
+                   batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
+                   slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
+                   on_tiles: Callable[[int], None] | None = None) -> np.ndarray:
+    """(K, Z, Y, X) float32 probabilities of every output channel on `grid` (the engine; module docstring).
+
+    Args:
+        model: in eval mode on `device`; 3D `(B, C, Z, Y, X)` or 2D `(B, C, Y, X)` (when `patch_vox[0] == 1`).
+        em: the dataset's EM, read in world coordinates with `pad_value` outside the volume.
+        grid: the output grid (the model's voxel size).
+        patch_vox: tile shape (z, y, x); `(1, H, W)` for a 2D model.
+        transforms: TTA transforms (default: the identity only).
+        slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.
+        channels_last: channels_last(_3d) tiles (CUDA only).
+        on_tiles: called with the number of tiles after every batch (progress bars).
+    """
+    tfms = list(transforms or tta.transforms(2 if patch_vox[0] == 1 else 3, (), 1))
+    is_2d = patch_vox[0] == 1
+    axes = list(slice_axes) if is_2d else ["z"]
+    margin = context_margin(patch_vox, axes)
+    image = _read_em(em, grid, margin, pad_value)
+    forward = make_forward(model, device=device, precision=precision,
+                           channels_last=channels_last and device.type == "cuda")
+
+    def predict(batch: torch.Tensor) -> torch.Tensor:
+        out = tta.tta_predict(forward, batch, tfms)
+        if on_tiles is not None:
+            on_tiles(batch.shape[0])
+        return out
+
+    total: torch.Tensor | None = None
+    for axis in axes:
+        a = AXIS_INDEX[axis] if is_2d else 0
+        # A 2D model sees slices across `axis`: predict only the box's slices, moved to the front.
+        inner_a = slice(margin[a], margin[a] + grid.shape_vox[a])
+        view = image[(slice(None),) * (1 + a) + (inner_a,)] if is_2d else image
+        view = view.movedim(1 + a, 1)
+        accumulate = _accumulate_device(device, num_outputs, view.shape[1:])
+        probs = sliding_window(predict, view, patch_vox=patch_vox, num_outputs=num_outputs, overlap=overlap,
+                               batch_size=batch_size, blend=blend, device=device, accumulate_on=accumulate,
+                               pad_value=pad_value / EM_SCALE).movedim(1, 1 + a)
+        inner = [slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True)]
+        if is_2d:
+            inner[a] = slice(None)
+        probs = probs[(slice(None), *inner)].cpu()
+        total = probs if total is None else total.add_(probs)
+    assert total is not None
+    if len(axes) > 1:
+        total /= len(axes)
+    return total.numpy()
+
+
+# ----------------------------------------------------------------------------------------------- the command
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictOptions:
+    """What `predict_run` does besides choosing the run and the crops (the CLI's options)."""
+
+    tta: int = 8
+    overlap: float = 0.5
+    blend: str = "gaussian"
+    checkpoint: str = "best"
+    batch_size: int | None = None  # default: the run's training micro-batch (fits: inference keeps no grads)
+    device: str = "auto"
+    uint8: bool = False
+    overwrite: bool = False
+    data_root: str | None = None
+    axes_2d: str = "z"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tta < 1:
+            raise ValueError(f"--tta {self.tta}: need at least 1 (1 = no test-time augmentation)")
+        if not 0 <= self.overlap < 1:
+            raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.axes_2d not in ("z", "zyx"):
+            raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
+
+
+def _slice_axes(run: LoadedRun, axes_2d: str) -> tuple[str, ...]:
+    if run.spatial_dims == 3 or axes_2d == "z":
+        return ("z",)
+    vs = run.cfg.data.voxel_size_nm
+    if max(vs) > min(vs) * (1 + ISOTROPY_RTOL):
+        raise ValueError(f"--axes-2d zyx needs isotropic voxels; {run.run_dir} predicts at {list(vs)} nm")
+    if set(run.cfg.data.slice_axes) != {"z", "y", "x"}:
+        log.warning("%s trained on slices across %s only; predicting across z, y and x anyway", run.run_dir,
+                    list(run.cfg.data.slice_axes))
+    return ("z", "y", "x")
+
+
+def _transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
+    spec = run.meta.get("model", {})
+    model_spec = getattr(run.model, "spec", None)
+    flip = spec.get("tta_axes", model_spec.tta_axes if model_spec else ())
+    swap = spec.get("tta_transpose_axes", model_spec.tta_transpose_axes if model_spec else ())
+    return tta.transforms(run.spatial_dims, flip, n, transpose_axes=swap)
+
+
+def _provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transform], axes: Sequence[str],
+                precision: str) -> dict[str, Any]:
+    return {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(run.checkpoint.resolve()),
+            "checkpoint_step": run.step, "weights": run.weights, "model": run.cfg.model.name,
+            "preset": run.cfg.model.preset, "voxel_size_nm": list(run.cfg.data.voxel_size_nm),
+            "patch_shape_vox": list(run.cfg.data.patch_shape_vox), "tta": len(tfms),
+            "tta_transforms": [t.name for t in tfms], "overlap": opts.overlap, "blend": opts.blend,
+            "axes_2d": "".join(axes) if run.spatial_dims == 2 else None, "precision": precision,
+            "dtype": "uint8" if opts.uint8 else "float16", "cellseg_version": cellseg.__version__,
+            "git_commit": run.meta.get("git_commit"), "data_root": opts.data_root or run.cfg.data.root,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def open_store(out: str | Path, run: LoadedRun, provenance: dict[str, Any], *, overwrite: bool) -> PredictionStore:
+    """Create the store, replace it (`overwrite`), or reopen it to add crops when it was written the same way.
+
+    Raises:
+        ValueError: the existing store holds other channels or came from another run/settings (named).
+    """
+    channels = run.channels
+    instance = [c for c in channels if c in run.cfg.data.classes and is_instance(c)]
+    out = Path(out)
+    if out.exists() and not overwrite:
+        store = PredictionStore.create(out, kind="probabilities", channels=channels, instance_channels=instance,
+                                       resume=True)
+        differ = {k: (store.provenance.get(k), provenance[k]) for k in RESUME_KEYS
+                  if store.provenance.get(k) != provenance[k]}
+        if differ:
+            lines = "; ".join(f"{k}: store {a!r}, now {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"{out}: written by another run or with other settings ({lines}); "
+                             "use --overwrite to replace it or choose another --out")
+        return store
+    return PredictionStore.create(out, kind="probabilities", channels=channels, instance_channels=instance,
+                                  provenance=provenance, overwrite=overwrite)
+
+
+def _shard(targets: Sequence[CropTarget], rank: int, world: int) -> list[CropTarget]:
+    """Largest crops first, each to the least loaded rank (the same answer on every rank)."""
+    load = [0.0] * world
+    mine = []
+    for t in sorted(targets, key=lambda t: (-t.volume_nm3, t.name)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        load[r] += t.volume_nm3
+        if r == rank:
+            mine.append(t)
+    return mine
+
+
+def _arrays(probs: np.ndarray, channels: Sequence[str], uint8: bool) -> dict[str, np.ndarray]:
+    return {c: quantise(probs[k]) if uint8 else probs[k].astype(np.float16) for k, c in enumerate(channels)}
+
+
+def _remove_stale_temps(store: PredictionStore, crop: str) -> None:
+    """Temporary folders left by a killed writer of this crop (each crop has one writer in a run)."""
+    for stale in store.path.glob(f".{crop}.tmp-*"):
+        log.info("removing %s (left by an interrupted run)", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictOptions | None = None
+                ) -> list[dict[str, Any]]:
+    """Predict `crops` ("val", "test" or ids) of a run into the store `out`; returns one summary per crop
+    this rank wrote (crops already in the store are skipped). Works the same under torchrun."""
+    from tqdm import tqdm
+
+    opts = opts or PredictOptions()
+    d = runtime.init_distributed(opts.device)
+    try:
+        run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
+        precision = resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
+        axes, tfms = _slice_axes(run, opts.axes_2d), _transforms(run, opts.tta)
+        targets = select_targets(crops, run, data_root=opts.data_root)
+        provenance = _provenance(run, opts, tfms, axes, precision)
+        todo: list[CropTarget] | None = None
+        if d.is_main:
+            store = open_store(out, run, provenance, overwrite=opts.overwrite)
+            done = set(store.completed())
+            todo = [t for t in targets if t.name not in done]
+            if len(todo) < len(targets):
+                log.info("%s: %d of %d crops already complete, skipped", out, len(targets) - len(todo), len(targets))
+        todo = runtime.broadcast_object(todo, d)  # also the barrier: the store exists from here on
+        store = PredictionStore.open(out)
+        mine = _shard(todo or [], d.rank, d.world_size)
+        batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
+        patch = run.cfg.data.patch_shape_vox
+        summaries = []
+        with tqdm(total=len(mine), desc=f"predict (rank {d.rank})" if d.distributed else "predict", unit="crop",
+                  disable=not (opts.progress and d.is_main)) as crop_bar:
+            for target in mine:
+                summaries.append(_predict_one(run, target, store, opts, tfms=tfms, axes=axes, precision=precision,
+                                              batch=batch, patch=patch, rank=d.rank, progress=not crop_bar.disable))
+                crop_bar.write(summaries[-1]["line"])
+                crop_bar.update(1)
+        runtime.barrier(d)
+        return summaries
+    finally:
+        runtime.shutdown_distributed()
+
+
+def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: PredictOptions, *,
+                 tfms: Sequence[tta.Transform], axes: Sequence[str], precision: runtime.Precision, batch: int,
+                 patch: Sequence[int], rank: int, progress: bool) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    cfg = run.cfg
+    started = time.perf_counter()
+    em = target.em()
+    grid = box_grid(target.start_nm, target.stop_nm, em, cfg.data.voxel_size_nm)
+    num_tiles = count_tiles(grid.shape_vox, patch, opts.overlap, axes)
+    with tqdm(total=num_tiles, desc=target.name, unit="tile", leave=False, disable=not progress) as bar:
+        probs = predict_volume(run.model, em, grid, patch_vox=patch, num_outputs=len(run.channels),
+                               device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
+                               blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
+                               pad_value=cfg.data.em_pad_value, on_tiles=bar.update)
+    seconds = time.perf_counter() - started
+    mvox = math.prod(grid.shape_vox) / 1e6
+    _remove_stale_temps(store, target.name)
+    attrs = {"dataset": target.dataset, "split": target.split, "em_url": target.em_url,
+             "context_vox": list(context_margin(patch, axes)), "checkpoint_step": run.step, "tta": len(tfms),
+             "seconds": round(seconds, 3), "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
+             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    store.write_crop(target.name, grid, _arrays(probs, run.channels, opts.uint8), attrs=attrs,
+                     overwrite=opts.overwrite)
+    shape = "×".join(str(n) for n in grid.shape_vox)
+    line = (f"{target.name} ({target.dataset}, {target.split}): {shape} vox at "
+            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {num_tiles} tiles × {len(tfms)} TTA, "
+            f"{seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
+    return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds,
+            "mvox_per_s": mvox / seconds, "line": line}
