@@ -53,12 +53,21 @@ def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None
         if isinstance(params, InstanceParams):
             return segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm, params=params)
         return segment_semantic(prob, voxel_size_nm=voxel_size_nm, params=params)
+    import torch
+
     from cellseg.postprocess.gpu import segment_instances_torch, segment_semantic_torch, to_numpy_ids
 
-    if isinstance(params, InstanceParams):
-        return to_numpy_ids(segment_instances_torch(prob, boundary, voxel_size_nm=voxel_size_nm, params=params,
-                                                    device=device))
-    return segment_semantic_torch(prob, voxel_size_nm=voxel_size_nm, params=params, device=device).cpu().numpy()
+    try:
+        if isinstance(params, InstanceParams):
+            return to_numpy_ids(segment_instances_torch(prob, boundary, voxel_size_nm=voxel_size_nm, params=params,
+                                                        device=device))
+        return segment_semantic_torch(prob, voxel_size_nm=voxel_size_nm, params=params, device=device).cpu().numpy()
+    except torch.OutOfMemoryError:
+        # Same result by construction, only slower: a crop too large for the GPU falls back to the CPU path.
+        log.warning("%s: %s voxels do not fit on %s; using the CPU path", class_name, "×".join(map(str, prob.shape)),
+                    device)
+        torch.cuda.empty_cache()
+        return segment_class(class_name, prob, boundary, voxel_size_nm=voxel_size_nm, params=params, device="cpu")
 
 
 def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -118,7 +127,7 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
     """
     from tqdm import tqdm
 
-    params.check_classes(pred.classes, where=str(pred.path))
+    params.check_classes(pred.classes, store=str(pred.path))
     crops = pred.completed()
     if not crops:
         raise ValueError(f"{pred.path}: no complete crops to post-process")

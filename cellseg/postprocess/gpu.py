@@ -44,33 +44,33 @@ def _index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 - 1 else torch.int64
 
 
-def _shift_reduce(x: torch.Tensor, dim: int, op: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """op over {x[i-1], x[i], x[i+1]} along `dim` (outside the array ignored)."""
-    out = x.clone()
+def lookup(table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`table[labels]` for an int32/int64 label volume, without an int64 copy of the volume."""
+    return torch.index_select(table, 0, labels.reshape(-1)).view(labels.shape)
+
+
+def _reduce_neighbours(out: torch.Tensor, x: torch.Tensor, dim: int, op: Callable[..., torch.Tensor]) -> None:
+    """out[i] ← op(out[i], x[i-1], x[i+1]) along `dim`, in place (outside the array ignored)."""
     n = x.shape[dim]
     if n > 1:
         lo, hi = out.narrow(dim, 0, n - 1), out.narrow(dim, 1, n - 1)
         op(lo, x.narrow(dim, 1, n - 1), out=lo)
         op(hi, x.narrow(dim, 0, n - 1), out=hi)
-    return out
 
 
 def _cube(x: torch.Tensor, op: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """op over each voxel's 3×3×3 neighbourhood (separable)."""
+    """op over each voxel's 3×3×3 neighbourhood (separable: one axis after the other)."""
     for dim in range(3):
-        x = _shift_reduce(x, dim, op)
+        src, x = x, x.clone()
+        _reduce_neighbours(x, src, dim, op)
     return x
 
 
 def _faces(x: torch.Tensor, op: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """op over each voxel and its 6 face neighbours."""
+    """op over each voxel and its 6 face neighbours (every axis reads the original)."""
     out = x.clone()
     for dim in range(3):
-        n = x.shape[dim]
-        if n > 1:
-            lo, hi = out.narrow(dim, 0, n - 1), out.narrow(dim, 1, n - 1)
-            op(lo, x.narrow(dim, 1, n - 1), out=lo)
-            op(hi, x.narrow(dim, 0, n - 1), out=hi)
+        _reduce_neighbours(out, x, dim, op)
     return out
 
 
@@ -130,7 +130,7 @@ def fill_holes(mask: torch.Tensor) -> torch.Tensor:
     for dim in range(3):
         for index in (0, mask.shape[dim] - 1):
             touches[background.select(dim, index).reshape(-1).long()] = True
-    return mask | ~touches[background.long()]
+    return mask | ~lookup(touches, background)
 
 
 def remove_small(labels: torch.Tensor, n: int, min_count: int) -> tuple[torch.Tensor, int]:
@@ -139,10 +139,11 @@ def remove_small(labels: torch.Tensor, n: int, min_count: int) -> tuple[torch.Te
     keep = counts >= max(min_count, 1)
     keep[0] = False
     lut = torch.cumsum(keep, dim=0, dtype=labels.dtype) * keep
-    return lut[labels.long()], int(keep.sum())
+    return lookup(lut, labels), int(keep.sum())
 
 
 def _line_pass(core: torch.Tensor, dim: int, weight: int, window: int, cap: int) -> torch.Tensor:
+    """As `morphology._line_pass`: exact steps to the nearest non-core voxel along `dim`, squared and capped."""
     n = core.shape[dim]
     shape = [1, 1, 1]
     shape[dim] = n
@@ -156,6 +157,7 @@ def _line_pass(core: torch.Tensor, dim: int, weight: int, window: int, cap: int)
 
 
 def _window_pass(f: torch.Tensor, dim: int, weight: int, window: int, cap: int) -> torch.Tensor:
+    """As `morphology._window_pass`: minimum of f(x + k) + (w k)² over |k| ≤ window along `dim`, capped."""
     g = f.clone()
     n = f.shape[dim]
     for k in range(1, min(window, n - 1) + 1):
@@ -179,6 +181,7 @@ def capped_sq_distance(core: torch.Tensor, metric: DistanceMetric, threshold_sq:
 
 
 def _cube_max(ids: torch.Tensor) -> torch.Tensor:
+    """Maximum over each voxel's 3×3×3 neighbourhood (max-pooling for float32, separable for integers)."""
     if ids.dtype == torch.float32:
         return F.max_pool3d(ids[None, None], kernel_size=3, stride=1, padding=1)[0, 0]
     return _cube(ids, torch.maximum)
@@ -209,19 +212,22 @@ def fill_components(region: torch.Tensor, labels: torch.Tensor, n: int) -> tuple
     empty = ids_per_comp == 0
     empty[0] = False
     new_ids = n + torch.cumsum(empty, dim=0)
-    lut = torch.where(ids_per_comp == 1, comp_id, torch.where(empty, new_ids, 0))
+    num_new = int(empty.sum())
+    out_type = _index_dtype(n + num_new + 1)
+    lut = torch.where(ids_per_comp == 1, comp_id, torch.where(empty, new_ids, 0)).to(out_type)
     lut[0] = 0
-    out = lut[comp.long()]
+    out = lookup(lut, comp)
     multi = ids_per_comp >= 2
     if bool(multi.any()):
-        inside = multi[comp.long()]
-        grown = grow(torch.where(inside, labels.long(), 0), inside, n)
-        out = torch.where(inside, grown, out)
-    num_new = int(empty.sum())
-    return out.to(torch.int32 if n + num_new < 2**31 - 1 else torch.int64), n + num_new
+        inside = lookup(multi, comp)
+        grown = grow(torch.where(inside, labels, 0), inside, n)
+        out = torch.where(inside, grown.to(out_type), out)
+    return out, n + num_new
 
 
 def _as_tensor(array: np.ndarray | torch.Tensor, device: torch.device, name: str) -> torch.Tensor:
+    if isinstance(array, np.ndarray) and any(stride < 0 for stride in array.strides):
+        array = array.copy()  # torch cannot view negative strides (numpy keeps them on length-1 axes)
     t = torch.as_tensor(array).to(device)
     if t.ndim != 3 or t.dtype != torch.float32:
         raise ValueError(f"{name}: expected a (z, y, x) float32 array, got {tuple(t.shape)} {t.dtype}")
@@ -271,7 +277,7 @@ def segment_semantic_torch(prob: np.ndarray | torch.Tensor, *, voxel_size_nm: Se
         labels, n = components(mask, 26)
         keep = torch.bincount(labels.view(-1).long(), minlength=n + 1) >= smallest
         keep[0] = False
-        mask = keep[labels.long()]
+        mask = lookup(keep, labels)
     return mask
 
 

@@ -95,21 +95,22 @@ class ParamSet:
     scores: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
     era: str | None = None
     tuned_on: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""  # the file it was loaded from (for messages; not written)
 
     def get(self, class_name: str) -> ClassParams:
         """The parameters of a class (its defaults when the set does not name it)."""
         return self.classes.get(class_name) or default_params(class_name)
 
-    def check_classes(self, available: Sequence[str], *, where: str) -> None:
-        """Every class named here must be one of `available` (the classes of the store being processed).
+    def check_classes(self, available: Sequence[str], *, store: str) -> None:
+        """Every class named here must be one of `available`, the classes of `store` (being processed).
 
         Raises:
-            ValueError: naming the unknown classes and the available ones.
+            ValueError: naming the parameter file, the unknown classes, the store and its classes.
         """
         unknown = sorted(set(self.classes) - set(available))
         if unknown:
-            raise ValueError(f"{where}: parameters name classes {unknown} that {self.tuned_on.get('store', 'the store')}"
-                             f" does not hold; its classes are {list(available)}")
+            raise ValueError(f"{self.source or 'parameters'}: classes {unknown} are not classes of {store} "
+                             f"(its classes are {list(available)})")
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (see the module docstring)."""
@@ -157,7 +158,8 @@ class ParamSet:
         classes, scores = {}, {}
         for name, entry in dict(doc.get("classes") or {}).items():
             classes[name], scores[name] = _parse_class(path, name, entry)
-        return cls(classes=classes, scores=scores, era=doc.get("era"), tuned_on=dict(doc.get("tuned_on") or {}))
+        return cls(classes=classes, scores=scores, era=doc.get("era"), tuned_on=dict(doc.get("tuned_on") or {}),
+                   source=str(path))
 
 
 def _parse_class(path: Path, name: str, entry: Any) -> tuple[ClassParams, dict[str, float | None]]:

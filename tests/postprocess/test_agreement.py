@@ -71,6 +71,22 @@ def test_semantic_identical_on_random_blobs(seed):
     assert np.array_equal(got, expected)
 
 
+@pytest.mark.parametrize("shape", [(5, 6, 7), (1, 30, 30), (1, 1, 40), (1, 1, 1)])
+@pytest.mark.parametrize("fill", ["zeros", "ones", "random"])
+def test_edge_cases_agree(shape, fill):
+    """Empty, full, single-slice (2D) and single-voxel volumes."""
+    prob = {"zeros": np.zeros(shape, np.float32), "ones": np.ones(shape, np.float32),
+            "random": np.random.default_rng(0).random(shape).astype(np.float32)}[fill]
+    boundary = np.ascontiguousarray(prob[::-1])
+    for params in (InstanceParams(), InstanceParams(seed_distance_nm=8.0, min_size_nm3=3 * 64.0),
+                   InstanceParams(fill_holes=False, seed_distance_nm=3.0)):
+        expected = segment_instances(prob, boundary, voxel_size_nm=(4.0, 4.0, 4.0), params=params)
+        got = gpu.segment_instances_torch(prob, boundary, voxel_size_nm=(4.0, 4.0, 4.0), params=params, device="cpu")
+        assert np.array_equal(gpu.to_numpy_ids(got), expected)
+    if fill == "ones":
+        assert expected.max() == 1
+
+
 def test_many_seeds_use_the_integer_growth():
     """More ids than float32 holds exactly would switch the growth to int32; the rule stays the same."""
     labels = torch.zeros((4, 4, 8), dtype=torch.int64)

@@ -78,7 +78,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys):
     params.write_text(json.dumps({"format": "cellseg-postprocess-params", "version": 1,
                                   "classes": {"nuc": {"threshold": 0.3}}}))
     message = error(str(pred.path), "--out", str(tmp_path / "o3"), "--params", str(params))
-    assert "['nuc']" in message and "['mito', 'er']" in message
+    assert f"{params}: classes ['nuc'] are not classes of {pred.path}" in message and "['mito', 'er']" in message
     params.write_text(json.dumps({"format": "cellseg-postprocess-params", "version": 1,
                                   "classes": {"mitochondria": {}}}))
     assert "unknown CellMap class 'mitochondria'" in error(str(pred.path), "--out", str(tmp_path / "o4"),

@@ -77,5 +77,5 @@ def test_param_file_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="not a cellseg post-processing parameter file"):
         (tmp_path / "other.json").write_text("{}")
         ParamSet.load(tmp_path / "other.json")
-    with pytest.raises(ValueError, match=r"\['nuc'\].*classes are \['mito', 'er'\]"):
-        ParamSet({"nuc": InstanceParams()}).check_classes(["mito", "er"], where="pred.zarr")
+    with pytest.raises(ValueError, match=r"\['nuc'\] are not classes of pred.zarr.*\['mito', 'er'\]"):
+        ParamSet({"nuc": InstanceParams()}).check_classes(["mito", "er"], store="pred.zarr")
