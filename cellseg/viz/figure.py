@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap
@@ -65,6 +66,7 @@ def save_png(fig: Figure, path: str | os.PathLike[str], *, overwrite: bool = Fal
     """Render `fig` to a PNG atomically: a temporary file next to `path`, then a rename.
 
     Raises:
+        ValueError: `path` does not end in `.png`.
         FileExistsError: `path` exists and `overwrite` is False.
         FileNotFoundError: the parent directory does not exist.
     """
@@ -86,8 +88,6 @@ def save_png(fig: Figure, path: str | os.PathLike[str], *, overwrite: bool = Fal
 
 def em_colormap() -> Colormap:
     """Grey colour map that shows NaN (outside the imaged volume) in `OUTSIDE_COLOR`."""
-    from matplotlib import colormaps
-
     return colormaps[EM_CMAP].with_extremes(bad=OUTSIDE_COLOR)
 
 

@@ -243,7 +243,7 @@ class TrainingCrop(CropView):
         return self._probe.image(name).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)  # type: ignore[return-value]
 
 
-class TestCrop(CropView):
+class HeldOutCrop(CropView):
     """A test crop: labels from the root's `ground_truth.zarr/crop<N>/<label>` (single-scale arrays with
     `voxel_size` and `translation` attributes), EM from its dataset in the root."""
 
@@ -332,7 +332,7 @@ def open_crop(root: str | os.PathLike[str], crop: int | str) -> CropView:
         return TrainingCrop(catalog, catalog.train[crop_id])
     for version in ("2026", "2025"):
         if crop_id in catalog.tests.get(version, {}):
-            return TestCrop(root, catalog.tests[version][crop_id])
+            return HeldOutCrop(root, catalog.tests[version][crop_id])
     tests = sorted({c for crops in catalog.tests.values() for c in crops})
     raise ValueError(f"crop {crop_id} is not in {root}: training crops {_ids(catalog.train)}"
                      + (f", test crops {_ids(tests)}" if tests else ""))
