@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> dict:
     if not args.no_torch_cpu:
         ids, sec = timed(lambda: segment_instances_torch(prob, boundary, voxel_size_nm=vs, params=params, device="cpu"),
                          args.repeat, lambda: None)
-        record("ours (torch CPU)", to_numpy_ids(ids), sec)
+        record("ours (torch, CPU)", to_numpy_ids(ids), sec)
     ids, sec = timed(lambda: segment_instances(prob, boundary, voxel_size_nm=vs, params=params), args.repeat,
                      lambda: None)
     record("ours (CPU)", ids, sec)
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> dict:
     speedup = {name: rows["baseline"]["seconds"] / rows[name]["seconds"] for name in rows if name != "baseline"}
     return {"size": args.size, "voxel_size_nm": vs, "objects_truth": int(truth.max()),
             "foreground_fraction": float((truth > 0).mean()), "params": params.__dict__,
-            "peak_distance_vox": args.peak_distance, "threads": args.threads, "machine": platform.node(),
+            "peak_distance_vox": args.peak_distance, "threads": args.threads, "cpu_cores": os.cpu_count(), "machine": platform.node(),
             "cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "rows": rows,
             "voxels_differing_from_ours_cpu": agreement, "speedup_vs_baseline": speedup}
 
@@ -201,7 +202,8 @@ def run(args: argparse.Namespace) -> dict:
 def markdown(r: dict) -> str:
     """The results as a Markdown table."""
     lines = [f"### Instance post-processing, {r['size']}³ voxels, {r['objects_truth']} objects "
-             f"({r['foreground_fraction']:.0%} foreground), {r['threads']} CPU threads",
+             f"({r['foreground_fraction']:.0%} foreground); {r['cpu_cores']} CPU cores, torch CPU threads: "
+             f"{r['threads']}",
              "",
              "| pipeline | s | Mvox/s | × baseline | objects | ARI vs truth | mean best IoU | matched ≥ 0.5 | "
              "voxels ≠ ours (CPU) |",
