@@ -1,8 +1,9 @@
 """`cellseg predict`: per-class probabilities of a trained run over crops, into a `PredictionStore`.
 
 Stages, one file each: `load_run` (the run directory alone rebuilds the model: `config.yaml`, `meta.json`,
-`checkpoints/<best|last>.pt`, EMA weights when the run validated with them) → `select_targets` (which crops,
-and the box of each) → `predict_volume` (the engine shared with validation during training) → the store.
+`checkpoints/<best|last>.pt`, EMA weights when the run validated with them) → `select_targets`
+(`cellseg.infer.selection`: which crops, and the box of each) → `predict_volume` (the engine shared with
+validation during training) → the store.
 
 `predict_volume`, for one crop: read the EM over the crop's box on the model's grid plus half a patch of
 context on every side (from the full EM volume; outside it the EM pad value), then the Gaussian-blended
@@ -38,11 +39,9 @@ from cellseg.config import load_run_config
 from cellseg.config.schema import RunConfig
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.classes import is_instance
-from cellseg.data.crops import Catalog, Crop
-from cellseg.data.loader import open_crops
-from cellseg.data.split import SplitEntry, dataset_paths, read_datasplit
 from cellseg.data.targets import CropSource, Grid
 from cellseg.infer import tta
+from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.sliding_window import sliding_window, tile_starts
 from cellseg.infer.store import PredictionStore, quantise
 from cellseg.models import build_model
@@ -51,10 +50,9 @@ from cellseg.train.checkpoint import load as load_checkpoint
 from cellseg.train.setup import resolve_precision
 
 log = logging.getLogger(__name__)
-Vec3 = tuple[float, float, float]
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
 EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
-GPU_ACCUMULATE_FRACTION = 0.25  # blend on the GPU when the sums need at most this share of its free memory
+GPU_ACCUMULATE_FRACTION = 0.25  # blend on the GPU when image + sums need at most this share of its free memory
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
 # Provenance entries that must agree for a re-run to add crops to an existing store.
 RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
@@ -144,154 +142,6 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
                      weights=weights, device=device)
 
 
-# ----------------------------------------------------------------------------------------------- crops
-
-
-@dataclass(frozen=True, kw_only=True)
-class CropTarget:
-    """A crop to predict: where its EM is and its box in world space (nm)."""
-
-    name: str  # crop<N>
-    dataset: str
-    split: str  # "validate", "train" or "test"
-    em_url: str
-    start_nm: Vec3  # lower corner of the box
-    stop_nm: Vec3
-    backend: str = "tensorstore"
-    cache_bytes: int = 256 * 2**20
-
-    def em(self) -> MultiscaleImage:
-        """Open the dataset's EM (uint8).
-
-        Raises:
-            FileNotFoundError: naming the crop and the EM location.
-        """
-        try:
-            return MultiscaleImage(self.em_url, backend=self.backend, expected_dtype="uint8",
-                                   cache_bytes=self.cache_bytes)
-        except (FileNotFoundError, OSError) as err:
-            raise FileNotFoundError(f"{self.name} ({self.dataset}): cannot open its EM at {self.em_url}: "
-                                    f"{err}") from None
-
-    @property
-    def volume_nm3(self) -> float:
-        """The box's volume (to balance crops over ranks)."""
-        return math.prod(b - a for a, b in zip(self.start_nm, self.stop_nm, strict=True))
-
-
-def dataset_of(em_url: str) -> str:
-    """`jrc_hela-2` from `.../jrc_hela-2/jrc_hela-2.zarr/recon-1/em/fibsem-uint8`."""
-    zarr_parts = [p for p in em_url.replace("\\", "/").split("/") if p.endswith(".zarr")]
-    return zarr_parts[-1].removesuffix(".zarr") if zarr_parts else ""
-
-
-def _from_source(crop: CropSource, cfg: RunConfig) -> CropTarget:
-    return CropTarget(name=crop.name, dataset=dataset_of(crop.entry.em_url), split=crop.entry.split,
-                      em_url=crop.entry.em_url, start_nm=crop.start_nm, stop_nm=crop.stop_nm,
-                      backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)
-
-
-def _from_manifest(crop: Crop, split: str, em_url: str, cfg: RunConfig) -> CropTarget:
-    """The union of the boxes of the crop's labels (test crops have no arrays, only these boxes)."""
-    geometries = list(crop.labels.values())
-    start = tuple(float(min(g.start_nm[a] for g in geometries)) for a in range(3))
-    stop = tuple(float(max(g.stop_nm[a] for g in geometries)) for a in range(3))
-    return CropTarget(name=crop.name, dataset=crop.dataset, split=split, em_url=em_url, start_nm=start,  # type: ignore[arg-type]
-                      stop_nm=stop, backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)  # type: ignore[arg-type]
-
-
-def _crop_id(text: str) -> int:
-    try:
-        return int(text.strip().removeprefix("crop"))
-    except ValueError:
-        raise ValueError(f"--crops: {text!r} is not a crop id (use val, test or ids like 12,34)") from None
-
-
-class _Sources:
-    """Where crops come from: the run's datasplit.csv and the data root's catalogue (read once)."""
-
-    def __init__(self, run: LoadedRun, root: str, *, relocate: bool):
-        self.run, self.root, self.relocate = run, root, relocate
-        self._catalog: Catalog | None = None
-
-    def catalog(self) -> Catalog:
-        if self._catalog is None:
-            self._catalog = Catalog.from_dir(self.root)
-        return self._catalog
-
-    def split(self) -> list[SplitEntry]:
-        """The run's split; with another data root (`relocate`), its crops located in that root."""
-        path = self.run.run_dir / "datasplit.csv"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing (it lists the run's validation crops)")
-        entries = read_datasplit(path)
-        if not self.relocate:
-            return entries
-        catalog, out = self.catalog(), []
-        for e in entries:
-            crop = catalog.train.get(_crop_id(e.crop_name))
-            if crop is None:
-                raise ValueError(f"{e.crop_name} of {path} is not in the training manifest of {self.root}")
-            out.append(SplitEntry(split=e.split, em_url=str(catalog.locate(crop.em_url)),
-                                  crop_url=str(catalog.locate(crop.crop_url)), classes=e.classes))
-        return out
-
-    def tests(self) -> dict[int, Crop]:
-        """The data root's test crops, or the official ones for a real-data root without a test manifest."""
-        tests = self.catalog().tests
-        if tests:
-            return dict(tests["2026"] if "2026" in tests else next(iter(tests.values())))
-        return dict(Catalog.official().test("2026"))
-
-    def em_of(self, dataset: str) -> str:
-        """The EM of a dataset: as a training crop of it lists it, else the standard layout under the root."""
-        catalog = self.catalog()
-        for crop in catalog.crops_of(dataset):
-            if crop.em_url:
-                return str(catalog.locate(crop.em_url))
-        return dataset_paths(self.root, dataset)[0]
-
-
-def select_targets(spec: str, run: LoadedRun, *, data_root: str | None = None) -> list[CropTarget]:
-    """The crops of `--crops`: "val" (the run's validation crops), "test" (the data root's test crops) or
-    comma-separated ids (training crops of the datasplit or the catalogue, or test crops).
-
-    Raises:
-        ValueError: a crop id found nowhere (named), or no crop selected.
-    """
-    cfg = run.cfg
-    sources = _Sources(run, data_root or cfg.data.root, relocate=data_root is not None)
-    if spec == "val":
-        targets = [_from_source(c, cfg) for c in open_crops([e for e in sources.split() if e.split == "validate"],
-                                                             cfg.data)]
-        if not targets:
-            raise ValueError(f"{run.run_dir / 'datasplit.csv'}: no validation crop annotates the run's classes")
-        return targets
-    if spec == "test":
-        return [_from_manifest(c, "test", sources.em_of(c.dataset), cfg) for c in sources.tests().values()]
-    wanted = [_crop_id(t) for t in spec.split(",") if t.strip()]
-    if not wanted:
-        raise ValueError("--crops: no crop given (use val, test or ids like 12,34)")
-    split = {_crop_id(e.crop_name): e for e in sources.split()}
-    targets = []
-    for cid in wanted:
-        if cid in split:
-            sources_found = open_crops([split[cid]], cfg.data)
-            if sources_found:
-                targets.append(_from_source(sources_found[0], cfg))
-                continue
-        if cid in sources.catalog().train:
-            crop = sources.catalog().train[cid]
-            targets.append(_from_manifest(crop, "train", str(sources.catalog().locate(crop.em_url)), cfg))
-        elif cid in sources.tests():
-            crop = sources.tests()[cid]
-            targets.append(_from_manifest(crop, "test", sources.em_of(crop.dataset), cfg))
-        else:
-            raise ValueError(f"crop {cid} is in neither the run's datasplit.csv nor the training or test manifest "
-                             f"of {sources.root}")
-    return targets
-
-
 # ----------------------------------------------------------------------------------------------- the engine
 
 
@@ -343,10 +193,12 @@ def count_tiles(shape_vox: Sequence[int], patch_vox: Sequence[int], overlap: flo
     return total
 
 
-def _accumulate_device(device: torch.device, num_outputs: int, shape: Sequence[int]) -> torch.device:
+def _working_device(device: torch.device, num_outputs: int, shape: Sequence[int]) -> torch.device:
+    """Where the image and the blending sums live: the GPU when they fit comfortably, else host memory."""
     if device.type != "cuda":
         return device
-    need = 2 * (num_outputs + 1) * math.prod(shape) * 4  # float32 sums and weights, and the normalised copy
+    # float32: the image, the K sums and the weights, and the normalised copy the window returns
+    need = (1 + 2 * (num_outputs + 1)) * math.prod(shape) * 4
     free, _ = torch.cuda.mem_get_info(device)
     return device if need <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
 
@@ -412,10 +264,10 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
         # A 2D model sees slices across `axis`: predict only the box's slices, moved to the front.
         inner_a = slice(margin[a], margin[a] + grid.shape_vox[a])
         view = image[(slice(None),) * (1 + a) + (inner_a,)] if is_2d else image
-        view = view.movedim(1 + a, 1)
-        accumulate = _accumulate_device(device, num_outputs, view.shape[1:])
+        work = _working_device(device, num_outputs, view.shape[1:])
+        view = view.to(work).movedim(1 + a, 1)
         probs = sliding_window(predict, view, patch_vox=patch_vox, num_outputs=num_outputs, overlap=overlap,
-                               batch_size=batch_size, blend=blend, device=device, accumulate_on=accumulate,
+                               batch_size=batch_size, blend=blend, device=device, accumulate_on=work,
                                pad_value=pad_value / EM_SCALE).movedim(1, 1 + a)
         inner = [slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True)]
         if is_2d:
@@ -454,6 +306,8 @@ class PredictOptions:
             raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.blend not in ("gaussian", "constant"):
+            raise ValueError(f"blend {self.blend!r}: choose 'gaussian' or 'constant'")
         if self.axes_2d not in ("z", "zyx"):
             raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
 
@@ -549,7 +403,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
         precision = resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
         axes, tfms = _slice_axes(run, opts.axes_2d), _transforms(run, opts.tta)
-        targets = select_targets(crops, run, data_root=opts.data_root)
+        targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = _provenance(run, opts, tfms, axes, precision)
         todo: list[CropTarget] | None = None
         if d.is_main:

@@ -18,12 +18,13 @@ from cellseg.data.loader import open_crops
 from cellseg.data.split import read_datasplit
 from cellseg.infer.predict import (
     PredictOptions,
+    count_tiles,
     crop_grid,
     load_run,
     predict_run,
     predict_volume,
-    select_targets,
 )
+from cellseg.infer.selection import select_targets
 from cellseg.infer.store import PredictionStore
 
 INSTANCE = ("mito", "nuc", "ld")
@@ -134,9 +135,9 @@ def test_run_without_checkpoint_is_a_clear_error(tiny_run, tmp_path, capsys):
 def test_unknown_crop_id_is_named(tiny_run, tmp_path, capsys):
     run = load_run(tiny_run)
     with pytest.raises(ValueError, match="crop 999 is in neither"):
-        select_targets("1,999", run)
+        select_targets("1,999", run.cfg, tiny_run)
     with pytest.raises(ValueError, match="'mito' is not a crop id"):
-        select_targets("mito", run)
+        select_targets("mito", run.cfg, tiny_run)
     assert cli(["predict", str(tiny_run), "--crops", "999", "--out", str(tmp_path / "p.zarr")]) == 2
     assert "crop 999" in capsys.readouterr().err
     assert not (tmp_path / "p.zarr").exists()
@@ -222,3 +223,36 @@ def test_gpu_bf16_matches_cpu(tiny_run, tmp_path):
         assert a.grid(c) == b.grid(c)
         for ch in a.channels:
             np.testing.assert_allclose(b.read(c, ch), a.read(c, ch), atol=0.03)
+
+
+def test_ema_weights_are_used_when_the_checkpoint_has_them(tiny_run, tmp_path):
+    # The trainer validates with the EMA weights when it keeps them (`Setup.eval_model`): so must predict.
+    run_dir = tmp_path / "ema_run"
+    shutil.copytree(tiny_run, run_dir)
+    path = run_dir / "checkpoints" / "best.pt"
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["ema"] = {k: (v.float() * 0.5 if v.dtype.is_floating_point else v.clone()) for k, v in ckpt["model"].items()}
+    torch.save(ckpt, path)
+    run = load_run(run_dir)
+    assert run.weights == "ema"
+    for key, value in run.model.state_dict().items():
+        torch.testing.assert_close(value, ckpt["ema"][key].to(value.dtype), rtol=0, atol=0, msg=key)
+    assert load_run(tiny_run).weights == "model"
+
+
+@pytest.mark.parametrize("patch, axes", [((16, 16, 16), ("z",)), ((1, 16, 16), ("z",)), ((1, 16, 16), ("z", "y", "x"))])
+def test_progress_counts_every_tile(tiny_run, patch, axes):
+    run = load_run(tiny_run)
+    entries = [e for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"]
+    source = open_crops(entries, run.cfg.data)[0]
+    grid = crop_grid(source, run.cfg.data.voxel_size_nm)
+    seen = []
+
+    def model(batch):  # a stand-in network of any dimensionality: one constant output channel
+        return torch.zeros((batch.shape[0], 1, *batch.shape[2:]))
+
+    probs = predict_volume(model, source.em(), grid, patch_vox=patch, num_outputs=1, device=torch.device("cpu"),
+                           precision="fp32", overlap=0.5, batch_size=5, slice_axes=axes, on_tiles=seen.append)
+    assert sum(seen) == count_tiles(grid.shape_vox, patch, 0.5, axes)
+    assert probs.shape == (1, *grid.shape_vox)
+    assert np.all(probs == 0.5)  # sigmoid(0), blended exactly
