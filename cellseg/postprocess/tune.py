@@ -12,8 +12,9 @@ Search (small on purpose: validation sets are small, a fine grid would fit their
 - semantic: the threshold over `SEMANTIC_THRESHOLDS`;
 - instance: coordinate search, one parameter at a time with the others at their current best, in the
   order use_boundary (when the store has a boundary channel) → threshold → seed distance → minimum size →
-  threshold again. Seed distances are multiples of the coarsest voxel edge of the tuning crops, minimum
-  sizes are cubes of a few voxels (`SEED_STEPS`, `SIZE_EDGES`).
+  threshold again. Both scales follow the class's truth objects, since what matters is the size of an
+  object, not of a voxel: seed distances are fractions of the median equivalent radius of the truth
+  objects (`SEED_FRACTIONS`, nm), minimum sizes fractions of their median volume (`SIZE_FRACTIONS`, nm³).
 A candidate replaces the current setting only when it scores strictly higher, so ties keep the defaults.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +47,8 @@ from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet, Se
 log = logging.getLogger(__name__)
 SEMANTIC_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 INSTANCE_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
-SEED_STEPS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0)  # seed distances, in coarsest voxel edges of the tuning crops
-SIZE_EDGES = (0, 2, 3, 4, 5)  # minimum sizes: cubes of this many voxels (of the largest voxel volume)
+SEED_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6)  # seed distances, × the median truth object radius
+SIZE_FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.25)  # minimum sizes, × the median truth object volume
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class _Search:
         self.cache: dict[ClassParams, float] = {}
 
     def score(self, params: ClassParams) -> float:
+        """The class score of one setting (computed on first request)."""
         if params not in self.cache:
             self.cache[params] = score_samples(self.class_name, self.samples, params, era=self.era, device=self.device)
             self.on_score()
@@ -121,22 +124,33 @@ def tune_class(class_name: str, samples: Sequence[Sample], *, era: str, device: 
     if isinstance(default, SemanticParams):
         best = search.sweep(best, "threshold", SEMANTIC_THRESHOLDS)
     else:
-        coarsest = max(max(s.voxel_size_nm) for s in samples)
-        volume = max(float(np.prod(s.voxel_size_nm)) for s in samples)
+        volume = median_object_volume_nm3(samples)
+        radius = (3 * volume / (4 * math.pi)) ** (1 / 3)
         if any(s.boundary is not None for s in samples):
             best = search.sweep(best, "use_boundary", (True, False))
         best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
-        best = search.sweep(best, "seed_distance_nm", [k * coarsest for k in SEED_STEPS])
-        best = search.sweep(best, "min_size_nm3", [float(e**3) * volume for e in SIZE_EDGES])
-        best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
+        if volume > 0:
+            best = search.sweep(best, "seed_distance_nm", [round(f * radius, 3) for f in SEED_FRACTIONS])
+            best = search.sweep(best, "min_size_nm3", [round(f * volume, 1) for f in SIZE_FRACTIONS])
+            best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
     return best, {"score": search.score(best), "default_score": search.score(default)}
+
+
+def median_object_volume_nm3(samples: Sequence[Sample]) -> float:
+    """Median physical volume of the truth objects over the samples (0 when there are none)."""
+    volumes = []
+    for s in samples:
+        _, counts = np.unique(s.truth[s.truth > 0], return_counts=True)
+        volumes.append(counts * float(np.prod(s.voxel_size_nm)))
+    pooled = np.concatenate(volumes) if volumes else np.zeros(0)
+    return float(np.median(pooled)) if pooled.size else 0.0
 
 
 def num_candidates(class_name: str, has_boundary: bool) -> int:
     """Upper bound on the settings `tune_class` scores (for progress bars)."""
     if not is_instance(class_name):
         return len(SEMANTIC_THRESHOLDS) + 1
-    return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_STEPS) + len(SIZE_EDGES)
+    return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_FRACTIONS) + len(SIZE_FRACTIONS)
 
 
 def split_entry(catalog: Catalog, crop_id: int) -> SplitEntry:
