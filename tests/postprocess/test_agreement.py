@@ -101,11 +101,13 @@ def test_many_seeds_use_the_integer_growth():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_identical_to_cpu():
-    import sys
+    import importlib.util
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-    from postprocess import make_volume
+    spec = importlib.util.spec_from_file_location("bench_postprocess", Path(__file__).parents[2] / "bench" / "postprocess.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    make_volume = bench.make_volume
 
     for seed in range(12):
         prob, boundary, vs, params = _case(seed)
