@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--crops", required=True, metavar="val|test|IDS",
                         help="val: the run's validation crops (run_dir/datasplit.csv); test: the data root's test "
                              "crops (their boxes); or comma-separated crop ids, e.g. 12,34")
-    parser.add_argument("--out", required=True, help="prediction store to write (PRED.zarr)")
+    parser.add_argument("--out", required=True, metavar="PRED.zarr", help="prediction store to write")
     parser.add_argument("--tta", type=int, default=8, choices=(1, 8),
                         help="test-time transforms averaged per tile (default 8; 1 = none)")
     parser.add_argument("--overlap", type=float, default=0.5,

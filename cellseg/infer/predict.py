@@ -24,6 +24,7 @@ import datetime
 import json
 import logging
 import math
+import pickle
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -125,7 +126,12 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
         raise ValueError(f"{run_dir / 'meta.json'}: channels {meta.get('channels')} do not match the config's "
                          f"{cfg.data.num_target_channels} output channels")
     path = _checkpoint_path(run_dir, checkpoint)
-    ckpt = load_checkpoint(path)
+    try:
+        ckpt = load_checkpoint(path)
+    except (RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:  # truncated or not a torch file
+        raise ValueError(f"{path}: not a readable checkpoint ({err})") from None
+    if "model" not in ckpt or "step" not in ckpt:
+        raise ValueError(f"{path}: not a cellseg checkpoint (no 'model' weights or 'step')")
     model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **cfg.model.params)
     # Validation during training used the EMA weights when the run kept them (`Setup.eval_model`): so do we.
     weights = "ema" if ckpt.get("ema") is not None else "model"

@@ -128,6 +128,9 @@ def test_run_without_checkpoint_is_a_clear_error(tiny_run, tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="--checkpoint last"):
         load_run(bare)
     assert load_run(bare, "last").step == 4
+    (bare / "checkpoints" / "best.pt").write_bytes(b"truncated")
+    with pytest.raises(ValueError, match=r"best\.pt: not a readable checkpoint"):
+        load_run(bare)
     assert cli(["predict", str(tmp_path / "nowhere"), "--crops", "val", "--out", str(tmp_path / "p.zarr")]) == 2
     assert "config.yaml: missing" in capsys.readouterr().err
 
