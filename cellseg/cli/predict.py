@@ -46,14 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Predict and print one summary line per crop."""
+    """Predict; one summary line per crop is printed."""
     from cellseg.infer.predict import PredictOptions, predict_run
 
     opts = PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
                           batch_size=args.batch_size, device=args.device, uint8=args.uint8,
                           overwrite=args.overwrite, data_root=args.data_root, axes_2d=args.axes_2d,
                           progress=sys.stderr.isatty() and not args.quiet)
-    summaries = predict_run(args.run_dir, args.crops, args.out, opts)
-    if not summaries:
-        print(f"{args.out}: nothing to do (every selected crop is already there; --overwrite to redo)")
+    predict_run(args.run_dir, args.crops, args.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

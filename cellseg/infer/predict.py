@@ -15,7 +15,8 @@ Under torchrun every rank predicts its share of the crops (largest first, to the
 writes them into the same store; rank 0 creates the store first. Crops already complete in the store are
 skipped, so an interrupted run resumes (the store writes each crop atomically).
 
-Shapes: `K` output channels, `C` image channels (1); `ZYX` the crop's grid.
+Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spatial axes, `ZYX` the crop's grid
+(plus context while predicting).
 """
 
 from __future__ import annotations
@@ -254,36 +255,35 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
     is_2d = patch_vox[0] == 1
     axes = list(slice_axes) if is_2d else ["z"]
     margin = context_margin(patch_vox, axes)
-    image = _read_em(em, grid, margin, pad_value)
+    image_CZYX = _read_em(em, grid, margin, pad_value)
     forward = make_forward(model, device=device, precision=precision,
                            channels_last=channels_last and device.type == "cuda")
 
-    def predict(batch: torch.Tensor) -> torch.Tensor:
-        out = tta.tta_predict(forward, batch, tfms)
+    def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
+        out = tta.tta_predict(forward, tiles_BCS, tfms)
         if on_tiles is not None:
-            on_tiles(batch.shape[0])
+            on_tiles(tiles_BCS.shape[0])
         return out
 
-    total: torch.Tensor | None = None
+    total_KZYX: torch.Tensor | None = None
+    inner = [slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True)]
     for axis in axes:
         a = AXIS_INDEX[axis] if is_2d else 0
-        # A 2D model sees slices across `axis`: predict only the box's slices, moved to the front.
-        inner_a = slice(margin[a], margin[a] + grid.shape_vox[a])
-        view = image[(slice(None),) * (1 + a) + (inner_a,)] if is_2d else image
+        # A 2D model sees slices across `axis`: only the box's slices are predicted, moved to the front
+        # (the window cuts (1, H, W) tiles across the first spatial axis).
+        view = image_CZYX[(slice(None),) * (1 + a) + (inner[a],)] if is_2d else image_CZYX
         work = _working_device(device, num_outputs, view.shape[1:])
         view = view.to(work).movedim(1 + a, 1)
         probs = sliding_window(predict, view, patch_vox=patch_vox, num_outputs=num_outputs, overlap=overlap,
                                batch_size=batch_size, blend=blend, device=device, accumulate_on=work,
                                pad_value=pad_value / EM_SCALE).movedim(1, 1 + a)
-        inner = [slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True)]
-        if is_2d:
-            inner[a] = slice(None)
-        probs = probs[(slice(None), *inner)].cpu()
-        total = probs if total is None else total.add_(probs)
-    assert total is not None
+        keep = [slice(None) if is_2d and d == a else inner[d] for d in range(3)]
+        probs_KZYX = probs[(slice(None), *keep)].cpu()
+        total_KZYX = probs_KZYX if total_KZYX is None else total_KZYX.add_(probs_KZYX)
+    assert total_KZYX is not None
     if len(axes) > 1:
-        total /= len(axes)
-    return total.numpy()
+        total_KZYX /= len(axes)
+    return total_KZYX.numpy()
 
 
 # ----------------------------------------------------------------------------------------------- the command
@@ -417,7 +417,8 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
             done = set(store.completed())
             todo = [t for t in targets if t.name not in done]
             if len(todo) < len(targets):
-                log.info("%s: %d of %d crops already complete, skipped", out, len(targets) - len(todo), len(targets))
+                print(f"{out}: {len(targets) - len(todo)} of {len(targets)} crops already complete, skipped"
+                      + ("" if todo else " (nothing to do; --overwrite to redo them)"))
         todo = runtime.broadcast_object(todo, d)  # also the barrier: the store exists from here on
         store = PredictionStore.open(out)
         mine = _shard(todo or [], d.rank, d.world_size)
