@@ -4,8 +4,9 @@ For each validation crop: predict its annotated box at the training voxel size w
 `cellseg predict` (`cellseg.infer.predict.predict_volume`: half a patch of EM context on every side, the
 Gaussian-blended sliding window, no test-time augmentation), threshold, and score
 every class annotated in the crop against its truth on the same grid with the official per-crop
-scoring of that era (`cellseg.eval`), only inside the annotated box. Instance classes are split with
-their boundary channel (components of `mask − boundary`, grown back into the mask) before scoring.
+scoring of that era (`cellseg.eval`), only inside the annotated box. Instance classes become objects with
+the post-processing of `cellseg postprocess` at its default parameters (`cellseg.postprocess`: seeds from the
+mask minus the boundary channel, seeded growth back into the mask, holes filled) before scoring.
 Per-crop scores are combined exactly as the leaderboard of that era combines them.
 """
 
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from skimage.segmentation import expand_labels
 
 from cellseg.config.schema import RunConfig
 from cellseg.data.classes import is_instance
@@ -28,19 +28,11 @@ from cellseg.eval.instance_2026 import score_instance_2026
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 from cellseg.infer.predict import crop_grid, predict_volume
+from cellseg.postprocess.instances import segment_instances
+from cellseg.postprocess.params import InstanceParams
 from cellseg.train import runtime
 
 log = logging.getLogger(__name__)
-GROW_BACK_VOX = 2  # boundary voxels removed before labelling are returned to the nearest object
-
-
-def split_instances(mask: np.ndarray, boundary: np.ndarray | None) -> np.ndarray:
-    """Objects of a mask: components of `mask − boundary` grown back into the mask (26-connectivity)."""
-    core = mask & ~boundary if boundary is not None else mask
-    ids, _ = relabel_26(core)
-    if boundary is not None:
-        ids = expand_labels(ids, distance=GROW_BACK_VOX) * mask
-    return ids
 
 
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
@@ -53,10 +45,11 @@ def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) 
         if not plan.read:
             continue  # not annotated here: nothing to score against
         inside = known[k]
-        pred = (probs[k] > th) & inside
         if is_instance(plan.name):
-            boundary = probs[boundary_of[plan.name]] > th if plan.name in boundary_of else None
-            pred_ids = split_instances(pred, boundary)
+            boundary = probs[boundary_of[plan.name]] if plan.name in boundary_of else None
+            params = InstanceParams(threshold=th, boundary_threshold=th)
+            pred_ids = segment_instances(np.where(inside, probs[k], np.float32(0)), boundary, voxel_size_nm=vs,
+                                         params=params)
             if len(plan.read) == 1:
                 truth = crop.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
             else:
@@ -66,7 +59,7 @@ def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) 
             s = fn(pred_ids, truth, vs)
         else:
             fn = score_semantic_2026 if era == "2026" else score_semantic_2025
-            s = fn(pred, target[k] & inside)
+            s = fn((probs[k] > th) & inside, target[k] & inside)
         scores[plan.name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(vs)}
     return scores
 
