@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.verbose, args.quiet)
     try:
         return int(args.func(args) or 0)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, KeyError, ValueError) as err:
         # User errors: one clear line, no traceback (use -vv for one).
         logging.getLogger("cellseg").debug("traceback", exc_info=True)
         print(f"cellseg {args.command}: error: {err}", file=sys.stderr)
