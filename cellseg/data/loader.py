@@ -16,6 +16,7 @@ import torch
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.augment import GpuAugment
+from cellseg.data.boundary_cache import resolve_cache_dir, warm_boundary_caches
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
 from cellseg.data.sampling import PatchSampler, build_foreground_index
@@ -40,8 +41,10 @@ def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
     crops = []
     for entry in entries:
         try:
+            cache_dir = resolve_cache_dir(cfg.boundary_cache)
             crops.append(CropSource(entry=entry, classes=cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
-                                    boundaries=cfg.instance_boundaries))
+                                    boundaries=cfg.instance_boundaries,
+                                    boundary_cache_dir=str(cache_dir) if cache_dir else None))
         except ValueError as err:  # skipping is what users want here: a split lists crops of every class
             log.info("skipping %s: %s", entry.crop_name, err)
     return crops
@@ -76,6 +79,8 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     if not train:
         raise ValueError(f"no training crop annotates any of {list(data.classes)} (data root {data.root})")
     log.info("%d training and %d validation crops for %d classes", len(train), len(val), len(data.classes))
+    if run_dir is not None and data.instance_boundaries and data.boundary_cache:
+        warm_boundary_caches(train, data.voxel_size_nm)  # rank 0 builds them before the workers start
     index = build_foreground_index(train, data.voxel_size_nm, seed=seed)
     extent = [n * v for n, v in zip(data.patch_shape_vox, data.voxel_size_nm, strict=True)]
     sampler = PatchSampler(train, index, patch_extent_nm=extent, mode=data.sampler,

@@ -29,12 +29,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.classes import all_classes, get_class, is_instance, mutually_exclusive
 from cellseg.data.split import SplitEntry
+
+if TYPE_CHECKING:
+    from cellseg.data.boundary_cache import BoundaryCache
 
 log = logging.getLogger(__name__)
 ALL_OUTSIDE = 255  # pad value of `all` reads: not a CellMap id, so "outside the crop" stays unknown
@@ -108,6 +112,7 @@ class CropSource:
     stop_nm: Vec3 = (0.0, 0.0, 0.0)
     label_voxel_size_nm: Vec3 = (1.0, 1.0, 1.0)
     boundaries: bool = False
+    boundary_cache_dir: str | None = None  # where `boundary_cache` keeps the boundary bits (None: per sample)
     use_all: bool = True
     _images: dict[str, MultiscaleImage] = field(default_factory=dict, repr=False)
 
@@ -141,6 +146,7 @@ class CropSource:
     def __getstate__(self) -> dict[str, object]:
         state = {**self.__dict__, "_images": {}}
         state.pop("_all_tables", None)  # cached_property: recomputed on demand
+        state.pop("_boundary_caches", None)  # reopened in each worker
         return state
 
     def image(self, name: str) -> MultiscaleImage:
@@ -195,10 +201,26 @@ class CropSource:
         if not self.has_all:
             raise ValueError(f"{self.name}: no `all` array, so its targets cannot travel as ids")
         reads = _Reads(self, grid)
+        cached = self._cached_boundaries(grid) if self.aux_classes and self.boundary_cache_dir else None
+        if cached is not None:
+            return self._all_ids(reads), *cached
         shape = (-(-len(self.aux_classes) // 8), *grid.shape_vox)
         tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
         self._boundaries(reads, tbits, kbits, first_channel=0)
         return self._all_ids(reads), tbits, kbits
+
+    def _cached_boundaries(self, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
+        return self._cached_boundaries_for(tuple(grid.voxel_size_nm)).read(grid)
+
+    def _cached_boundaries_for(self, voxel_size_nm: tuple[float, ...]) -> BoundaryCache:
+        """The crop's boundary cache at this voxel size, opened (and built if missing) once per process."""
+        from cellseg.data.boundary_cache import BoundaryCache
+
+        caches = self.__dict__.setdefault("_boundary_caches", {})
+        if voxel_size_nm not in caches:
+            caches[voxel_size_nm] = BoundaryCache(self, voxel_size_nm,  # type: ignore[arg-type]
+                                                  Path(str(self.boundary_cache_dir)))
+        return caches[voxel_size_nm]
 
     @property
     def lookup_tables(self) -> tuple[np.ndarray, np.ndarray]:
