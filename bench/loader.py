@@ -27,6 +27,7 @@ import torch
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.loader import build_train_data
 
+BOUNDARY_CACHE: list[str | None] = [None]  # set by --boundary-cache
 SHAPES = {"3d": ((128, 128, 128), (8.0, 8.0, 8.0)), "2d": ((1, 256, 256), (8.0, 8.0, 8.0))}
 
 
@@ -75,7 +76,8 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
     """Run one configuration for ~`seconds` after warm-up."""
     patch, vs = SHAPES[shape]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
-                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",), instance_boundaries=boundaries)
+                      slice_axes=("z", "y", "x") if shape == "2d" else ("z",), instance_boundaries=boundaries,
+                      boundary_cache=BOUNDARY_CACHE[0])
     loader_cfg = LoaderConfig(num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
     td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), batch_size=batch, seed=seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -170,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-workers", help="worker counts for the peer (default: --workers)")
     parser.add_argument("--boundaries", choices=["on", "off", "both"], default="on",
                         help="instance-boundary target channels (10 extra id-array reads per 3D sample)")
+    parser.add_argument("--boundary-cache", default=None, metavar="DIR|auto",
+                        help="data.boundary_cache for the runs (default: none, boundaries per sample)")
     parser.add_argument("--no-runs", action="store_true", help="only the RSS measurement")
     args = parser.parse_args(argv)
+    BOUNDARY_CACHE[0] = args.boundary_cache
     if args.synth and not (args.root / "train_crop_manifest.csv").is_file():
         from cellseg.synth import generate
 
