@@ -290,7 +290,7 @@ class TrainConfig:
         compile_probe_steps: steps timed for eager and for compiled when `compile` is "auto".
         device: "auto" (CUDA when available), "cuda" or "cpu".
         activation_checkpointing: recompute activations in backward (less memory); models with a
-            `use_checkpoint` parameter only (the swin models).
+            `use_checkpoint` parameter only (the swin and vit models).
         memory_fraction: share of GPU memory that `batch_size: auto` may fill.
         max_auto_batch: the largest batch `batch_size: auto` tries.
         num_gpus: GPUs per job for the SLURM launchers (informational; torchrun decides the world size).

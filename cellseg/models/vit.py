@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from monai.networks.blocks import Convolution, UnetrBasicBlock, UnetrPrUpBlock
 from timm.models.vision_transformer import Block
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from cellseg.models.base import SegModel
 from cellseg.models.blocks import check_norm, check_positive, norm_spec
@@ -53,6 +54,8 @@ class ViTParams:
             patch's grid (8³ in 3D, 16² in 2D). Other grids are interpolated.
         drop_path_rate: stochastic depth, rising linearly to this value over the blocks.
         norm: decoder norm, ``"batch"`` (default), ``"instance"`` or ``"group"``.
+        use_checkpoint: activation checkpointing of every transformer block in training (the block's
+            activations are recomputed in backward: less memory, about one more forward of compute).
     """
 
     patch_size: int = 16
@@ -64,6 +67,7 @@ class ViTParams:
     pos_embed_grid: int | None = None
     drop_path_rate: float = 0.0
     norm: str = "batch"
+    use_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "hidden_size", "depth", "num_heads", "feature_size"):
@@ -112,6 +116,7 @@ class ViTEncoder(nn.Module):
             for rate in rates
         )
         self.norm = nn.LayerNorm(params.hidden_size, eps=1e-6)
+        self.use_checkpoint = params.use_checkpoint
         n = params.num_levels
         # 0-based indices of the blocks whose outputs feed decoder levels 1 .. n-1.
         self.skip_blocks = tuple(round(params.depth * level / n) - 1 for level in range(1, n))
@@ -139,8 +144,12 @@ class ViTEncoder(nn.Module):
         grid = tuple(embedded_BDG.shape[2:])
         tokens_BND = embedded_BDG.flatten(2).transpose(1, 2) + self.position_embedding(grid)
         outputs_BDG = []
+        recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
         for index, block in enumerate(self.blocks):
-            tokens_BND = block(tokens_BND)
+            if recompute:
+                tokens_BND = checkpoint(block, tokens_BND, use_reentrant=False)
+            else:
+                tokens_BND = block(tokens_BND)
             if index in self.skip_blocks:
                 outputs_BDG.append(_to_grid(tokens_BND, grid))
         outputs_BDG.append(_to_grid(self.norm(tokens_BND), grid))

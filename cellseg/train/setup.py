@@ -120,7 +120,7 @@ def _model_params(cfg: RunConfig) -> dict[str, Any]:
     if cfg.train.activation_checkpointing:
         if "use_checkpoint" not in get_entry(cfg.model.name).param_names():
             raise ValueError(f"train.activation_checkpointing: {cfg.model.name} has no activation checkpointing "
-                             "(the swin models do)")
+                             "(the swin and vit models do)")
         params["use_checkpoint"] = True
     return params
 

@@ -135,3 +135,17 @@ def test_yaml_lists_become_tuples_and_keyword_params_override_the_preset() -> No
 def test_selectable_norms_build_and_run(norm: str) -> None:
     model = _tiny("unet_3d", norm=norm)
     assert model(torch.randn(BATCH, 1, 16, 16, 16)).shape == (BATCH, NUM_CLASSES, 16, 16, 16)
+
+
+@pytest.mark.parametrize("name", ["vit_3d", "swin_3d"])
+def test_activation_checkpointing_gives_the_same_gradients(name: str) -> None:
+    """`use_checkpoint=True` recomputes activations in backward; weights and gradients are unchanged."""
+    grads = []
+    for use in (False, True):
+        torch.manual_seed(0)
+        model = build_model(name, 1, 3, preset="tiny", use_checkpoint=use).train()
+        torch.manual_seed(1)
+        out = model(torch.rand(2, 1, *model.spec.default_patch_vox))
+        (out[0] if isinstance(out, list) else out).square().mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1])
