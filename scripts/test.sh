@@ -10,4 +10,6 @@ ruff check cellseg tests bench scripts
 echo "==> pytest"
 start=$(date +%s)
 python -m pytest "$@"
+echo "==> notebooks (nbmake: each runs top to bottom in a fresh kernel)"
+python -m pytest --nbmake notebooks -p no:cacheprovider -q
 echo "==> test suite finished in $(( $(date +%s) - start )) s"
