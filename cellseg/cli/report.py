@@ -1,0 +1,77 @@
+"""`cellseg report --runs RUN_A RUN_B ... --out REPORT_DIR`: the ablation table of the inference stages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+ORDER = 63  # after evaluate (60), submit (61), validate-submission (62)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `report` sub-command."""
+    parser = subparsers.add_parser(
+        "report",
+        help="ablation table: single model → ensembles → TTA → post-processing, both metric eras",
+        description=textwrap.dedent("""\
+            Measure what each inference stage adds, on crops with truth, in both metric eras, overall and per
+            class:
+              1. best single model (each run alone, no TTA)   2. uniform ensemble   3. weighted ensemble
+              (per-class weights fitted on the tuning crops)   4. + TTA (8 transforms, stage 3's weights)
+              5. + post-processing (parameters tuned on the tuning crops).
+            Stages 1-4 are scored as the official evaluator reads a binary prediction (probability > 0.5,
+            instance classes as 26-connected components), stage 5 with the post-processed masks and ids; each
+            is written as a submission at the truth's geometry and scored with `cellseg evaluate`'s code.
+
+            Writes REPORT_DIR/report.md (tables), report.json (everything) and PNGs (overall and per-class
+            bars, slice overlays), and prints the ablation table. Intermediate stores go to REPORT_DIR/stores
+            and are reused when the report is run again with the same settings (an interrupted report
+            resumes); --overwrite starts over. When the tuning crops are the scored crops (the default for
+            --crops val or ids) the tuned stages are optimistically biased; the report says so, and
+            --tune-crops separates them."""),
+        epilog="examples:\n"
+               "  cellseg report --runs runs/unet_3d runs/resnet_3d --out reports/val\n"
+               "  cellseg report --runs runs/unet_3d runs/unet_2d --out reports/test --crops test --tune-crops val",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
+                        help="`cellseg train` run directories (at least 2, predicting the same classes)")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
+    parser.add_argument("--data-root", metavar="ROOT",
+                        help="data root with the crops and their truth (default: the runs' data.root)")
+    parser.add_argument("--crops", default="val", metavar="val|test|IDS",
+                        help="crops to score: 'val' (default: every run's validation crops), 'test' (a synthetic "
+                             "root's test crops, truth in ROOT/ground_truth.zarr) or ids, e.g. 12,34")
+    parser.add_argument("--tune-crops", metavar="same|val|IDS",
+                        help="training crops the ensemble weights and post-processing are tuned on (default: "
+                             "the scored crops, or 'val' with --crops test)")
+    parser.add_argument("--metric", default="both", choices=("both", "2025", "2026"),
+                        help="scoring eras (default both)")
+    parser.add_argument("--tune-metric", choices=("2025", "2026"),
+                        help="era the weights and parameters are tuned for (default 2026, or the one --metric era)")
+    parser.add_argument("--checkpoint", default="best", metavar="best|last|PATH",
+                        help="checkpoint of each run (default best)")
+    parser.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap of predict (default 0.5)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="prediction, fitting and post-processing device (default: CUDA when available)")
+    parser.add_argument("--slices", type=int, default=2, metavar="N",
+                        help="scored crops drawn as slice overlays (default 2)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over: delete the stores and results of an earlier report in REPORT_DIR")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the report and print its ablation table."""
+    from cellseg.report import ReportOptions, run_report
+    from cellseg.report.render import console
+
+    opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
+                         tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
+                         checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
+                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
+    report = run_report(opts)
+    print(console(report))
+    print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")
+    return 0

@@ -1,0 +1,408 @@
+"""`run_report`: what each inference stage adds, measured on crops with truth, in both metric eras.
+
+Stages (each keeps everything of the one before and changes one thing):
+
+1. best single model: each run predicts alone (`predict_run`, no TTA); the best of them by overall score;
+2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
+3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
+4. + TTA: every run predicts with the 8 test-time transforms, combined with stage 3's weights (refitting
+   them would change two things at once);
+5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
+   (`postprocess_store`).
+
+Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
+classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids.
+
+Layout of REPORT_DIR (intermediate stores are reused on a re-run with the same settings, so an
+interrupted report resumes; `--overwrite` starts over):
+
+    report.md, report.json, *.png      the results
+    report_settings.json               what the stores depend on (runs, crops, data root, tuning era)
+    truth.zarr                         the scored crops' truth in the evaluator's layout
+    stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
+    stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json,
+    stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cellseg.eval.rules import ERAS, Era
+from cellseg.infer.store import PredictionStore
+from cellseg.report.plan import (
+    METRIC_CHOICES,
+    CropPlan,
+    RunInfo,
+    check_runs,
+    data_root_of,
+    plan_crops,
+    settings_doc,
+)
+from cellseg.report.scoring import EraScores, plain_segmentation, score_segmentation
+from cellseg.report.truth import build_truth, truth_labels
+
+log = logging.getLogger(__name__)
+SETTINGS_FILE = "report_settings.json"
+OUTPUTS = ("stores", "truth.zarr", "report.md", "report.json", SETTINGS_FILE)  # what --overwrite removes
+FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
+TTA_TRANSFORMS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What `cellseg report` does (its command-line options).
+
+    Attributes:
+        runs: run directories to compare (at least 2, same classes).
+        out: the report directory.
+        data_root: where crops and truth are read (default: the runs' data root).
+        crops: scored crops: "val", "test" or ids.
+        tune_crops: crops the ensemble weights and post-processing are tuned on: None (the scored crops,
+            or "val" when the scored crops are test crops), "same", "val" or ids.
+        metric: "both", "2025" or "2026": the eras scored.
+        tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
+        checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
+        slices: crops drawn as slice overlays.
+        overwrite: start over (delete the stores of an earlier report in `out`).
+    """
+
+    runs: tuple[str, ...]
+    out: str
+    data_root: str | None = None
+    crops: str = "val"
+    tune_crops: str | None = None
+    metric: str = "both"
+    tune_metric: str | None = None
+    checkpoint: str = "best"
+    overlap: float = 0.5
+    device: str = "auto"
+    slices: int = 2
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRIC_CHOICES:
+            raise ValueError(f"--metric {self.metric!r}: choose one of {METRIC_CHOICES}")
+        if self.tune_metric is not None and self.tune_metric not in ERAS:
+            raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {ERAS}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
+        if self.slices < 0:
+            raise ValueError(f"--slices {self.slices}: must be ≥ 0")
+
+    @property
+    def eras(self) -> tuple[Era, ...]:
+        """The eras scored."""
+        return ERAS if self.metric == "both" else (self.metric,)  # type: ignore[return-value]
+
+    @property
+    def tuning_era(self) -> Era:
+        """The era the weights and post-processing parameters are tuned for."""
+        return self.tune_metric or ("2026" if self.metric == "both" else self.metric)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    """One scored row: a stage or a single model.
+
+    Attributes:
+        key: file-name key ("single_<run>", "uniform", "weighted", "tta", "postprocess").
+        title: row title.
+        store: the probability store it scores (the segmentation store for post-processing).
+        scores: era → scores.
+    """
+
+    key: str
+    title: str
+    store: str
+    scores: dict[str, EraScores]
+
+    def overall(self, era: str) -> float:
+        """Overall score in `era` (NaN when not scored)."""
+        return self.scores[era].overall if era in self.scores else math.nan
+
+
+@dataclass(kw_only=True)
+class Report:
+    """Everything a report computed (rendered by `cellseg.report.render`)."""
+
+    options: ReportOptions
+    runs: list[RunInfo]
+    data_root: Path
+    plan: CropPlan
+    truth: dict[str, list[str]]
+    singles: list[StageResult]
+    best_single: str
+    stages: list[StageResult]
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    weights: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    figures: list[str] = field(default_factory=list)
+
+
+class Layout:
+    """Paths inside the report directory (module docstring)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.stores = root / "stores"
+        self.truth = root / "truth.zarr"
+        self.settings = root / SETTINGS_FILE
+        self.params = self.stores / "postprocess_params.json"
+        self.postprocessed = self.stores / "postprocessed.zarr"
+
+    def predictions(self, run: RunInfo, tta: int) -> Path:
+        """A run's probability store at `tta` transforms."""
+        return self.stores / f"predict_tta{tta}" / f"{run.name}.zarr"
+
+    def ensemble(self, name: str) -> Path:
+        """An ensemble's probability store."""
+        return self.stores / f"ensemble_{name}.zarr"
+
+    def segmentation(self, key: str) -> Path:
+        """A stage's thresholded segmentation."""
+        return self.stores / "segmentation" / f"{key}.zarr"
+
+    def submission(self, key: str) -> Path:
+        """A stage's submission zip at the truth's geometry."""
+        return self.stores / "submissions" / f"{key}.zip"
+
+
+class Timings:
+    """Log a line when each step starts and record how long it took."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def step(self, name: str, *, resumed: bool = False) -> Iterator[None]:
+        """Time one step (a log line at its start and end); `resumed`: its outputs existed before."""
+        log.info("==> %s%s", name, " (resuming)" if resumed else "")
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        self.rows.append({"step": name, "seconds": round(seconds, 2), "resumed": resumed})
+        log.info("    %s: %.1f s", name, seconds)
+
+
+# --------------------------------------------------------------------------------------------- the directory
+
+
+def _remove_outputs(root: Path) -> None:
+    for name in OUTPUTS:
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for pattern in FIGURE_PATTERNS:
+        for png in root.glob(pattern):
+            png.unlink()
+
+
+def prepare_dir(layout: Layout, settings: dict[str, Any], *, overwrite: bool) -> bool:
+    """Create the report directory, or reopen one made with the same settings; True when resuming.
+
+    Raises:
+        ValueError: the directory holds something else, or a report made with other settings (without
+            `overwrite`).
+    """
+    root = layout.root
+    if root.exists() and any(root.iterdir()) and not layout.settings.is_file():
+        # Even with --overwrite: only an earlier report is ever deleted, never a directory of other things.
+        raise ValueError(f"{root} exists and is not a cellseg report directory (no {SETTINGS_FILE}); choose another "
+                         "--out")
+    if overwrite and root.exists():
+        _remove_outputs(root)
+    if layout.settings.is_file():
+        old = json.loads(layout.settings.read_text())
+        differ = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if differ:
+            lines = "; ".join(f"{k}: then {old.get(k)!r}, now {settings.get(k)!r}" for k in differ)
+            raise ValueError(f"{root}: holds a report made with other settings ({lines}); pass --overwrite to "
+                             "start over or choose another --out")
+        log.info("%s: resuming (stores of the earlier run with the same settings are reused)", root)
+        return True
+    layout.stores.mkdir(parents=True, exist_ok=True)
+    _write_text(layout.settings, json.dumps(settings, indent=2) + "\n")
+    return False
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------- stages
+
+
+def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int
+                ) -> list[Path]:
+    """Every run's predictions of every crop the report needs (a finished store is only checked)."""
+    from cellseg.infer.predict import PredictOptions, predict_run
+
+    stores = []
+    for run in runs:
+        out = layout.predictions(run, tta)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        popts = PredictOptions(tta=tta, overlap=opts.overlap, checkpoint=opts.checkpoint, device=opts.device,
+                               data_root=opts.data_root, progress=opts.progress)
+        predict_run(run.run_dir, ",".join(plan.predicted), out, popts)
+        stores.append(out.resolve())
+    return stores
+
+
+def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> PredictionStore:
+    """`cellseg.infer.ensemble.ensemble` into `out`, or the store already there from the same members.
+
+    Raises:
+        ValueError: `out` exists but was made from other members.
+    """
+    from cellseg.infer.ensemble import ensemble
+
+    if out.exists():
+        store = PredictionStore.open(out)
+        recorded = [m.get("path") for m in store.provenance.get("ensemble", {}).get("members", [])]
+        if recorded != [str(m) for m in members]:
+            raise ValueError(f"{out}: an ensemble of {recorded}, not of {[str(m) for m in members]}; pass --overwrite")
+        log.info("reusing %s", out)
+        return store
+    return ensemble([str(m) for m in members], out, **kwargs).store
+
+
+def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropPlan, *, era: Era, device: str,
+                 progress: bool) -> Any:
+    """Post-processing parameters tuned on the tuning crops (or read back from an earlier run)."""
+    from cellseg.postprocess.params import ParamSet
+    from cellseg.postprocess.tune import tune_store
+
+    if layout.params.is_file():
+        params = ParamSet.load(layout.params)
+        if params.era != era or list(params.tuned_on.get("crops", [])) != list(plan.tuning):
+            raise ValueError(f"{layout.params}: tuned for {params.era} on {params.tuned_on.get('crops')}, not for "
+                             f"{era} on {list(plan.tuning)}; pass --overwrite")
+        log.info("reusing %s", layout.params)
+        return params
+    params = tune_store(store, root, crops=list(plan.tuning), era=era, device=device, progress=progress)
+    params.save(layout.params)
+    return params
+
+
+def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: CropPlan, opts: ReportOptions,
+           *, segmented: bool = False) -> StageResult:
+    seg = store if segmented else plain_segmentation(store, layout.segmentation(key), plan.scored,
+                                                     progress=opts.progress)
+    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, progress=opts.progress)
+    return StageResult(key=key, title=title, store=str(store.path), scores=scores)
+
+
+def _best(singles: Sequence[StageResult], era: str) -> StageResult:
+    return max(singles, key=lambda s: -math.inf if math.isnan(s.overall(era)) else s.overall(era))
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The stores the stages produced (module docstring)."""
+
+    singles: list[Path]  # each run without TTA
+    uniform: PredictionStore
+    weighted: PredictionStore
+    with_tta: PredictionStore
+    postprocessed: PredictionStore
+    params: Any  # the tuned `ParamSet`
+
+
+def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
+                timings: Timings) -> Stores:
+    """Predict, ensemble and post-process: every store of stages 1-5 (reusing finished ones)."""
+    from cellseg.infer.ensemble import WEIGHTS_FILE
+    from cellseg.infer.ensemble_fit import FitOptions
+    from cellseg.postprocess.apply import postprocess_store, resolve
+
+    era, n = opts.tuning_era, len(plan.predicted)
+    with timings.step(f"1. single models: predict {n} crops, no TTA",
+                      resumed=any(layout.predictions(r, 1).exists() for r in runs)):
+        tta1 = predict_all(runs, layout, plan, opts, tta=1)
+    with timings.step("2. uniform ensemble", resumed=layout.ensemble("uniform").exists()):
+        uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
+    with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
+                      resumed=layout.ensemble("weighted").exists()):
+        weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
+                                 val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
+                                 progress=opts.progress)
+    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms",
+                      resumed=any(layout.predictions(r, TTA_TRANSFORMS).exists() for r in runs)):
+        tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
+        with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weighted.path / WEIGHTS_FILE,
+                                 progress=opts.progress)
+    device = resolve(opts.device)
+    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric) and apply",
+                      resumed=layout.params.exists()):
+        params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress)
+        segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
+                                      progress=opts.progress)
+    return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
+                  params=params)
+
+
+def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions
+                 ) -> tuple[list[StageResult], list[StageResult]]:
+    """(single models, stages 1-5), each scored in every era."""
+    singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
+               for r, p in zip(runs, stores.singles, strict=True)]
+    best = _best(singles, opts.tuning_era)
+    stages = [StageResult(key=best.key, title=f"1. best single model: {best.title}", store=best.store,
+                          scores=best.scores),
+              _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
+              _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
+              _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
+              _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
+                     segmented=True)]
+    return singles, stages
+
+
+def run_report(opts: ReportOptions) -> Report:
+    """Run every stage (module docstring), score it, and write report.md, report.json and the figures.
+
+    Raises:
+        ValueError, FileNotFoundError: bad runs, crops or report directory (checked before any prediction).
+    """
+    from cellseg.infer.ensemble import WEIGHTS_FILE
+    from cellseg.report.figures import write_figures
+    from cellseg.report.render import write_reports
+
+    runs = check_runs(opts.runs, checkpoint=opts.checkpoint, data_root=opts.data_root)
+    root = data_root_of(runs, opts.data_root)
+    plan = plan_crops(runs, root, crops=opts.crops, tune_crops=opts.tune_crops, explicit_root=opts.data_root)
+    layout = Layout(Path(opts.out))
+    prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint, tune_metric=opts.tuning_era,
+                                     overlap=opts.overlap), overwrite=opts.overwrite)
+    log.info("report on %d runs (%s); scored crops: %s; tuning crops: %s", len(runs),
+             ", ".join(r.name for r in runs), ", ".join(plan.scored), ", ".join(plan.tuning))
+    timings = Timings()
+    with timings.step("truth of the scored crops (evaluator layout)", resumed=layout.truth.is_dir()):
+        truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
+            layout.truth, plan.scored, runs[0].classes, root)
+    stores = make_stores(runs, root, plan, layout, opts, timings)
+    with timings.step(f"scoring {len(runs) + 4} predictions in {', '.join(opts.eras)}"):
+        singles, stages = score_stages(runs, stores, layout, plan, opts)
+    report = Report(options=opts, runs=runs, data_root=root, plan=plan, truth=truth, singles=singles,
+                    best_single=stages[0].key.removeprefix("single_"), stages=stages, timings=timings.rows,
+                    weights=json.loads((stores.weighted.path / WEIGHTS_FILE).read_text()),
+                    params=stores.params.to_json())
+    with timings.step("figures"):
+        report.figures = write_figures(report, layout.root, progress=opts.progress)
+    write_reports(report, layout.root)
+    return report

@@ -1,0 +1,320 @@
+"""What a report compares and where it reads: the runs, the crops it scores and tunes on, the data root.
+
+Everything is checked before any prediction starts, so a bad input fails in a second with a message that
+names the run directory or crop:
+
+- every run directory has `config.yaml`, `meta.json` and the requested checkpoint;
+- at least two runs (the ablation is about ensembles), no run twice, and all predicting the same classes
+  (the uniform and weighted ensembles average class by class);
+- one data root: `--data-root`, else the one every run was trained on;
+- scored crops (`--crops`): "val" = the validation crops of every run (the crops each run's validation
+  scored during training), "test" = the data root's test crops with truth in `ground_truth.zarr`
+  (synthetic roots), or ids of either;
+- tuning crops (`--tune-crops`, the ensemble weights and the post-processing parameters): training crops
+  with labels; by default the scored crops themselves (biased, and the report says so), or the runs'
+  validation crops when the scored crops are test crops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cellseg.config import load_run_config
+from cellseg.config.schema import RunConfig
+from cellseg.data.crops import Catalog
+from cellseg.data.split import read_datasplit
+from cellseg.eval.rules import ERAS
+
+log = logging.getLogger(__name__)
+METRIC_CHOICES = ("both", *ERAS)
+TRUTH_STORE = "ground_truth.zarr"  # test-crop labels of a (synthetic) data root, in the evaluator's layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """One run directory, checked.
+
+    Attributes:
+        run_dir: the resolved run directory.
+        name: a short name unique within the report (the directory name, suffixed on clashes).
+        cfg: the run's resolved config.
+        classes: the classes it predicts, in its channel order.
+        training: crops of its training split (`crop<N>`).
+        validation: crops of its validation split.
+    """
+
+    run_dir: Path
+    name: str
+    cfg: RunConfig
+    classes: tuple[str, ...]
+    training: frozenset[str]
+    validation: tuple[str, ...]
+
+    @property
+    def model(self) -> str:
+        """Registry name of the architecture, and its preset when not the default (`unet_3d tiny`)."""
+        preset = self.cfg.model.preset
+        return self.cfg.model.name + ("" if preset == "default" else f" {preset}")
+
+
+def checkpoint_file(run_dir: Path, checkpoint: str) -> Path:
+    """The checkpoint file `predict` will load: `best`, `last` or a path.
+
+    Raises:
+        FileNotFoundError: it does not exist (the checkpoints present are named).
+    """
+    if checkpoint not in ("best", "last"):
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such checkpoint file")
+        return path
+    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        present = sorted(p.name for p in path.parent.glob("*.pt")) if path.parent.is_dir() else []
+        hint = " (the run never validated: use --checkpoint last)" if checkpoint == "best" and present else ""
+        raise FileNotFoundError(f"{run_dir}: no checkpoint {path.name} in {path.parent} "
+                                f"(present: {', '.join(present) or 'none'}){hint}")
+    return path
+
+
+def check_run(run_dir: str | os.PathLike[str], *, checkpoint: str, name: str,
+              data_root: str | None = None) -> RunInfo:
+    """Check one run directory and read what the report needs from it.
+
+    Raises:
+        FileNotFoundError: no such directory, no config.yaml/meta.json, or no such checkpoint.
+        ValueError: an unreadable config or meta.json.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such run directory")
+    for required in ("config.yaml", "meta.json"):
+        if not (path / required).is_file():
+            raise FileNotFoundError(f"{path / required}: missing (is {path} a `cellseg train` run directory?)")
+    cfg = load_run_config(path / "config.yaml", [f"data.root={data_root}"] if data_root else [])
+    try:
+        json.loads((path / "meta.json").read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path / 'meta.json'}: not JSON ({err.msg})") from None
+    checkpoint_file(path, checkpoint)
+    split = read_datasplit(path / "datasplit.csv") if (path / "datasplit.csv").is_file() else []
+    return RunInfo(run_dir=path.resolve(), name=name, cfg=cfg, classes=tuple(cfg.data.classes),
+                   training=frozenset(e.crop_name for e in split if e.split == "train"),
+                   validation=tuple(e.crop_name for e in split if e.split == "validate"))
+
+
+def unique_names(run_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Directory names, with `-2`, `-3`, ... appended to repeats (`runs/a/unet_3d`, `runs/b/unet_3d`)."""
+    names: list[str] = []
+    for run_dir in run_dirs:
+        base = Path(run_dir).resolve().name or "run"
+        name, k = base, 2
+        while name in names:
+            name, k = f"{base}-{k}", k + 1
+        names.append(name)
+    return names
+
+
+def check_runs(run_dirs: Sequence[str | os.PathLike[str]], *, checkpoint: str = "best",
+               data_root: str | None = None) -> list[RunInfo]:
+    """Check every run and that they can be compared and ensembled (module docstring).
+
+    Raises:
+        ValueError: fewer than two runs, a run given twice, or runs predicting different classes.
+        FileNotFoundError: a run directory or checkpoint that does not exist.
+    """
+    if len(run_dirs) < 2:
+        raise ValueError(f"the ablation compares single models with their ensembles: give at least 2 runs "
+                         f"(got {len(run_dirs)}: {[str(r) for r in run_dirs]})")
+    resolved = [Path(r).resolve() for r in run_dirs]
+    twice = sorted({str(r) for r in resolved if resolved.count(r) > 1})
+    if twice:
+        raise ValueError(f"run directories given more than once: {twice}")
+    runs = [check_run(r, checkpoint=checkpoint, name=n, data_root=data_root)
+            for r, n in zip(run_dirs, unique_names(run_dirs), strict=True)]
+    first = set(runs[0].classes)
+    if any(set(r.classes) != first for r in runs[1:]):
+        listing = "; ".join(f"{r.run_dir} predicts {list(r.classes)}" for r in runs)
+        raise ValueError(f"runs with incompatible classes: every run must predict the same classes to be "
+                         f"ensembled and compared class by class: {listing}")
+    return runs
+
+
+def data_root_of(runs: Sequence[RunInfo], data_root: str | None) -> Path:
+    """`--data-root`, else the data root all runs were trained on.
+
+    Raises:
+        ValueError: the runs name different data roots and none was given.
+    """
+    if data_root:
+        return Path(data_root)
+    roots = {str(r.cfg.data.root) for r in runs}
+    if len(roots) > 1:
+        raise ValueError(f"the runs were trained on different data roots {sorted(roots)}; pass --data-root ROOT")
+    return Path(roots.pop())
+
+
+def crop_name(text: str) -> str:
+    """`12` or `crop12` → `crop12`.
+
+    Raises:
+        ValueError: anything else.
+    """
+    number = str(text).strip().removeprefix("crop")
+    if not number.isdigit():
+        raise ValueError(f"crop {text!r} is not a crop id (use val, test or ids like 12,34)")
+    return f"crop{int(number)}"
+
+
+def sort_key(name: str) -> int:
+    """Numeric order of `crop<N>` names."""
+    return int(name.removeprefix("crop"))
+
+
+def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str]:
+    """The crops every run validates on (and that annotate the runs' classes, as `predict --crops val` picks).
+
+    Raises:
+        ValueError: no crop is in every run's validation split.
+    """
+    from cellseg.infer.selection import select_targets
+
+    per_run = [[t.name for t in select_targets("val", r.cfg, r.run_dir, data_root=data_root)] for r in runs]
+    common = [c for c in per_run[0] if all(c in names for names in per_run[1:])]
+    dropped = sorted({c for names in per_run for c in names} - set(common), key=sort_key)
+    if dropped:
+        log.warning("validation crops not shared by every run, left out (some run trained on them): %s",
+                    ", ".join(dropped))
+    if not common:
+        raise ValueError("no crop is in the validation split of every run: "
+                         + "; ".join(f"{r.run_dir}: {names}" for r, names in zip(runs, per_run, strict=True))
+                         + " (pass --crops IDS)")
+    return sorted(common, key=sort_key)
+
+
+def _has_test_truth(root: Path, name: str) -> bool:
+    return (root / TRUTH_STORE / name).is_dir()
+
+
+def test_crops(catalog: Catalog, root: Path) -> list[str]:
+    """The data root's test crops with truth in `ground_truth.zarr`.
+
+    Raises:
+        ValueError: the root has no test crops with truth (real data: the test labels are hidden).
+    """
+    tests = {c.name for version in catalog.tests.values() for c in version.values()}
+    names = sorted((n for n in tests if _has_test_truth(root, n)), key=sort_key)
+    if not names:
+        raise ValueError(f"{root}: no test crops with truth in {root / TRUTH_STORE} (only synthetic roots have it; "
+                         "use --crops val or training crop ids)")
+    return names
+
+
+def explicit_crops(spec: str, catalog: Catalog, root: Path) -> list[str]:
+    """Comma-separated ids: training crops of the catalogue, or test crops with truth.
+
+    Raises:
+        ValueError: an id that is neither (named), or no id at all.
+    """
+    names = list(dict.fromkeys(crop_name(t) for t in spec.split(",") if t.strip()))
+    if not names:
+        raise ValueError("--crops: no crop given (use val, test or ids like 12,34)")
+    tests = {c.name for version in catalog.tests.values() for c in version.values()}
+    train = {c.name for c in catalog.train.values()}
+    for name in names:
+        if name in train or (name in tests and _has_test_truth(root, name)):
+            continue
+        where = "a test crop without truth in " + str(root / TRUTH_STORE) if name in tests else "not a crop"
+        raise ValueError(f"{name}: {where} of {root} (training crops: {', '.join(sorted(train, key=sort_key))})")
+    return names
+
+
+@dataclass(frozen=True, kw_only=True)
+class CropPlan:
+    """Which crops are scored and which tune the ensemble weights and post-processing.
+
+    Attributes:
+        scored: crops the stages are scored on.
+        tuning: training crops with labels the weights and parameters are fitted on.
+        scored_spec, tuning_spec: how they were asked for ("val", "test", ids, "same").
+        notes: statements about bias, for the report's header.
+    """
+
+    scored: tuple[str, ...]
+    tuning: tuple[str, ...]
+    scored_spec: str
+    tuning_spec: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def predicted(self) -> tuple[str, ...]:
+        """Every crop the models predict: scored, then tuning-only crops."""
+        return tuple(dict.fromkeys((*self.scored, *self.tuning)))
+
+
+def plan_crops(runs: Sequence[RunInfo], root: Path, *, crops: str = "val", tune_crops: str | None = None,
+               explicit_root: str | None = None) -> CropPlan:
+    """Resolve `--crops` and `--tune-crops` and state the biases (module docstring).
+
+    Raises:
+        ValueError: unknown crops, tuning crops that are not training crops with labels.
+    """
+    catalog = Catalog.from_dir(root)
+
+    def resolve(spec: str) -> list[str]:
+        if spec == "val":
+            return validation_crops(runs, explicit_root)
+        if spec == "test":
+            return test_crops(catalog, root)
+        return explicit_crops(spec, catalog, root)
+
+    scored = resolve(crops)
+    tuning_spec = tune_crops or ("val" if crops == "test" else "same")
+    tuning = list(scored) if tuning_spec == "same" else resolve(tuning_spec)
+    train = {c.name for c in catalog.train.values()}
+    not_train = [c for c in tuning if c not in train]
+    if not_train:
+        raise ValueError(f"tuning crops must be training crops with labels in {root}; {not_train} are not "
+                         f"(pass --tune-crops val or training crop ids)")
+    return CropPlan(scored=tuple(scored), tuning=tuple(tuning), scored_spec=crops, tuning_spec=tuning_spec,
+                    notes=tuple(bias_notes(runs, scored, tuning)))
+
+
+def bias_notes(runs: Sequence[RunInfo], scored: Sequence[str], tuning: Sequence[str]) -> list[str]:
+    """Plain statements of what makes the scores optimistic (tuning on scored crops, trained-on crops)."""
+    notes = []
+    shared = [c for c in scored if c in tuning]
+    if shared:
+        notes.append(f"The ensemble weights (stage 3, reused in 4) and the post-processing parameters (stage 5) "
+                     f"were tuned on {len(shared)} of the {len(scored)} crops they are scored on "
+                     f"({', '.join(shared)}): stages 3-5 are optimistically biased against stages 1-2. "
+                     "Pass --tune-crops with other crops for an unbiased comparison.")
+    else:
+        notes.append(f"The ensemble weights and post-processing parameters were tuned on crops that are not "
+                     f"scored ({', '.join(tuning)}): the tuned stages are not biased by the scored crops.")
+    notes.append("The best single model is picked by its score on the scored crops themselves (a mild "
+                 "selection bias in its favour).")
+    for run in runs:
+        trained = [c for c in scored if c in run.training]
+        if trained:
+            notes.append(f"{run.name} was trained on scored crops {', '.join(trained)}: its scores there are "
+                         "optimistic.")
+        tuned = [c for c in tuning if c in run.training]
+        if tuned:
+            notes.append(f"{run.name} was trained on tuning crops {', '.join(tuned)}: weights and parameters "
+                         "tuned on its training data may not transfer to other crops.")
+    return notes
+
+
+def settings_doc(runs: Sequence[RunInfo], root: Path, plan: CropPlan, *, checkpoint: str, tune_metric: str,
+                 overlap: float) -> dict[str, Any]:
+    """The settings the stores under REPORT_DIR/stores depend on (compared on a re-run to allow resuming)."""
+    return {"runs": [str(r.run_dir) for r in runs], "checkpoint": checkpoint, "data_root": str(root.resolve()),
+            "crops": list(plan.scored), "tune_crops": list(plan.tuning), "tune_metric": tune_metric,
+            "overlap": overlap}

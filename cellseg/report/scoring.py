@@ -1,0 +1,118 @@
+"""Scoring one stage: its segmentation, written as a submission at the truth's geometry, through `evaluate`.
+
+A stage without post-processing is scored the way the official evaluator reads a binary prediction:
+`probability > 0.5` per class on the store's grid, and for instance classes the 26-connected components of
+that mask (`cellseg.eval.relabel.relabel_26`, numbered as the evaluators number them). The post-processing
+stage brings its own masks and object ids. Either segmentation store then goes through the same path as a
+real submission: `cellseg.eval.submit.write_submission` brings every (crop, label) of the truth onto the
+truth's grid (nearest neighbour for masks and ids) and `cellseg.eval.score.evaluate` scores it in each era,
+so the only difference between the last two stages is our post-processing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellseg.data.classes import is_instance
+from cellseg.eval.io import open_source
+from cellseg.eval.relabel import relabel_26
+from cellseg.eval.report import to_json
+from cellseg.eval.rules import Era, is_scored_as_instance
+from cellseg.eval.score import evaluate
+from cellseg.eval.submit import write_submission
+from cellseg.eval.validate import crops_from_truth
+from cellseg.infer.store import PredictionStore
+
+log = logging.getLogger(__name__)
+PLAIN_THRESHOLD = 0.5  # the evaluators' threshold for resampled probabilities; also what validation uses
+PLAIN_RULE = "probability > 0.5; instance classes: 26-connected components"
+
+
+def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *,
+                       progress: bool = False) -> PredictionStore:
+    """Threshold a probability store at 0.5 (instance classes: 26-connected components) into a
+    segmentation store of `crops`; crops already written are kept (resume).
+
+    Raises:
+        ValueError: `prob` is not a probability store, lacks a crop, or `out` holds other channels.
+    """
+    from tqdm import tqdm
+
+    if prob.kind != "probabilities":
+        raise ValueError(f"{prob.path}: holds {prob.kind}, expected probabilities")
+    missing = [c for c in crops if c not in prob]
+    if missing:
+        raise ValueError(f"{prob.path}: crops {missing} are not in the store (it holds {prob.completed()})")
+    classes = prob.classes
+    seg = PredictionStore.create(out, kind="segmentation", channels=classes,
+                                 instance_channels=[c for c in classes if is_instance(c)],
+                                 provenance={"source": str(prob.path.resolve()), "rule": PLAIN_RULE},
+                                 resume=out.exists())
+    for crop in tqdm([c for c in crops if c not in seg], desc=f"threshold {prob.path.name}", unit="crop",
+                     disable=not progress, leave=False):
+        arrays = {}
+        for name in classes:
+            mask = prob.read(crop, name) > PLAIN_THRESHOLD
+            arrays[name] = relabel_26(mask)[0].astype(np.uint32) if is_instance(name) else mask
+        seg.write_crop(crop, prob.grid(crop), arrays, attrs={"rule": PLAIN_RULE})
+    return seg
+
+
+@dataclass(frozen=True, kw_only=True)
+class EraScores:
+    """One era's scores of one stage: the summary and the whole evaluation document.
+
+    Attributes:
+        era: "2025" or "2026".
+        overall, instance, semantic: the overall scores (NaN where the era gives none).
+        classes: class → its score (instance: combined score; semantic: IoU).
+        document: `cellseg.eval.report.to_json` of the evaluation (per crop, per class, notes).
+    """
+
+    era: Era
+    overall: float
+    instance: float
+    semantic: float
+    classes: Mapping[str, float]
+    document: Mapping[str, Any]
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def era_scores(doc: Mapping[str, Any]) -> EraScores:
+    """The summary of an evaluation document."""
+    labels = doc["label_scores"]
+    classes = {k: _number(v.get("combined_score" if is_scored_as_instance(k) else "iou"))
+               for k, v in labels.items()}
+    return EraScores(era=doc["metric"], overall=_number(doc["overall_score"]),
+                     instance=_number(doc["overall_instance_score"]), semantic=_number(doc["overall_semantic_score"]),
+                     classes=classes, document=doc)
+
+
+def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras: Sequence[Era], *,
+                       progress: bool = False) -> dict[str, EraScores]:
+    """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era.
+
+    Raises:
+        ValueError: the segmentation lacks labels of the truth (they would score 0 silently).
+    """
+    crops = crops_from_truth(open_source(truth))
+    report = write_submission(seg.path, crops, submission, overwrite=True, progress=progress)
+    if report.missing:
+        raise ValueError(f"{seg.path}: no prediction for {report.missing} of the truth {truth}")
+    out = {}
+    for era in eras:
+        evaluation = evaluate(submission, truth, metric=era, progress=progress)
+        out[era] = era_scores(to_json(evaluation))
+        log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f)", seg.path.name, era, out[era].overall,
+                 out[era].instance, out[era].semantic)
+    return out

@@ -1,0 +1,180 @@
+"""`cellseg report` on the tiny synthetic root with two smoke runs: every stage in both eras, the files it
+writes, its truth and scoring rule, resuming, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from cellseg.cli import main as cli
+from cellseg.data.targets import Grid
+from cellseg.eval.relabel import relabel_26
+from cellseg.infer.store import PredictionStore
+from cellseg.report import ReportOptions, run_report
+from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.scoring import plain_segmentation
+
+STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Fast settings: the smaller test crop scored (truth in ground_truth.zarr), the runs' validation crop tunes;
+# no tile overlap, one overlay crop.
+FAST = ("--crops", "501", "--tune-crops", "val", "--overlap", "0", "--slices", "1", "--device", "cpu")
+
+
+def _options(runs, out, **kw) -> ReportOptions:
+    base = {"crops": "501", "tune_crops": "val", "overlap": 0.0, "slices": 1, "device": "cpu", "progress": False}
+    return ReportOptions(runs=tuple(str(r) for r in runs), out=str(out), **{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def report_dir(report_runs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report"
+    run_report(_options(report_runs, out))
+    return out
+
+
+def _doc(report_dir: Path) -> dict:
+    return json.loads((report_dir / "report.json").read_text())
+
+
+def _unit(value) -> bool:
+    return value is None or (0.0 <= value <= 1.0 and not math.isnan(value))
+
+
+def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
+    doc = _doc(report_dir)
+    names = [r.name for r in report_runs]
+    assert [s["key"] for s in doc["singles"]] == [f"single_{n}" for n in names]
+    assert doc["best_single"] in names
+    assert [s["key"] for s in doc["stages"]] == [f"single_{doc['best_single']}", *STAGE_KEYS]
+    classes = set(doc["runs"][0]["classes"])
+    for stage in doc["stages"] + doc["singles"]:
+        assert set(stage["scores"]) == {"2025", "2026"}
+        for era, s in stage["scores"].items():
+            assert s["evaluation"]["metric"] == era
+            assert all(_unit(s[k]) for k in ("overall", "instance", "semantic")), (stage["key"], era)
+            assert set(s["classes"]) == classes and all(_unit(v) for v in s["classes"].values())
+    assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == ["crop4"]
+    assert "not biased" in doc["bias"][0]  # tuned on a validation crop, scored on the test crops
+
+
+def test_report_markdown_names_stages_eras_and_bias(report_dir):
+    text = (report_dir / "report.md").read_text()
+    for title in ("1. best single model", "2. uniform ensemble", "3. weighted ensemble", "4. + TTA (8×)",
+                  "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 current metric",
+                  "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**"):
+        assert title in text, title
+
+
+def test_pngs_are_written(report_dir):
+    names = ["overall.png", "classes_2025.png", "classes_2026.png", "overlay_crop501_tta.png",
+             "overlay_crop501_postprocessed.png"]
+    for name in names:
+        data = (report_dir / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000, name
+    assert _doc(report_dir)["figures"] == names
+
+
+def test_truth_is_the_held_out_truth_of_the_runs_classes(report_dir, report_runs, tiny_synth_root):
+    import zarr
+
+    classes = check_runs(report_runs)[0].classes
+    for crop in ("crop501",):
+        ours = zarr.open_group(str(report_dir / "truth.zarr" / crop), mode="r")
+        theirs = zarr.open_group(str(tiny_synth_root / "ground_truth.zarr" / crop), mode="r")
+        assert sorted(ours.array_keys()) == sorted(c for c in classes if c in theirs)
+        for label in ours.array_keys():
+            np.testing.assert_array_equal(ours[label][...], theirs[label][...])
+            assert dict(ours[label].attrs) == dict(theirs[label].attrs)
+
+
+def test_plain_stages_threshold_at_half_and_label_26_connected_components(report_dir):
+    prob = PredictionStore.open(report_dir / "stores" / "ensemble_uniform.zarr")
+    seg = PredictionStore.open(report_dir / "stores" / "segmentation" / "uniform.zarr")
+    assert seg.completed() == ["crop501"]  # scored crops only, not the tuning crop
+    for name in prob.classes:
+        mask = prob.read("crop501", name) > 0.5
+        expected = relabel_26(mask)[0] if name in prob.instance_channels else mask
+        np.testing.assert_array_equal(seg.read("crop501", name), expected.astype(seg.read("crop501", name).dtype))
+
+
+def test_plain_segmentation_joins_diagonal_neighbours(tmp_path):
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(4, 4, 4), voxel_size_nm=(8.0, 8.0, 8.0))
+    probs = np.zeros((4, 4, 4), np.float32)
+    probs[0, 0, 0] = probs[1, 1, 1] = 0.9  # corners touch: one object under 26-connectivity
+    probs[3, 3, 3] = 0.6
+    probs[3, 0, 3] = 0.5  # not above 0.5
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=["mito", "er"],
+                                   instance_channels=["mito"])
+    store.write_crop("crop7", grid, {"mito": probs, "er": probs})
+    seg = plain_segmentation(store, tmp_path / "s.zarr", ["crop7"])
+    ids = seg.read("crop7", "mito")
+    assert ids.dtype == np.uint32 and sorted(np.unique(ids).tolist()) == [0, 1, 2]
+    assert ids[0, 0, 0] == ids[1, 1, 1] != ids[3, 3, 3]
+    assert seg.read("crop7", "er").sum() == 3
+
+
+def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
+    store = report_dir / "stores" / "predict_tta8" / f"{report_runs[0].name}.zarr" / "crop501" / ".zattrs"
+    written = store.stat().st_mtime_ns
+    before = _doc(report_dir)["stages"]
+    assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST]) == 0
+    printed = capsys.readouterr().out
+    assert "| stage | 2025 overall" in printed and "5. + post-processing (tuned)" in printed
+    assert store.stat().st_mtime_ns == written
+    doc = _doc(report_dir)
+    assert [t["resumed"] for t in doc["timings"] if t["step"][0].isdigit()] == [True] * 5
+    assert [s["scores"]["2026"]["overall"] for s in doc["stages"]] == [s["scores"]["2026"]["overall"] for s in before]
+
+
+def test_other_settings_in_the_same_directory_need_overwrite(report_dir, report_runs):
+    with pytest.raises(ValueError, match=r"other settings .*tune_crops"):
+        run_report(_options(report_runs, report_dir, tune_crops="1"))
+
+
+def test_a_directory_that_is_not_a_report_is_never_touched(report_runs, tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not a cellseg report directory"):
+        run_report(_options(report_runs, tmp_path, overwrite=True))
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_a_run_without_checkpoint_is_a_clear_error(report_runs, tmp_path, capsys):
+    bare = tmp_path / "no_ckpt"
+    shutil.copytree(report_runs[1], bare, ignore=shutil.ignore_patterns("checkpoints"))
+    assert cli(["report", "--runs", str(report_runs[0]), str(bare), "--out", str(tmp_path / "r"), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert str(bare) in err and "no checkpoint best.pt" in err
+    assert not (tmp_path / "r").exists()  # checked before anything is written
+
+
+def test_runs_with_incompatible_classes_are_a_clear_error(report_runs, tmp_path):
+    other = tmp_path / "other_classes"
+    shutil.copytree(report_runs[1], other)
+    cfg = yaml.safe_load((other / "config.yaml").read_text())
+    cfg["data"]["classes"] = ["mito", "er"]
+    (other / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="incompatible classes") as err:
+        run_report(_options([report_runs[0], other], tmp_path / "r"))
+    assert str(other) in str(err.value) and "['mito', 'er']" in str(err.value)
+
+
+def test_one_run_or_an_unknown_crop_is_refused(report_runs, tmp_path):
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        run_report(_options(report_runs[:1], tmp_path / "r"))
+    with pytest.raises(ValueError, match="crop999: not a crop"):
+        run_report(_options(report_runs, tmp_path / "r", crops="999"))
+
+
+def test_tuning_on_the_scored_crops_is_reported_as_biased(report_runs, tiny_synth_root):
+    runs = check_runs(report_runs)
+    plan = plan_crops(runs, tiny_synth_root, crops="val")
+    assert plan.tuning == plan.scored and "optimistically biased" in plan.notes[0]
+    with pytest.raises(ValueError, match="tuning crops must be training crops"):
+        plan_crops(runs, tiny_synth_root, crops="val", tune_crops="test")
