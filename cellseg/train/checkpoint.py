@@ -125,11 +125,14 @@ class CheckpointKeeper:
 
     def _link_best(self, step: int) -> None:
         best, tmp = self.directory / "best.pt", self.directory / ".best.pt.tmp"
+        source = self.directory / f"step_{step}.pt"
+        if best.exists() and os.path.samefile(best, source):
+            return  # already the best (renaming one hard link onto another would leave `tmp` behind)
         tmp.unlink(missing_ok=True)
         try:
-            os.link(self.directory / f"step_{step}.pt", tmp)
+            os.link(source, tmp)
         except OSError:  # file systems without hard links
-            shutil.copyfile(self.directory / f"step_{step}.pt", tmp)
+            shutil.copyfile(source, tmp)
         os.replace(tmp, best)
 
 
