@@ -6,7 +6,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh" dev
 cd "$CELLSEG_ROOT"
 echo "==> ruff check"
-ruff check cellseg tests bench scripts
+ruff check cellseg tests bench scripts notebooks
 echo "==> pytest"
 start=$(date +%s)
 python -m pytest "$@"
