@@ -146,6 +146,19 @@ class ServerState:
             self.requests.clear()
 
 
+def _wait_until_quiet(state: ServerState, quiet_s: float = 0.5, timeout_s: float = 30.0) -> None:
+    """Return once the server has seen no new request for `quiet_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    seen = -1
+    while time.monotonic() < deadline:
+        with state.lock:
+            now = len(state.requests)
+        if now == seen:
+            return
+        seen = now
+        time.sleep(quiet_s)
+
+
 class Handler(SimpleHTTPRequestHandler):
     state: ServerState
 
@@ -366,6 +379,7 @@ def test_resume_after_killed_download(source_root: Path, server, tmp_path: Path)
         assert file.read_bytes() == (source_root / path.lstrip("/")).read_bytes()
     assert not (tmp_path / "train_crop_manifest.csv").exists()  # an incomplete fetch is not recorded
 
+    _wait_until_quiet(state)  # requests the killed client left in the server's backlog are served first
     state.stall_after, state.stalled = None, 0
     state.release.clear()
     state.reset()
