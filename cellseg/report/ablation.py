@@ -2,7 +2,8 @@
 
 Stages (each keeps everything of the one before and changes one thing):
 
-1. best single model: each run predicts alone (`predict_run`, no TTA); the best of them by overall score;
+1. best single model: each run predicts alone (`predict_run`, no TTA); in each era, the best of them by
+   that era's overall score (the eras may disagree on which run is best);
 2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
 4. + TTA: every run predicts with the 8 test-time transforms, combined with stage 3's weights (refitting
@@ -143,7 +144,7 @@ class Report:
     plan: CropPlan
     truth: dict[str, list[str]]
     singles: list[StageResult]
-    best_single: str
+    best_single: dict[str, str]  # era → run name
     stages: list[StageResult]
     timings: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, Any] = field(default_factory=dict)
@@ -312,6 +313,19 @@ def _best(singles: Sequence[StageResult], era: str) -> StageResult:
     return max(singles, key=lambda s: -math.inf if math.isnan(s.overall(era)) else s.overall(era))
 
 
+def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str]) -> tuple[StageResult, dict[str, str]]:
+    """Stage 1: in each era the scores of that era's best single model; and era → its run name."""
+    best = {era: _best(singles, era) for era in eras}
+    names = {era: s.key.removeprefix("single_") for era, s in best.items()}
+    if len(set(names.values())) == 1:
+        title = f"1. best single model: {best[eras[0]].title}"
+    else:
+        title = "1. best single model (" + "; ".join(f"{era}: {n}" for era, n in names.items()) + ")"
+    stores = dict.fromkeys(s.store for s in best.values())
+    return StageResult(key="best_single", title=title, store=", ".join(stores),
+                       scores={era: s.scores[era] for era, s in best.items()}), names
+
+
 @dataclass(frozen=True)
 class Stores:
     """The stores the stages produced (module docstring)."""
@@ -362,9 +376,8 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     """(single models, stages 1-5), each scored in every era."""
     singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
                for r, p in zip(runs, stores.singles, strict=True)]
-    best = _best(singles, opts.tuning_era)
-    stages = [StageResult(key=best.key, title=f"1. best single model: {best.title}", store=best.store,
-                          scores=best.scores),
+    best, _ = best_single_stage(singles, opts.eras)
+    stages = [best,
               _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
               _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
               _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
@@ -399,7 +412,7 @@ def run_report(opts: ReportOptions) -> Report:
     with timings.step(f"scoring {len(runs) + 4} predictions in {', '.join(opts.eras)}"):
         singles, stages = score_stages(runs, stores, layout, plan, opts)
     report = Report(options=opts, runs=runs, data_root=root, plan=plan, truth=truth, singles=singles,
-                    best_single=stages[0].key.removeprefix("single_"), stages=stages, timings=timings.rows,
+                    best_single=best_single_stage(singles, opts.eras)[1], stages=stages, timings=timings.rows,
                     weights=json.loads((stores.weighted.path / WEIGHTS_FILE).read_text()),
                     params=stores.params.to_json())
     with timings.step("figures"):

@@ -65,7 +65,8 @@ def overall_figure(stages: Sequence[StageResult], eras: Sequence[str]) -> Figure
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(list(positions), [s.title for s in stages])
     axes[0].invert_yaxis()  # stage 1 on top
-    axes[0].legend(loc="lower right", fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(parts), fontsize=7, frameon=False)
     fig.suptitle("Ablation: overall score and its instance / semantic parts", fontsize=10)
     return fig
 

@@ -298,7 +298,7 @@ def bias_notes(runs: Sequence[RunInfo], scored: Sequence[str], tuning: Sequence[
     else:
         notes.append(f"The ensemble weights and post-processing parameters were tuned on crops that are not "
                      f"scored ({', '.join(tuning)}): the tuned stages are not biased by the scored crops.")
-    notes.append("The best single model is picked by its score on the scored crops themselves (a mild "
+    notes.append("The best single model of each era is picked by its score on the scored crops themselves (a mild "
                  "selection bias in its favour).")
     for run in runs:
         trained = [c for c in scored if c in run.training]

@@ -58,14 +58,18 @@ def ablation_table(report: Report) -> list[str]:
 
 
 def singles_table(report: Report) -> list[str]:
-    """One row per run (no TTA, threshold 0.5), the best one marked."""
+    """One row per run (no TTA, threshold 0.5), each era's best overall score in bold."""
     eras = report.options.eras
     header = ["run (model)"] + [f"{e} {part}" for e in eras for part in ("overall", "instance", "semantic")]
     rows = []
     for s in report.singles:
-        mark = " **(best)**" if s.key == f"single_{report.best_single}" else ""
-        rows.append([s.title + mark] + [fmt(getattr(s.scores[e], part)) for e in eras
-                                        for part in ("overall", "instance", "semantic")])
+        name = s.key.removeprefix("single_")
+        row = [s.title]
+        for e in eras:
+            overall = fmt(s.scores[e].overall)
+            row += [f"**{overall}**" if report.best_single.get(e) == name else overall,
+                    fmt(s.scores[e].instance), fmt(s.scores[e].semantic)]
+        rows.append(row)
     return _table(header, rows)
 
 
@@ -120,7 +124,8 @@ def markdown(report: Report) -> str:
     """The whole report.md."""
     lines = [*header_lines(report), "", "## Ablation", "", *ablation_table(report)]
     lines += ["", "In parentheses: the change of the overall score against the row above.", "",
-              "## Single models (no TTA, threshold 0.5)", "", *singles_table(report)]
+              "## Single models (no TTA, threshold 0.5; bold: the best in that era)", "",
+              *singles_table(report)]
     for era in report.options.eras:
         lines += ["", f"## Per class, {ERA_TITLES[era]}", "", *class_table(report, era)]
     timing_rows = [[t["step"], f"{t['seconds']:.1f}", "resumed: earlier outputs reused" if t.get("resumed") else ""]

@@ -51,8 +51,12 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
     doc = _doc(report_dir)
     names = [r.name for r in report_runs]
     assert [s["key"] for s in doc["singles"]] == [f"single_{n}" for n in names]
-    assert doc["best_single"] in names
-    assert [s["key"] for s in doc["stages"]] == [f"single_{doc['best_single']}", *STAGE_KEYS]
+    assert set(doc["best_single"]) == {"2025", "2026"} and set(doc["best_single"].values()) <= set(names)
+    assert [s["key"] for s in doc["stages"]] == ["best_single", *STAGE_KEYS]
+    for era, name in doc["best_single"].items():  # stage 1 holds each era's best single model's scores
+        single = next(s for s in doc["singles"] if s["key"] == f"single_{name}")
+        assert doc["stages"][0]["scores"][era]["overall"] == single["scores"][era]["overall"]
+        assert single["scores"][era]["overall"] == max(s["scores"][era]["overall"] for s in doc["singles"])
     classes = set(doc["runs"][0]["classes"])
     for stage in doc["stages"] + doc["singles"]:
         assert set(stage["scores"]) == {"2025", "2026"}
