@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# The main job end to end on the embedded synthetic data, from a fresh clone (about 10 minutes on 2 CPU cores):
+# The main job end to end on the embedded synthetic data, from a fresh clone (about 6 minutes on 2 CPU cores):
 #   set-up → synthetic `small` dataset → train 3 small models (configs/demo/) → predict the validation and test
 #   crops with 8× TTA → weighted ensemble (weights fitted on the validation crops) → post-processing (parameters
 #   tuned on the validation crops) → submission at the test crops' geometry → validate it → score it in both metric
 #   eras against the held-out truth (leaderboard-style tables) → the ablation table (`cellseg report`).
-# Re-running reuses whatever exists (data, trained runs, predictions, ensemble, ...): delete OUT_DIR to start over.
+# Re-running reuses whatever exists (data, trained runs, predictions, ensemble, ...): delete OUT_DIR to start over
+# (and whenever DEMO_MODELS changes: the ensemble and the report of other models would be reused or refused).
 #   bash scripts/demo.sh [OUT_DIR]          default OUT_DIR=demo_out
 # Environment knobs:
 #   DEMO_MODELS="unet_3d resnet_3d unet_2d"   which configs/demo/<name>.yaml to train (at least 2)
 #   DEMO_DEVICE=auto                          auto (CUDA when present), cpu or cuda
-#   OMP_NUM_THREADS=1                         torch threads on the CPU (see below)
+#   DEMO_PARALLEL=1                           train (and predict with) the models at the same time, one process
+#                                             each (0: one after another, each model's output on the console)
+#   OMP_NUM_THREADS=1                         torch threads per process (see below)
 set -euo pipefail
 DEMO_START=$(date +%s.%N)
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh" ""  # "": no extras (a bare `source` would pass OUT_DIR on)
-# One torch thread: on a 2-core machine that other processes share, OpenMP's spin-waiting threads made training
-# and prediction 7-8x slower with 2 threads than with 1 (measured for the demo); set OMP_NUM_THREADS to override.
+# One torch thread per process, and the models trained side by side to use the cores: on a 2-core machine that
+# other processes share, OpenMP's spin-waiting threads made training and prediction 7-8x slower with 2 threads
+# than with 1 (measured for the demo). Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+PARALLEL="${DEMO_PARALLEL:-1}"
 
 OUT="${1:-$CELLSEG_ROOT/demo_out}"
 DATA="$OUT/data"
@@ -38,10 +43,42 @@ stage() {
   echo "==> $name"
   start=$(date +%s.%N)
   "$@"
-  TIMINGS+=("$(awk -v a="$start" -v b="$(date +%s.%N)" -v n="$name" 'BEGIN { printf "%8.1f s  %s", b - a, n }')")
+  TIMINGS+=("$(seconds_since "$start" "$name")")
   echo "    ${TIMINGS[-1]}"
 }
-TIMINGS+=("$(awk -v a="$DEMO_START" -v b="$(date +%s.%N)" 'BEGIN { printf "%8.1f s  %s", b - a, "set-up" }')")
+
+seconds_since() {  # seconds_since START LABEL → "   12.3 s  LABEL"
+  awk -v a="$1" -v b="$(date +%s.%N)" -v n="$2" 'BEGIN { printf "%8.1f s  %s\n", b - a, n }'
+}
+
+# each_model FUNCTION: FUNCTION MODEL for every model, side by side (DEMO_PARALLEL=1, logs in OUT/logs) or in turn.
+each_model() {
+  local fn="$1" m i failed=0 pids=()
+  if [ "$PARALLEL" != 1 ]; then
+    for m in "${MODELS[@]}"; do "$fn" "$m"; done
+    return
+  fi
+  mkdir -p "$OUT/logs"
+  for m in "${MODELS[@]}"; do
+    (start=$(date +%s.%N); "$fn" "$m"; seconds_since "$start" "$m" > "$OUT/logs/$fn.$m.time") \
+      > "$OUT/logs/$fn.$m.log" 2>&1 &
+    pids+=("$!")
+    echo "$m: started (log: $OUT/logs/$fn.$m.log)"
+  done
+  for i in "${!pids[@]}"; do
+    m="${MODELS[$i]}"
+    if wait "${pids[$i]}"; then
+      grep -h "validation (" "$OUT/logs/$fn.$m.log" | sed "s/^.*INFO *cellseg.train.trainer:/  $m:/" || true
+      echo "  $(cat "$OUT/logs/$fn.$m.time")"
+    else
+      echo "$m FAILED; the end of $OUT/logs/$fn.$m.log:" >&2
+      tail -n 25 "$OUT/logs/$fn.$m.log" >&2
+      failed=1
+    fi
+  done
+  return "$failed"
+}
+TIMINGS+=("$(seconds_since "$DEMO_START" "set-up")")
 
 make_data() {
   if [ -f "$DATA/train_crop_manifest.csv" ]; then echo "reusing $DATA"; return; fi
@@ -109,8 +146,8 @@ ablation() {
 }
 
 stage "synthetic dataset (preset small)" make_data
-for m in "${MODELS[@]}"; do stage "train $m (configs/demo/$m.yaml)" train_model "$m"; done
-for m in "${MODELS[@]}"; do stage "predict $m: validation + test crops, 8x TTA" predict_model "$m"; done
+stage "train ${MODELS[*]} (configs/demo/)" each_model train_model
+stage "predict the validation and test crops with 8x TTA" each_model predict_model
 stage "ensemble: weights fitted on the validation crops" make_ensemble
 stage "post-process: parameters tuned on the validation crops" postprocess
 stage "submission at the test crops' geometry" submit
@@ -119,9 +156,10 @@ stage "leaderboard: score the submission in both eras" leaderboard
 stage "ablation report (test crops scored, validation crops tuned)" ablation
 
 echo
-echo "==> timings ($(getconf _NPROCESSORS_ONLN) CPU cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, device $DEVICE)"
+echo "==> timings ($(getconf _NPROCESSORS_ONLN) CPU cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, DEMO_PARALLEL=$PARALLEL," \
+  "device $DEVICE)"
 printf '%s\n' "${TIMINGS[@]}" | tee "$OUT/timings.txt"
-awk -v a="$DEMO_START" -v b="$(date +%s.%N)" 'BEGIN { printf "%8.1f s  total\n", b - a }' | tee -a "$OUT/timings.txt"
+seconds_since "$DEMO_START" "total" | tee -a "$OUT/timings.txt"
 echo
 echo "submission: $OUT/submission.zip; scores: $OUT/scores_2025.json, $OUT/scores_2026.json (all 48 labels of the"
 echo "held-out truth; labels the demo models do not predict score 0); ablation: $OUT/report/report.md"

@@ -101,6 +101,8 @@ class ReportOptions:
             raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
         if self.slices < 0:
             raise ValueError(f"--slices {self.slices}: must be ≥ 0")
+        if not 0.0 <= self.overlap < 1.0:
+            raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
 
     @property
     def eras(self) -> tuple[Era, ...]:

@@ -169,7 +169,9 @@ def test_runs_with_incompatible_classes_are_a_clear_error(report_runs, tmp_path)
     assert str(other) in str(err.value) and "['mito', 'er']" in str(err.value)
 
 
-def test_one_run_or_an_unknown_crop_is_refused(report_runs, tmp_path):
+def test_one_run_an_unknown_crop_or_a_bad_option_is_refused(report_runs, tmp_path):
+    with pytest.raises(ValueError, match=r"--overlap 1\.0"):
+        _options(report_runs, tmp_path / "r", overlap=1.0)
     with pytest.raises(ValueError, match="at least 2 runs"):
         run_report(_options(report_runs[:1], tmp_path / "r"))
     with pytest.raises(ValueError, match="crop999: not a crop"):
