@@ -88,7 +88,8 @@ class LoadedRun:
         return 2 if self.cfg.data.is_2d else 3
 
 
-def _checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+def checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+    """The checkpoint file of `checkpoint` ("best", "last" or a path); FileNotFoundError names those present."""
     if checkpoint not in ("best", "last"):
         path = Path(checkpoint)
         if not path.is_file():
@@ -126,7 +127,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
     if len(meta.get("channels", ())) != cfg.data.num_target_channels:
         raise ValueError(f"{run_dir / 'meta.json'}: channels {meta.get('channels')} do not match the config's "
                          f"{cfg.data.num_target_channels} output channels")
-    path = _checkpoint_path(run_dir, checkpoint)
+    path = checkpoint_path(run_dir, checkpoint)
     try:
         ckpt = load_checkpoint(path)
     except (RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:  # truncated or not a torch file

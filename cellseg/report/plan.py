@@ -30,6 +30,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.crops import Catalog
 from cellseg.data.split import read_datasplit
 from cellseg.eval.rules import ERAS
+from cellseg.infer.predict import checkpoint_path
 
 log = logging.getLogger(__name__)
 METRIC_CHOICES = ("both", *ERAS)
@@ -69,18 +70,7 @@ def checkpoint_file(run_dir: Path, checkpoint: str) -> Path:
     Raises:
         FileNotFoundError: it does not exist (the checkpoints present are named).
     """
-    if checkpoint not in ("best", "last"):
-        path = Path(checkpoint)
-        if not path.is_file():
-            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such checkpoint file")
-        return path
-    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
-    if not path.is_file():
-        present = sorted(p.name for p in path.parent.glob("*.pt")) if path.parent.is_dir() else []
-        hint = " (the run never validated: use --checkpoint last)" if checkpoint == "best" and present else ""
-        raise FileNotFoundError(f"{run_dir}: no checkpoint {path.name} in {path.parent} "
-                                f"(present: {', '.join(present) or 'none'}){hint}")
-    return path
+    return checkpoint_path(run_dir, checkpoint)
 
 
 def check_run(run_dir: str | os.PathLike[str], *, checkpoint: str, name: str,
