@@ -12,7 +12,6 @@ Several files of one format merge (e.g. the 2D and 3D train-step results).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from cellseg.viz.figure import new_figure
+from cellseg.viz.figure import new_figure, read_json_object
 
 SERIES_COLORS = ("#bdbdbd", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 METRIC_LABELS = {
@@ -154,13 +153,7 @@ def load_bench(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
     for path in map(Path, paths):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file")
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: expected a JSON object")
-        part = table_from_document(doc, source=str(path))
+        part = table_from_document(read_json_object(path), source=str(path))
         if table is None:
             table = part
         else:

@@ -12,10 +12,12 @@ tight bounding box, so a figure's PNG size is known before it is drawn).
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
@@ -168,3 +170,14 @@ def legend(ax: Axes, entries: Sequence[tuple[str, object]], *, title: str | None
     handles = [Patch(facecolor=colour, edgecolor="black", linewidth=0.3, label=label) for label, colour in entries]
     ax.legend(handles=handles, loc="upper left", fontsize=7, title=title, title_fontsize=8, frameon=False,
               ncols=ncols, borderaxespad=0.0)
+
+
+def read_json_object(path: Path) -> Mapping[str, Any]:
+    """A JSON file holding an object (benchmark results, evaluations); clear errors naming the file."""
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path}: expected a JSON object")
+    return doc

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance
-from cellseg.viz.figure import new_figure
+from cellseg.viz.figure import new_figure, read_json_object
 from cellseg.viz.palette import KIND_COLORS
 
 BAR_PX = 15  # height per class row
@@ -137,13 +137,7 @@ def load_scores(source: str | os.PathLike[str] | Mapping[str, Any], *, step: int
         at, record = chosen[-1]
         run = path.parent.name if path.name == "metrics.jsonl" else path.stem
         return scores_from_document(record, source=f"{run} step {at}")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(doc, Mapping):
-        raise ValueError(f"{path}: expected a JSON object")
-    return scores_from_document(doc, source=path.name)
+    return scores_from_document(read_json_object(path), source=path.name)
 
 
 def class_order(sets: Sequence[ScoreSet]) -> list[str]:
