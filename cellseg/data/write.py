@@ -98,6 +98,25 @@ def _write_zarr_array(path: Path, data: np.ndarray, *, chunks: Sequence[int] | N
         array.attrs.update(dict(attrs))
 
 
+def create_multiscale_level(path: str | os.PathLike[str], shape: Sequence[int], dtype: np.dtype | str, *,
+                            voxel_size_nm: Sequence[float], translation_nm: Sequence[float],
+                            chunks: Sequence[int] | None = None) -> Any:
+    """Create an empty one-level OME-NGFF multiscale group (`s0` filled with 0) to be written region by
+    region; returns the writable zarr array of `s0`. The caller owns atomicity (build it inside a temporary
+    directory and rename the whole thing)."""
+    import zarr
+
+    path = Path(path)
+    path.mkdir(parents=True)
+    (path / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    level = pyramid_levels(voxel_size_nm, translation_nm, 1)
+    (path / ".zattrs").write_text(json.dumps(build_multiscales(level, name=path.name), indent=2))
+    shape = tuple(int(n) for n in shape)
+    return zarr.open_array(str(path / level[0].path), mode="w-", shape=shape, dtype=np.dtype(dtype),
+                           chunks=_chunks_for(shape, chunks), compressor=_compressor(), fill_value=0,
+                           dimension_separator="/")
+
+
 def write_array(path: str | os.PathLike[str], data: np.ndarray, *, attrs: Mapping[str, Any] | None = None,
                 chunks: Sequence[int] | None = None, overwrite: bool = False) -> Path:
     """Write one single-scale zarr v2 array (e.g. a submission's `crop<N>/<label>` with voxel_size attrs)."""

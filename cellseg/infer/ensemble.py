@@ -340,16 +340,12 @@ class EnsembleResult:
     skipped: Mapping[str, list[str]]
 
 
-def ensemble_crop(stores: Sequence[PredictionStore], crop: str, plan: ChannelPlan, weights: Weights, *,
-                  grid: GridChoice = "finest") -> tuple[Grid, int, dict[str, np.ndarray]]:
-    """Every output channel of one crop on the common grid: (grid, member the grid comes from, arrays)."""
-    target, source = ensemble_grid(stores, crop, grid)
-    arrays = {}
-    for channel in plan.channels:
-        w = weights.per_channel[channel]
-        members = ((read_on_grid(stores[i], crop, channel, target), w[i]) for i in plan.members_of[channel] if w[i] > 0)
-        arrays[channel] = weighted_mean(members, where=f"{crop}/{channel}")
-    return target, source, arrays
+def ensemble_channel(stores: Sequence[PredictionStore], crop: str, channel: str, plan: ChannelPlan,
+                     weights: Weights, target: Grid) -> np.ndarray:
+    """One output channel of one crop on the common grid `target` (members read one at a time)."""
+    w = weights.per_channel[channel]
+    members = ((read_on_grid(stores[i], crop, channel, target), w[i]) for i in plan.members_of[channel] if w[i] > 0)
+    return weighted_mean(members, where=f"{crop}/{channel}")
 
 
 def member_summary(stores: Sequence[PredictionStore]) -> list[dict[str, Any]]:
@@ -395,13 +391,15 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
         store = PredictionStore.create(tmp, kind="probabilities", channels=plan.channels,
                                        instance_channels=plan.instance_channels, provenance=provenance)
         for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):
-            target, source, arrays = ensemble_crop(stores, crop, plan, weights, grid=grid)
-            if uint8:
-                arrays = {c: quantise(a) for c, a in arrays.items()}
+            target, source = ensemble_grid(stores, crop, grid)
+            writer = store.crop_writer(crop, target)
+            for channel in plan.channels:  # one channel in memory at a time: crops of any size
+                probs = ensemble_channel(stores, crop, channel, plan, weights, target)
+                writer.write(channel, quantise(probs) if uint8 else probs)
             attrs = {k: v for k, v in stores[source].crop_attrs(crop).items() if k != "grid"}
             attrs["ensemble"] = {"grid_from": str(stores[source].path),
                                  "member_grids": [grid_to_json(s.grid(crop)) for s in stores]}
-            store.write_crop(crop, target, arrays, attrs=attrs)
+            writer.commit(attrs)
             log.info("%s: %s voxels at %s nm from %d members", crop, "x".join(map(str, target.shape_vox)),
                      "x".join(f"{v:g}" for v in target.voxel_size_nm), len(stores))
         (tmp / WEIGHTS_FILE).write_text(json.dumps(doc, indent=2))

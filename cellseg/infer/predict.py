@@ -11,9 +11,15 @@ sliding window (`cellseg.infer.sliding_window`) with batched tiles, each batch a
 transforms (`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities. A 2D model predicts slice
 by slice; across z only, or across z, y and x (isotropic voxels) with the three results averaged.
 
+A crop is predicted in blocks of at most `block_vox`³ voxels (by default as large as host and GPU memory
+allow: one block for every crop up to ~512³ with all 48 classes + boundaries), each block with its own
+context margin, written into the store as it finishes: no crop has to fit in memory, and the test set's
+25–32 µm crops work. Every block re-predicts its margin, so fewer, larger blocks cost less.
+
 Under torchrun every rank predicts its share of the crops (largest first, to the least loaded rank) and
 writes them into the same store; rank 0 creates the store first. Crops already complete in the store are
-skipped, so an interrupted run resumes (the store writes each crop atomically).
+skipped, and a crop a killed run left partly written resumes at its first unfinished block (the store
+renames a crop into place only when it is complete).
 
 Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spatial axes, `ZYX` the crop's grid
 (plus context while predicting).
@@ -26,7 +32,6 @@ import json
 import logging
 import math
 import pickle
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +47,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.classes import is_instance
 from cellseg.data.targets import CropSource, Grid
+from cellseg.data.write import DEFAULT_CHUNK
 from cellseg.infer import tta
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.sliding_window import sliding_window, tile_starts
@@ -54,7 +60,10 @@ from cellseg.train.setup import resolve_precision
 log = logging.getLogger(__name__)
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
 EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
-GPU_ACCUMULATE_FRACTION = 0.25  # blend on the GPU when image + sums need at most this share of its free memory
+GPU_ACCUMULATE_FRACTION = 0.5  # blend on the GPU when image + sums need at most this share of its free memory
+GPU_BLOCK_FRACTION = 0.4  # automatic blocks: image + sums of a block need at most this share of the GPU's memory
+HOST_BLOCK_BYTES = 16 * 2**30  # a block's float16 probabilities in host memory: at most 16 GiB
+MAX_BLOCK_VOX = 1024  # largest block edge (voxels) the automatic choice considers
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
 # Provenance entries that must agree for a re-run to add crops to an existing store.
 RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
@@ -201,14 +210,42 @@ def count_tiles(shape_vox: Sequence[int], patch_vox: Sequence[int], overlap: flo
     return total
 
 
+def _blend_bytes(num_outputs: int, shape: Sequence[int]) -> int:
+    """Memory the sliding window needs for a volume: float32 image, weights, K sums and one slack channel."""
+    return (num_outputs + 3) * math.prod(shape) * 4
+
+
 def _working_device(device: torch.device, num_outputs: int, shape: Sequence[int]) -> torch.device:
     """Where the image and the blending sums live: the GPU when they fit comfortably, else host memory."""
     if device.type != "cuda":
         return device
-    # float32: the image, the K sums and the weights, and the normalised copy the window returns
-    need = (1 + 2 * (num_outputs + 1)) * math.prod(shape) * 4
     free, _ = torch.cuda.mem_get_info(device)
-    return device if need <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
+    return device if _blend_bytes(num_outputs, shape) <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
+
+
+def auto_block_vox(num_outputs: int, margin: Sequence[int], device: torch.device) -> int:
+    """The largest block edge (a multiple of the store's chunk) whose float16 result fits `HOST_BLOCK_BYTES`
+    and whose blending sums (block + context) fit the GPU's share: blocks as large as memory allows, since
+    every block re-predicts its context margin. Depends only on the GPU model, so a re-run resumes."""
+    on_gpu = device.type == "cuda"
+    gpu_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else 0
+    best = DEFAULT_CHUNK
+    for edge in range(DEFAULT_CHUNK, MAX_BLOCK_VOX + 1, DEFAULT_CHUNK):
+        blend = _blend_bytes(num_outputs, [edge + 2 * m for m in margin])
+        host = num_outputs * edge ** 3 * 2 + (0 if on_gpu else blend)  # on CPU the sums are in host memory too
+        if host > HOST_BLOCK_BYTES or (on_gpu and blend > GPU_BLOCK_FRACTION * gpu_bytes):
+            break
+        best = edge
+    return best
+
+
+def plan_blocks(shape_vox: Sequence[int], block_vox: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """(offset, shape) of the blocks that tile a grid of `shape_vox`, at most `block_vox` per axis, in z, y, x order.
+
+    With `block_vox` a multiple of the store's chunk (as `auto_block_vox` chooses) every block writes whole
+    chunks; otherwise neighbouring blocks share chunks, which is correct (one writer per crop), only slower."""
+    per_axis = [[(o, min(block_vox, n - o)) for o in range(0, n, block_vox)] for n in shape_vox]
+    return [((z[0], y[0], x[0]), (z[1], y[1], x[1])) for z in per_axis[0] for y in per_axis[1] for x in per_axis[2]]
 
 
 def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: int) -> torch.Tensor:
@@ -239,8 +276,8 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                    num_outputs: int, device: torch.device, precision: runtime.Precision, overlap: float = 0.5,
                    batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
                    slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
-                   on_tiles: Callable[[int], None] | None = None) -> np.ndarray:
-    """(K, Z, Y, X) float32 probabilities of every output channel on `grid` (the engine; module docstring).
+                   on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32) -> np.ndarray:
+    """(K, Z, Y, X) probabilities of every output channel on `grid` (the engine; module docstring).
 
     Args:
         model: in eval mode on `device`; 3D `(B, C, Z, Y, X)` or 2D `(B, C, Y, X)` (when `patch_vox[0] == 1`).
@@ -251,6 +288,7 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
         slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.
         channels_last: channels_last(_3d) tiles (CUDA only).
         on_tiles: called with the number of tiles after every batch (progress bars).
+        dtype: of the result (float32, or float16 to halve host memory: what the store keeps anyway).
     """
     tfms = list(transforms or tta.transforms(2 if patch_vox[0] == 1 else 3, (), 1))
     is_2d = patch_vox[0] == 1
@@ -279,12 +317,12 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                                batch_size=batch_size, blend=blend, device=device, accumulate_on=work,
                                pad_value=pad_value / EM_SCALE).movedim(1, 1 + a)
         keep = [slice(None) if is_2d and d == a else inner[d] for d in range(3)]
-        probs_KZYX = probs[(slice(None), *keep)].cpu()
-        total_KZYX = probs_KZYX if total_KZYX is None else total_KZYX.add_(probs_KZYX)
+        probs_KZYX = probs[(slice(None), *keep)]
+        if len(axes) == 1:  # convert where the sums live, before the copy to host memory
+            return probs_KZYX.to(dtype).cpu().numpy()
+        total_KZYX = probs_KZYX.cpu() if total_KZYX is None else total_KZYX.add_(probs_KZYX.cpu())
     assert total_KZYX is not None
-    if len(axes) > 1:
-        total_KZYX /= len(axes)
-    return total_KZYX.numpy()
+    return (total_KZYX / len(axes)).to(dtype).numpy()
 
 
 # ----------------------------------------------------------------------------------------------- the command
@@ -304,6 +342,7 @@ class PredictOptions:
     overwrite: bool = False
     data_root: str | None = None
     axes_2d: str = "z"
+    block_vox: int | None = None  # largest block edge (voxels; best a multiple of 64); None: as large as memory allows
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -315,6 +354,9 @@ class PredictOptions:
             raise ValueError(f"--batch-size {self.batch_size}: must be at least 1")
         if self.blend not in ("gaussian", "constant"):
             raise ValueError(f"blend {self.blend!r}: choose 'gaussian' or 'constant'")
+        if self.block_vox is not None and self.block_vox < 1:
+            raise ValueError(f"--block {self.block_vox}: must be a positive number of voxels (multiples of "
+                             f"{DEFAULT_CHUNK}, the store's chunk, write whole chunks)")
         if self.axes_2d not in ("z", "zyx"):
             raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
 
@@ -387,17 +429,6 @@ def _shard(targets: Sequence[CropTarget], rank: int, world: int) -> list[CropTar
     return mine
 
 
-def _arrays(probs: np.ndarray, channels: Sequence[str], uint8: bool) -> dict[str, np.ndarray]:
-    return {c: quantise(probs[k]) if uint8 else probs[k].astype(np.float16) for k, c in enumerate(channels)}
-
-
-def _remove_stale_temps(store: PredictionStore, crop: str) -> None:
-    """Temporary folders left by a killed writer of this crop (each crop has one writer in a run)."""
-    for stale in store.path.glob(f".{crop}.tmp-*"):
-        log.info("removing %s (left by an interrupted run)", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictOptions | None = None
                 ) -> list[dict[str, Any]]:
     """Predict `crops` ("val", "test" or ids) of a run into the store `out`; returns one summary per crop
@@ -442,30 +473,54 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
 def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: PredictOptions, *,
                  tfms: Sequence[tta.Transform], axes: Sequence[str], precision: runtime.Precision, batch: int,
                  patch: Sequence[int], rank: int, progress: bool) -> dict[str, Any]:
+    """Predict one crop block by block into the store (see `PredictOptions.block_vox`); a partial crop left by
+    a killed run with the same settings resumes at its first unfinished block."""
     from tqdm import tqdm
 
     cfg = run.cfg
     started = time.perf_counter()
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, cfg.data.voxel_size_nm)
-    num_tiles = count_tiles(grid.shape_vox, patch, opts.overlap, axes)
+    margin = context_margin(patch, axes)
+    edge = opts.block_vox or auto_block_vox(len(run.channels), margin, run.device)
+    blocks = plan_blocks(grid.shape_vox, edge)
+    writer = store.crop_writer(target.name, grid, key=f"block{edge}", overwrite=opts.overwrite)
+    todo = [(o, n) for o, n in blocks if _block_id(o) not in writer.done]
+    if len(todo) < len(blocks):
+        log.info("%s: resuming, %d of %d blocks already written", target.name, len(blocks) - len(todo), len(blocks))
+    num_tiles = sum(count_tiles(n, patch, opts.overlap, axes) for _, n in todo)
     with tqdm(total=num_tiles, desc=target.name, unit="tile", leave=False, disable=not progress) as bar:
-        probs = predict_volume(run.model, em, grid, patch_vox=patch, num_outputs=len(run.channels),
-                               device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
-                               blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
-                               pad_value=cfg.data.em_pad_value, on_tiles=bar.update)
+        for offset, shape in todo:
+            block = sub_grid(grid, offset, shape)
+            probs = predict_volume(run.model, em, block, patch_vox=patch, num_outputs=len(run.channels),
+                                   device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
+                                   blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
+                                   pad_value=cfg.data.em_pad_value, on_tiles=bar.update, dtype=torch.float16)
+            for k, channel in enumerate(run.channels):
+                writer.write(channel, quantise(probs[k]) if opts.uint8 else probs[k], offset)
+            writer.mark_done(_block_id(offset))
     seconds = time.perf_counter() - started
     mvox = math.prod(grid.shape_vox) / 1e6
-    _remove_stale_temps(store, target.name)
     attrs = {"dataset": target.dataset, "split": target.split, "em_url": target.em_url,
-             "context_vox": list(context_margin(patch, axes)), "checkpoint_step": run.step, "tta": len(tfms),
-             "seconds": round(seconds, 3), "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
+             "context_vox": list(margin), "block_vox": edge, "blocks": len(blocks),
+             "checkpoint_step": run.step, "tta": len(tfms), "seconds": round(seconds, 3),
+             "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    store.write_crop(target.name, grid, _arrays(probs, run.channels, opts.uint8), attrs=attrs,
-                     overwrite=opts.overwrite)
+    writer.commit(attrs)
     shape = "×".join(str(n) for n in grid.shape_vox)
     line = (f"{target.name} ({target.dataset}, {target.split}): {shape} vox at "
-            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {num_tiles} tiles × {len(tfms)} TTA, "
-            f"{seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
+            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {len(blocks)} block(s) of ≤ {edge}³, "
+            f"{num_tiles} tiles × {len(tfms)} TTA, {seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
     return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds,
-            "mvox_per_s": mvox / seconds, "line": line}
+            "mvox_per_s": mvox / seconds, "blocks": len(blocks), "block_vox": edge, "line": line}
+
+
+def sub_grid(grid: Grid, offset: Sequence[int], shape: Sequence[int]) -> Grid:
+    """The part of `grid` of `shape` voxels starting at voxel `offset`."""
+    start = [t + o * v for t, o, v in zip(grid.translation_nm, offset, grid.voxel_size_nm, strict=True)]
+    return Grid(translation_nm=tuple(start), shape_vox=tuple(int(n) for n in shape),  # type: ignore[arg-type]
+                voxel_size_nm=grid.voxel_size_nm)
+
+
+def _block_id(offset: Sequence[int]) -> str:
+    return "_".join(str(o) for o in offset)

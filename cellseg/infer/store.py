@@ -10,15 +10,18 @@ Layout (a zarr v2 directory, readable by zarr, tensorstore, neuroglancer and `ce
 "segmentation" (uint8 {0, 1} for semantic classes, uint32 object ids for instance classes: never
 wrapped). `channels` are the class names, followed by auxiliary channels such as `mito_boundary`.
 
-A crop group is built under a hidden temporary name and renamed into place only when every channel is
-written, so a crop that exists is complete: an interrupted run leaves no half-written crop, and a re-run
-skips the crops already there (`completed`).
+A crop group is built under the hidden name `.crop<N>.partial` and renamed into place only when every
+channel is written, so a crop that exists is complete and a re-run skips it (`completed`). Channels can be
+written region by region (`CropWriter`), so no crop has to fit in memory; a partial crop records its
+finished regions, and a writer with the same key resumes them after a kill.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +31,13 @@ import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.targets import Grid
-from cellseg.data.write import DEFAULT_CHUNK, atomic_dir, write_multiscale
+from cellseg.data.write import DEFAULT_CHUNK, atomic_dir, create_multiscale_level
 
 Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
 QUANTUM = 255  # uint8 probabilities hold round(255 p)
+PARTIAL_SUFFIX = ".partial"  # `.<crop>.partial`: a crop being written
+PROGRESS_FILE = "progress.json"  # in a partial crop: its key, grid and finished work units
 BOUNDARY_SUFFIX = "_boundary"  # auxiliary channel of an instance class: its touching-object boundaries (as in meta.json)
 
 
@@ -146,7 +151,7 @@ class PredictionStore:
     def write_crop(self, crop: str, grid: Grid, arrays: Mapping[str, np.ndarray], *,
                    attrs: Mapping[str, Any] | None = None, overwrite: bool = False,
                    chunks: Sequence[int] | None = None) -> None:
-        """Write every channel of one crop, atomically.
+        """Write every channel of one crop at once, atomically (`crop_writer` for channel- or block-wise writes).
 
         Args:
             crop: group name, e.g. "crop234".
@@ -159,26 +164,43 @@ class PredictionStore:
 
         Raises:
             ValueError: wrong channel set, shape or dtype.
+            FileExistsError: the crop exists and `overwrite` is not given.
         """
         if set(arrays) != set(self.channels):
             raise ValueError(f"{self.path}/{crop}: got channels {sorted(arrays)}, the store holds {list(self.channels)}")
-        stored = {name: self._stored(crop, name, arrays[name], grid) for name in self.channels}
-        meta = {"cellseg_crop": {"grid": grid_to_json(grid), **dict(attrs or {})}}
-        with atomic_dir(self.path / crop, overwrite=overwrite) as tmp:
-            tmp.mkdir()
-            (tmp / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
-            for name, data in stored.items():
-                kind = "em" if self.kind == "probabilities" else "labels"
-                write_multiscale(tmp / name, data, voxel_size_nm=grid.voxel_size_nm,
-                                 translation_nm=grid.translation_nm, kind=kind, num_levels=1,
-                                 chunks=chunks or (DEFAULT_CHUNK,) * 3)
-            (tmp / ".zattrs").write_text(json.dumps(meta, indent=2))  # last: marks the crop complete
+        for name, data in arrays.items():
+            if np.shape(data) != tuple(grid.shape_vox):
+                raise ValueError(f"{self.path}/{crop}/{name}: shape {np.shape(data)} differs from the grid's "
+                                 f"{tuple(grid.shape_vox)}")
+        writer = self.crop_writer(crop, grid, overwrite=overwrite, chunks=chunks)
+        for name in self.channels:
+            writer.write(name, arrays[name])
+        writer.commit(attrs)
 
-    def _stored(self, crop: str, name: str, data: np.ndarray, grid: Grid) -> np.ndarray:
-        where = f"{self.path}/{crop}/{name}"
+    def crop_writer(self, crop: str, grid: Grid, *, key: str = "", overwrite: bool = False,
+                    chunks: Sequence[int] | None = None) -> CropWriter:
+        """A writer of one crop, channel by channel and region by region (`CropWriter`).
+
+        Args:
+            key: what the content depends on (e.g. checkpoint and prediction settings): a partial crop left
+                by a killed writer with the same key and grid is resumed, any other one discarded.
+            overwrite: replace the crop, when it exists, at `commit`.
+
+        Raises:
+            FileExistsError: the crop exists and `overwrite` is not given (raised now, before any work).
+        """
+        if crop in self and not overwrite:
+            raise FileExistsError(f"{self.path}/{crop} already exists; pass overwrite=True (--overwrite) to replace it")
+        return CropWriter(self, crop, grid, key=key, chunks=tuple(chunks or (DEFAULT_CHUNK,) * 3),
+                          overwrite=overwrite)
+
+    def stored(self, where: str, name: str, data: np.ndarray) -> np.ndarray:
+        """`data` of channel `name` as it is stored (dtype checked, converted without loss of meaning).
+
+        Raises:
+            ValueError: a dtype the store's kind does not take, negative or too large instance ids.
+        """
         data = np.asarray(data)
-        if data.shape != tuple(grid.shape_vox):
-            raise ValueError(f"{where}: shape {data.shape} differs from the grid's {tuple(grid.shape_vox)}")
         if self.kind == "probabilities":
             if data.dtype == np.uint8:
                 return data
@@ -210,3 +232,111 @@ class PredictionStore:
     def image(self, crop: str, channel: str) -> MultiscaleImage:
         """The channel as a `MultiscaleImage`, to read it on another grid (world coordinates)."""
         return MultiscaleImage(str(self.path / crop / channel), backend="zarr")
+
+
+class CropWriter:
+    """One crop being written into the hidden group `.<crop>.partial`, renamed to `<crop>` by `commit`.
+
+    Channels are written whole or region by region (`write` with an offset), so a crop never has to be held
+    in memory at once. `mark_done` records finished work units (e.g. prediction blocks) in the partial group;
+    a later writer with the same key, grid and chunks resumes them (`done`), any other partial is discarded.
+    A crop that exists under its own name is therefore always complete.
+    """
+
+    def __init__(self, store: PredictionStore, crop: str, grid: Grid, *, key: str, chunks: tuple[int, ...],
+                 overwrite: bool) -> None:
+        self.store, self.crop, self.grid, self.overwrite = store, crop, grid, overwrite
+        self.path = store.path / f".{crop}{PARTIAL_SUFFIX}"
+        self._chunks = chunks
+        self._progress: dict[str, Any] = {"grid": grid_to_json(grid), "key": key, "chunks": list(chunks), "done": []}
+        self._arrays: dict[str, Any] = {}
+        previous = self._read_progress()
+        if previous is not None and all(previous.get(k) == self._progress[k] for k in ("grid", "key", "chunks")):
+            self._progress["done"] = list(previous["done"])
+        elif self.path.exists():
+            shutil.rmtree(self.path)  # another key or grid, or no progress record: start over
+        if not self.path.exists():
+            self.path.mkdir(parents=True)
+            (self.path / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+            self._save_progress()
+
+    @property
+    def done(self) -> frozenset[str]:
+        """The work units recorded by `mark_done` (here or by the killed writer this one resumes)."""
+        return frozenset(self._progress["done"])
+
+    def write(self, channel: str, data: np.ndarray, offset: Sequence[int] = (0, 0, 0)) -> None:
+        """Write `data` (z, y, x) of `channel` at voxel `offset` of the crop's grid.
+
+        Raises:
+            ValueError: unknown channel, a region outside the grid, or a dtype the store does not take
+                (or unlike the dtype already written to this channel).
+        """
+        where = f"{self.store.path}/{self.crop}/{channel}"
+        if channel not in self.store.channels:
+            raise ValueError(f"{where}: not a channel of the store ({list(self.store.channels)})")
+        data = np.asarray(data)
+        shape = tuple(self.grid.shape_vox)
+        if data.ndim != 3 or len(offset) != 3 or any(
+                o < 0 or o + n > s for o, n, s in zip(offset, data.shape, shape, strict=True)):
+            raise ValueError(f"{where}: region {data.shape} at {tuple(offset)} is not inside the grid {shape}")
+        stored = self.store.stored(where, channel, data)
+        array = self._array(channel, stored.dtype)
+        if array.dtype != stored.dtype:
+            raise ValueError(f"{where}: writing {stored.dtype} into a {array.dtype} array")
+        array[tuple(slice(o, o + n) for o, n in zip(offset, data.shape, strict=True))] = stored
+
+    def mark_done(self, unit: str) -> None:
+        """Record a finished unit of work (after its regions are written)."""
+        self._progress["done"].append(unit)
+        self._save_progress()
+
+    def commit(self, attrs: Mapping[str, Any] | None = None) -> None:
+        """Rename the crop into place with its attributes.
+
+        Raises:
+            ValueError: a channel was never written.
+            FileExistsError: the crop appeared meanwhile and `overwrite` was not given.
+        """
+        missing = [c for c in self.store.channels if not (self.path / c / "s0" / ".zarray").exists()]
+        if missing:
+            raise ValueError(f"{self.path}: channels never written: {missing}")
+        (self.path / PROGRESS_FILE).unlink()
+        meta = {"cellseg_crop": {"grid": grid_to_json(self.grid), **dict(attrs or {})}}
+        (self.path / ".zattrs").write_text(json.dumps(meta, indent=2))  # the marker of a complete crop
+        final = self.store.path / self.crop
+        if final.exists():
+            if not self.overwrite:
+                raise FileExistsError(f"{final} already exists; pass overwrite=True (--overwrite) to replace it")
+            old = final.with_name(f".{self.crop}.old-{uuid.uuid4().hex[:8]}")
+            final.rename(old)
+            self.path.rename(final)
+            shutil.rmtree(old)
+        else:
+            self.path.rename(final)
+
+    def _array(self, channel: str, dtype: np.dtype) -> Any:
+        if channel not in self._arrays:
+            import zarr
+
+            group = self.path / channel
+            if (group / "s0" / ".zarray").exists():  # written by the writer this one resumes
+                self._arrays[channel] = zarr.open_array(str(group / "s0"), mode="r+")
+            else:
+                if group.exists():
+                    shutil.rmtree(group)
+                self._arrays[channel] = create_multiscale_level(
+                    group, self.grid.shape_vox, dtype, voxel_size_nm=self.grid.voxel_size_nm,
+                    translation_nm=self.grid.translation_nm, chunks=self._chunks)
+        return self._arrays[channel]
+
+    def _read_progress(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / PROGRESS_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _save_progress(self) -> None:
+        tmp = self.path / f".{PROGRESS_FILE}.tmp"
+        tmp.write_text(json.dumps(self._progress))
+        os.replace(tmp, self.path / PROGRESS_FILE)

@@ -137,19 +137,21 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
     for crop in tqdm(todo, desc="postprocess", unit="crop", disable=not progress):
         start = time.perf_counter()
         grid = pred.grid(crop)
-        arrays, objects = {}, {}
-        for name in pred.classes:
+        writer = seg.crop_writer(crop, grid)
+        objects = {}
+        for name in pred.classes:  # one class in memory at a time: crops of any size
             prob, boundary = read_class(pred, crop, name)
-            arrays[name] = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
-                                         params=params.get(name), device=device)
+            labels = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
+                                   params=params.get(name), device=device)
             if is_instance(name):
-                objects[name] = int(arrays[name].max(initial=0))
+                objects[name] = int(labels.max(initial=0))
+            writer.write(name, labels)
         seconds = time.perf_counter() - start
         attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k != "grid"}
         attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device}
-        seg.write_crop(crop, grid, arrays, attrs=attrs)
+        writer.commit(attrs)
         summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
-        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(arrays), device, seconds, summary)
+        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(pred.classes), device, seconds, summary)
     if len(todo) < len(crops):
         log.info("%d crops were already written", len(crops) - len(todo))
     return seg

@@ -98,14 +98,15 @@ def test_resume_skips_finished_crops_and_ignores_temporary_ones(tiny_run, tiny_s
     assert [s["crop"] for s in first] == _val_names(tiny_run)
     store = PredictionStore.open(out)
     written = {c: store.crop_attrs(c)["date"] for c in store.completed()}
-    # A killed writer leaves a hidden temporary crop folder: it is neither counted nor kept.
+    # A killed writer leaves a hidden partial crop folder: it is not counted, and without a progress record
+    # it cannot be resumed, so it is replaced.
     test_names = [c.name for c in _test_crops(tiny_synth_root).values()]
-    stale = out / f".{test_names[0]}.tmp-deadbeef"
-    (stale / "mito").mkdir(parents=True)
+    stale = out / f".{test_names[0]}.partial"
+    (stale / "mito" / "junk").mkdir(parents=True)
     assert store.completed() == _val_names(tiny_run) and test_names[0] not in store
     again = predict_run(tiny_run, ",".join(_val_names(tiny_run) + test_names), out, opts)
     assert sorted(s["crop"] for s in again) == sorted(test_names)  # only the missing ones
-    assert not stale.exists()
+    assert not stale.exists() and not any(store.path.glob(".*partial"))
     assert {c: store.crop_attrs(c)["date"] for c in written} == written  # finished crops untouched
     assert predict_run(tiny_run, "val", out, opts) == []
     # Other settings than the store's: refused (named), unless --overwrite replaces the store.
