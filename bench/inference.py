@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="model outputs (default: the 48 challenge classes + boundary channels)")
     parser.add_argument("--no-monai", action="store_true", help="skip the MONAI baseline")
     parser.add_argument("--out", type=Path, default=Path("bench/out/inference.json"), help="JSON output")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="combine the rows of earlier runs (e.g. one per model, each under its own timeout) "
+                             "into --out and print the table; nothing is measured")
     return parser.parse_args(argv)
 
 
@@ -214,6 +217,8 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write JSON, print the table."""
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     use_cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     device = torch.device("cuda" if use_cuda else "cpu")
     names = args.models.split(",") if args.models else list_models()
@@ -231,13 +236,30 @@ def main(argv: list[str] | None = None) -> int:
               "device": torch.cuda.get_device_name(device) if use_cuda else platform.processor() or "cpu",
               "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "args": vars(args) | {"out": str(args.out)},
               "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
+    write_report(report, args.out)
+    return 0
+
+
+def write_report(report: dict, out: Path) -> None:
+    """Write the JSON atomically and print the table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(f".{out.name}.tmp")
     tmp_out.write_text(json.dumps(report, indent=1))
-    tmp_out.replace(args.out)
+    tmp_out.replace(out)
     print()
-    print(table(rows))
-    print(f"\nwrote {args.out}")
+    print(table(report["rows"]))
+    print(f"\nwrote {out}")
+
+
+def merge(paths: list[Path], out: Path) -> int:
+    """One report from several runs' JSON files (their rows in order; the first run's header)."""
+    reports = [json.loads(p.read_text()) for p in paths if p.is_file()]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if not reports:
+        raise SystemExit(f"--merge: none of {[str(p) for p in paths]} exists")
+    merged = {**reports[0], "rows": [row for r in reports for row in r["rows"]], "merged_from": [str(p) for p in paths],
+              "missing": missing}
+    write_report(merged, out)
     return 0
 
 
