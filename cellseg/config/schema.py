@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Vec3 = tuple[float, float, float]
 Shape3 = tuple[int, int, int]
 AXIS_NAMES = ("z", "y", "x")
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # torch.compile's
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -287,6 +289,10 @@ class TrainConfig:
         channels_last: channels_last(_3d) memory format for model and inputs.
         compile: "auto" (on CUDA: time compiled vs eager after warm-up, keep the faster), "on", "off";
             any compile error falls back to eager with a warning.
+        compile_mode: `torch.compile` mode of the model (the loss always compiles in "default"):
+            "default"; "reduce-overhead" (CUDA graphs: fewer kernel launches, static shapes, more memory);
+            "max-autotune" (also times Triton kernel variants and uses CUDA graphs; compiles for minutes);
+            "max-autotune-no-cudagraphs". Modes other than "default" need the inductor backend.
         compile_probe_steps: steps timed for eager and for compiled when `compile` is "auto".
         device: "auto" (CUDA when available), "cuda" or "cpu".
         activation_checkpointing: recompute activations in backward (less memory); models with a
@@ -308,6 +314,7 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     channels_last: bool = True
     compile: Literal["auto", "on", "off"] = "auto"
+    compile_mode: CompileMode = "default"
     compile_probe_steps: int = 5
     device: Literal["auto", "cuda", "cpu"] = "auto"
     activation_checkpointing: bool = False
@@ -322,6 +329,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, "train.max_steps must be >= 1")
+        _check(self.compile_mode in COMPILE_MODES,
+               f"train.compile_mode={self.compile_mode!r} must be one of {list(COMPILE_MODES)}")
         _check(self.batch_size == "auto" or (isinstance(self.batch_size, int) and self.batch_size >= 1),
                f"train.batch_size={self.batch_size!r} must be a positive integer or 'auto'")
         _check(self.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1")

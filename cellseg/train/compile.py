@@ -6,6 +6,10 @@ after warm-up, times eager and compiled the same way, and keeps the faster: comp
 optimizer step; BatchNorm buffers restored). Any compiler error becomes a warning and eager execution.
 `CELLSEG_COMPILE_BACKEND` picks the backend (default "inductor").
 
+`train.compile_mode` is torch.compile's mode for the model ("default", "reduce-overhead" = CUDA graphs,
+"max-autotune", "max-autotune-no-cudagraphs"); the loss always compiles in "default" mode. Both go through
+`compile_module`, which bench/ddp_scaling.py uses too. A mode the backend rejects is a compile error (eager).
+
 The loss is compiled on its own by the same rule (`maybe_compile_loss`): eager, the masked BCE + Dice of
 48 channels over 8 × 128³ voxels makes a dozen float32 passes over 3 GB tensors and cost as much as a
 third of a unet_3d step on an H200; compiled, it is a few fused reductions (docs/benchmarks.md).
@@ -20,10 +24,24 @@ from typing import Any
 
 import torch
 
-from cellseg.config.schema import RunConfig
+from cellseg.config.schema import CompileMode, RunConfig
 from cellseg.train import runtime
 
 log = logging.getLogger(__name__)
+
+
+def compile_backend() -> str:
+    """The torch.compile backend: `CELLSEG_COMPILE_BACKEND`, default "inductor"."""
+    return os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
+
+
+def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default") -> torch.nn.Module:
+    """`torch.compile(module)` with `compile_backend()` and `mode`.
+
+    Compilation is lazy: errors (an unknown backend aside) surface at the first call.
+    """
+    # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
+    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode)
 
 
 def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision) -> float:
@@ -70,9 +88,8 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
             logits.grad = None
         return run
 
-    backend = os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
     try:
-        compiled = torch.compile(criterion, backend=backend)
+        compiled = compile_module(criterion)
         start = time.perf_counter()
         record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 3, device)}
         record["compile_s"] = time.perf_counter() - start
@@ -90,25 +107,26 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
 
 def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, *, precision: runtime.Precision,
                   fmt: torch.memory_format, batch: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The module to train (compiled or not) and a record of the decision for meta.json."""
-    mode = cfg.train.compile
+    """The module to train (compiled or not, in `train.compile_mode`) and a record of the decision for meta.json."""
+    mode, compile_mode = cfg.train.compile, cfg.train.compile_mode
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
-        return model, {"mode": mode, "compiled": False, "reason": "off" if mode == "off" else "CPU: eager"}
+        return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
+                       "reason": "off" if mode == "off" else "CPU: eager"}
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     image = torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
-    backend = os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
     try:
-        compiled = torch.compile(model, backend=backend)
+        compiled = compile_module(model, mode=compile_mode)
         start = time.perf_counter()
         t_compiled = _probe(compiled, image, cfg.train.compile_probe_steps, precision)
-        record = {"mode": mode, "backend": backend, "compile_s": time.perf_counter() - start,
-                  "compiled_step_s": t_compiled}
+        record = {"mode": mode, "compile_mode": compile_mode, "backend": compile_backend(),
+                  "compile_s": time.perf_counter() - start, "compiled_step_s": t_compiled}
     except Exception as err:
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, str(err).splitlines()[0])
         model.zero_grad(set_to_none=True)
         model.load_state_dict(buffers, strict=False)
-        return model, {"mode": mode, "compiled": False, "reason": f"compile error: {type(err).__name__}"}
+        return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
+                       "reason": f"compile error: {type(err).__name__}"}
     if mode == "auto":
         record["eager_step_s"] = _probe(model, image, cfg.train.compile_probe_steps, precision)
     model.load_state_dict(buffers, strict=False)
