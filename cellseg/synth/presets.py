@@ -9,14 +9,22 @@ stays resolvable at its own s0, the way organelle sizes are "scaled to the voxel
 | tiny   | 3 | 72–96³          | 6 + 2  | unit tests (a few seconds) |
 | small  | 4 | 176–224³        | 13 + 4 | the CPU demo (< 1 min) |
 | medium | 4 | 528–648³ (≥ 1 Gvoxel in all) | 24 + 4 | GPU benchmarks (`--workers 16`) |
+
+`mirror_preset(mirror_crops(real_test_crops, scale))` (end of this file) builds a preset whose test crops are
+laid out like real ones, scaled down (`bench/test_set.py`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cellseg.data.classes import tested_classes
+
+if TYPE_CHECKING:
+    from cellseg.data.crops import Crop
 
 Vec3 = tuple[float, float, float]
 Shape3 = tuple[int, int, int]
@@ -192,3 +200,102 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown synth preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A test set laid out like a real one (`bench/test_set.py`): one dataset per real dataset and one test crop per
+# real test crop, its shape the real shape divided by `scale` (in crop voxels). A dataset's EM s0 voxel size is
+# its finest real crop's; every other crop sits at s0 × 1, 2 or 4 (`CropSpec.scale`), the step nearest to the
+# real ratio, so real 8× steps (4 → 32 nm) become 4× (4 → 16 nm). Crops listing every scored class annotate
+# them all, the others the `coarse` set. Each dataset also gets one small training crop (runs need them).
+
+MIRROR_MIN_CROP_VOX = 4  # smallest crop edge: a thinner crop has no interior to segment
+MIRROR_TRAIN_CROP_VOX = 16  # the training crop per dataset
+MIRROR_MARGIN_VOX = 8  # EM beyond the crops on every side
+MIRROR_Y_ROOM = 1.5  # EM y extent per tallest crop: room beside the black corner wedge (≤ 28 % of y and x)
+MIRROR_X_ROOM = 1.15  # EM x extent per summed crop width (crops lie side by side)
+MIRROR_WEDGE_ROOM = 0.3  # extra EM x, as a share of its y extent: the wedge's leg
+MIRROR_MIN_CELLS = 0.75  # a dataset's longest EM edge spans at least this many cell diameters (≥ 2 cells)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirroredCrop:
+    """A synthetic test crop standing for a real one (`mirror_crops`).
+
+    Attributes:
+        real_id, dataset, real_voxel_size_nm, real_shape_vox, real_classes: the real crop (its number of labels).
+        em_voxel_size_nm: the synthetic dataset's EM s0 voxel size.
+        spec: the synthetic crop (scale × EM s0 voxel size, shape in crop voxels, class set).
+    """
+
+    real_id: int
+    dataset: str
+    real_voxel_size_nm: Vec3
+    real_shape_vox: Shape3
+    real_classes: int
+    em_voxel_size_nm: Vec3
+    spec: CropSpec
+
+    @property
+    def voxel_size_nm(self) -> Vec3:
+        """The synthetic crop's voxel size."""
+        return tuple(v * self.spec.scale for v in self.em_voxel_size_nm)  # type: ignore[return-value]
+
+
+def _nearest_scale(ratio: float) -> int:
+    """The crop scale (1, 2 or 4) nearest to `ratio` in log steps."""
+    return min((1, 2, 4), key=lambda s: abs(math.log2(s) - math.log2(max(ratio, 1.0))))
+
+
+def mirror_crops(real: Mapping[int, Crop], scale: float) -> list[MirroredCrop]:
+    """The synthetic test crops standing for `real` (e.g. `Catalog.official().test("2026")`), by dataset then id."""
+    out = []
+    for dataset in sorted({c.dataset for c in real.values()}):
+        crops = sorted((c for c in real.values() if c.dataset == dataset), key=lambda c: c.id)
+        em_vs = min((c.geometry.voxel_size_nm for c in crops), key=math.prod)
+        for crop in crops:
+            g = crop.geometry
+            shape = tuple(max(MIRROR_MIN_CROP_VOX, round(n / scale)) for n in g.shape_vox)
+            classes = "all" if set(crop.labels) >= set(tested_classes()) else "coarse"
+            spec = CropSpec(role="test", scale=_nearest_scale(g.voxel_size_nm[2] / em_vs[2]), shape_vox=shape,  # type: ignore[arg-type]
+                            classes=classes)
+            out.append(MirroredCrop(real_id=crop.id, dataset=dataset, real_voxel_size_nm=g.voxel_size_nm,
+                                    real_shape_vox=g.shape_vox, real_classes=len(crop.labels), em_voxel_size_nm=em_vs,
+                                    spec=spec))
+    return out
+
+
+def mirror_dataset_name(dataset: str) -> str:
+    """`jrc_mus-kidney` → `synth-mus-kidney`."""
+    return "synth-" + dataset.removeprefix("jrc_")
+
+
+def _mirror_em_shape(crops: Sequence[CropSpec]) -> Shape3:
+    """EM s0 voxels with room for the crops side by side along x, and for the black wedge."""
+    extents = [tuple(n * c.scale for n in c.shape_vox) for c in crops]
+    z = max(e[0] for e in extents) + 2 * MIRROR_MARGIN_VOX
+    y = math.ceil(MIRROR_Y_ROOM * max(e[1] for e in extents)) + 2 * MIRROR_MARGIN_VOX
+    x = math.ceil(MIRROR_X_ROOM * sum(e[2] for e in extents) + MIRROR_WEDGE_ROOM * y) + 2 * MIRROR_MARGIN_VOX
+    return z, y, x
+
+
+def _mirror_style(datasets: Sequence[DatasetSpec]) -> SceneStyle:
+    """The `medium` preset's cells, shrunk (organelles too, down to `tiny`'s) where an EM would hold one cell."""
+    style = MEDIUM.style
+    longest_u = min(max(n * v / d.unit_nm for n, v in zip(d.shape_vox, d.voxel_size_nm, strict=True))
+                    for d in datasets)
+    shrink = min(1.0, longest_u / MIRROR_MIN_CELLS / style.cell_diameter_u)
+    return SceneStyle(cell_diameter_u=style.cell_diameter_u * shrink,
+                      organelle_scale=max(TINY.style.organelle_scale, style.organelle_scale * shrink))
+
+
+def mirror_preset(crops: Sequence[MirroredCrop], *, name: str = "test-mirror") -> Preset:
+    """A preset holding `crops` (from `mirror_crops`): per dataset its test crops in order, then a training crop.
+    `generate` numbers the test crops 501, 502, ... in this order."""
+    datasets = []
+    for dataset in dict.fromkeys(c.dataset for c in crops):
+        mine = [c for c in crops if c.dataset == dataset]
+        specs = (*(c.spec for c in mine), CropSpec(role="train", scale=1, shape_vox=(MIRROR_TRAIN_CROP_VOX,) * 3))
+        datasets.append(DatasetSpec(name=mirror_dataset_name(dataset), voxel_size_nm=mine[0].em_voxel_size_nm,
+                                    shape_vox=_mirror_em_shape(specs), crops=specs))
+    return Preset(name=name, style=_mirror_style(datasets), datasets=tuple(datasets))

@@ -1,0 +1,734 @@
+"""The full ensemble (every architecture × 8 TTA) over a synthetic test set laid out like the 16 real test crops,
+timed stage by stage and projected to the real test set (issue #7: "≤ 60 minutes on one H200").
+
+1. **Data.** A synthetic CellMap root (`cellseg.synth.generate` of `mirror_preset`) whose test crops mirror the
+   16 crops of the packaged 2026 test manifest: the same 6 datasets and 16 crops, each crop's shape the real
+   shape divided by `--scale` (in crop voxels). A dataset's EM s0 voxel size is its finest real crop's; each
+   coarser crop sits at s0 × 1, 2 or 4 (the generator's crop scales), so real steps of 8× (e.g. 4 → 32 nm)
+   become 4× (4 → 16 nm): the synthetic grids keep the order of the real voxel sizes but compress the largest
+   steps. Full crops (48 classes) annotate every class, coarse crops the generator's "coarse" set. One 16³
+   training crop per dataset (the run builder needs training crops).
+2. **Runs.** One run directory per `configs/experiments/*.yaml`, written by the trainer's own `build_setup`
+   (`config.yaml`, `meta.json`, datasplit) plus `checkpoints/last.pt` from `Setup.state_dict` as the trainer
+   saves it, with randomly initialised weights: inference throughput does not depend on the weight values.
+3. **Stages**, with the functions the CLI calls: `predict_run` per run over the test crops (TTA 8, float16
+   store, the run's training micro-batch per forward), `ensemble` of all stores (uniform weights),
+   `postprocess_store` (default parameters, device "auto": CUDA on a GPU), `write_submission` and
+   `validate_submission` against the synthetic test manifest.
+4. **Projection** to the real 2026 test crops under two policies: every crop at the models' 8 nm, or at
+   max(8 nm, the crop's voxel size) per axis (the 13.9–32 nm crops predicted by members trained at that voxel
+   size; assumed to have the same architecture, patch and speed as the 8 nm ones). Predict time per model =
+   model load + sliding-window tiles × measured seconds per tile (tiles counted exactly as `predict_volume` runs
+   them, context included) + the rest of `predict_run` (writing) per output voxel. The other stages: a cost per
+   crop or array (the smallest crop timed alone) plus a cost per model-resolution voxel (ensemble,
+   post-processing) or per submitted voxel (crop grid × labels; submission and validation, measured on a probe:
+   the largest crop resubmitted on a 4 nm grid). Every stage is assumed to keep its measured rates at any crop
+   size (streaming block by block).
+
+Writes OUT.json (everything) and OUT.md (the tables) and prints the tables. A model that fails (e.g. out of
+memory) is recorded and left out of the ensemble. The data, runs and stores go to `--work` (default: a
+temporary folder, deleted at the end).
+
+Usage (one H200, about 6 minutes):  PYTHONPATH=. python bench/test_set.py --out OUT/test_set --workers 16
+Smoke (CPU, < 1 minute):           PYTHONPATH=. python bench/test_set.py --quick --out /tmp/test_set
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+
+# Only light modules at the top: the generator's forkserver workers import this file again, and torch would
+# cost each of them seconds. The inference stages import what they need inside their functions.
+import cellseg  # noqa: E402
+from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
+from cellseg.data.inspect import disk_bytes  # noqa: E402
+from cellseg.eval.submit import load_manifest  # noqa: E402
+from cellseg.synth.presets import (  # noqa: E402
+    CLASS_SETS,
+    MirroredCrop,
+    mirror_crops,
+    mirror_dataset_name,
+    mirror_preset,
+)
+
+Vec3 = tuple[float, float, float]
+Shape3 = tuple[int, int, int]
+EXPERIMENTS = REPO / "configs" / "experiments"
+SMOKE = REPO / "configs" / "smoke"  # --quick: tiny presets, 32-voxel patches, 6 classes
+MODEL_VOXEL_NM = 8.0  # every configs/experiments model predicts at 8 nm
+GOAL_MINUTES = 60.0  # issue #7
+TTA = 8
+# 5.9 M model voxels at 8 nm and 55 M EM voxels (seconds to generate); predict is bound by its tiles, which
+# the crops' context keeps from shrinking with the crops (3D: 226 tiles of 128³ here, 306 at scale 16).
+DEFAULT_SCALE = 24.0
+QUICK_SCALE = 128.0
+QUICK_PATCH_3D = "[16,16,16]"  # --quick: 3D tiles 8x cheaper than the smoke configs' 32³ (the tiny models take 16³)
+QUICK_MODELS = ("unet_3d", "unet_2d")
+PROBE_VOXEL_NM = 4.0  # the submit/validate probe: the largest crop again on the real 4 nm crops' grid ...
+PROBE_LABELS = ("er", "mito")  # ... with one semantic and one instance label
+DOWNSTREAM = ("ensemble", "postprocess", "submit", "validate")  # the stages after predict, in order
+POLICIES = {
+    "8nm": "every crop at the models' 8 nm",
+    "max8": "max(8 nm, the crop's voxel size) per axis: the 13.9-32 nm crops predicted by members trained at "
+            "that voxel size (same architectures, patches and speed as the 8 nm members)",
+}
+
+
+# ------------------------------------------------------------------------------------------- the layout
+
+
+def match_crops(root: Path, crops: Sequence[MirroredCrop]) -> dict[int, MirroredCrop]:
+    """Synthetic test crop id → the crop it mirrors (ids rise in the preset's order within a dataset).
+
+    Raises:
+        ValueError: the root's test manifest does not hold the layout's crops.
+    """
+    synth = load_manifest(root / "test_crop_manifest.csv")
+    out = {}
+    for dataset in dict.fromkeys(c.dataset for c in crops):
+        ids = sorted(i for i, c in synth.items() if c.dataset == mirror_dataset_name(dataset))
+        mine = [c for c in crops if c.dataset == dataset]
+        if len(ids) != len(mine):
+            raise ValueError(f"{root}/test_crop_manifest.csv: {len(ids)} test crops of {mirror_dataset_name(dataset)}, "
+                             f"the layout has {len(mine)}")
+        for crop_id, crop in zip(ids, mine, strict=True):
+            if synth[crop_id].geometry.shape_vox != crop.spec.shape_vox:
+                raise ValueError(f"{root}: crop {crop_id} has shape {synth[crop_id].geometry.shape_vox}, "
+                                 f"the layout {crop.spec.shape_vox}")
+            out[crop_id] = crop
+    return out
+
+
+# ------------------------------------------------------------------------------------------- geometry
+
+
+def grid_shape(extent_nm: Sequence[float], voxel_size_nm: Sequence[float]) -> Shape3:
+    """Voxels of a box on a grid (as `cellseg.infer.predict.box_grid` rounds them)."""
+    return tuple(max(1, round(e / v)) for e, v in zip(extent_nm, voxel_size_nm, strict=True))  # type: ignore[return-value]
+
+
+def model_voxel_size(crop_vs: Sequence[float], policy: str) -> Vec3:
+    """The grid a crop is predicted on under `policy` (see `POLICIES`)."""
+    if policy == "8nm":
+        return (MODEL_VOXEL_NM,) * 3
+    return tuple(max(MODEL_VOXEL_NM, v) for v in crop_vs)  # type: ignore[return-value]
+
+
+def real_volumes(real: Mapping[int, Crop], policy: str) -> dict[int, dict[str, Any]]:
+    """Per real test crop: the model grid of `policy` and the voxels submitted (crop grid × labels)."""
+    out = {}
+    for crop_id, crop in sorted(real.items()):
+        g = crop.geometry
+        vs = model_voxel_size(g.voxel_size_nm, policy)
+        shape = grid_shape(g.extent_nm, vs)
+        out[crop_id] = {"voxel_size_nm": list(vs), "shape_vox": list(shape), "voxels": math.prod(shape),
+                        "submitted_voxels": g.num_voxels * len(crop.labels)}
+    return out
+
+
+def num_arrays(crops: Mapping[int, Crop]) -> int:
+    """(crop, label) arrays a submission holds."""
+    return sum(len(c.labels) for c in crops.values())
+
+
+def submitted_voxels(crops: Mapping[int, Crop]) -> int:
+    """Voxels of every (crop, label) array a submission holds."""
+    return sum(g.num_voxels for c in crops.values() for g in c.labels.values())
+
+
+# ------------------------------------------------------------------------------------------- bookkeeping
+
+
+@contextlib.contextmanager
+def timed(record: dict[str, Any], key: str = "seconds") -> Iterator[None]:
+    """Store the wall time of the block in `record[key]` (the stages return host arrays: GPU work is done)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record[key] = time.perf_counter() - start
+
+
+def attempt(record: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> bool:
+    """Run a stage into `record`; a failure (out of memory included) is recorded, not raised."""
+    import torch
+
+    try:
+        record.update(fn())
+        record["status"] = "ok"
+        return True
+    except (RuntimeError, ValueError, OSError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        record.update(status="error", error=f"{type(err).__name__}: {str(err)[:500]}")
+        print(f"    failed: {record['error'][:200]}", flush=True)
+        return False
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def restored_backends() -> Iterator[None]:
+    """Undo the backend flags `build_setup` sets for training (TF32, cuDNN autotuning): a `cellseg predict`
+    process runs with the ones it started with."""
+    import torch
+
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.get_float32_matmul_precision())
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         precision) = saved
+        torch.set_float32_matmul_precision(precision)
+
+
+def store_voxels(path: Path) -> int:
+    """Voxels over every crop of a prediction store (one channel)."""
+    from cellseg.infer.store import PredictionStore
+
+    store = PredictionStore.open(path)
+    return sum(math.prod(store.grid(c).shape_vox) for c in store.completed())
+
+
+# ------------------------------------------------------------------------------------------- the stages
+
+
+def build_run(arch: str, *, root: Path, run_dir: Path, device: str, quick: bool) -> dict[str, Any]:
+    """A run directory with random weights, written by the trainer's `build_setup` and checkpoint code
+    (`configs/experiments/<arch>.yaml`; `--quick`: `configs/smoke/<arch>.yaml`)."""
+    from cellseg.config import load_run_config
+    from cellseg.train.checkpoint import rng_state
+    from cellseg.train.setup import build_setup
+
+    overrides = [f"data.root={root}", f"run_dir={run_dir}", f"train.device={device}",
+                 "train.max_steps=1",  # the LR schedule needs one step; none is taken
+                 "train.compile=off", "loader.num_workers=0", "data.boundary_cache=null"]
+    if quick and not arch.endswith("_2d"):
+        overrides.append(f"data.patch_shape_vox={QUICK_PATCH_3D}")
+    cfg = load_run_config((SMOKE if quick else EXPERIMENTS) / f"{arch}.yaml", overrides)
+    with restored_backends():
+        setup = build_setup(cfg)
+    setup.keeper.save_last(setup.state_dict(metric=None, rng=rng_state()))  # as the trainer saves `last.pt`
+    return {"run_dir": str(run_dir), "parameters": sum(p.numel() for p in setup.model.parameters()),
+            "patch_shape_vox": list(cfg.data.patch_shape_vox), "batch_size": setup.batch_size,
+            "channels": cfg.data.num_target_channels, "preset": cfg.model.preset}
+
+
+def count_model_tiles(shapes: Sequence[Sequence[int]], patch_vox: Sequence[int], overlap: float) -> int:
+    """Sliding-window tiles `predict_volume` runs over crops of these shapes (context included; 2D: across z)."""
+    from cellseg.infer.predict import count_tiles
+
+    return sum(count_tiles(shape, patch_vox, overlap) for shape in shapes)
+
+
+def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str, Path] | None,
+                  patch_vox: Sequence[int]) -> dict[str, Any]:
+    """`predict_run` over the test crops: wall, model load, per-crop compute and the rest (writing), tiles."""
+    import torch
+
+    from cellseg.infer.predict import PredictOptions, load_run, predict_run
+    from cellseg.infer.store import PredictionStore
+
+    opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
+    record: dict[str, Any] = {}
+    if warmup is not None:  # CUDA/cuDNN initialisation on the smallest crop, outside the timed run
+        with timed(record, "warmup_seconds"):
+            predict_run(run_dir, warmup[0], warmup[1], opts)
+    with timed(record, "load_seconds"):
+        load_run(run_dir, "last", device=device)  # the load `predict_run` starts with
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with timed(record):
+        summaries = predict_run(run_dir, "test", store, opts)
+    pred = PredictionStore.open(store)
+    shapes = [pred.grid(c).shape_vox for c in pred.completed()]
+    compute = sum(s.get("seconds", 0.0) for s in summaries) or record["seconds"] - record["load_seconds"]
+    voxels = sum(math.prod(s) for s in shapes)
+    tiles = count_model_tiles(shapes, patch_vox, opts.overlap)
+    record.update(crops=len(shapes), voxels=voxels, tiles=tiles, tta=TTA, overlap=opts.overlap,
+                  patch_shape_vox=list(patch_vox),
+                  compute_seconds=compute, other_seconds=max(0.0, record["seconds"] - record["load_seconds"] - compute),
+                  mvox_per_s=voxels / 1e6 / (record["seconds"] - record["load_seconds"]),
+                  compute_mvox_per_s=voxels / 1e6 / compute, tiles_per_s=tiles / compute, bytes=disk_bytes(store))
+    if device == "cuda":
+        record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return record
+
+
+def cost_model(record: dict[str, Any], *, per_item: float, items: int, key: str) -> dict[str, Any]:
+    """Add a stage's cost model: `per_item` seconds per crop or array, the rest of its time per `key` voxel."""
+    rest = max(0.0, record["seconds"] - per_item * items)
+    return {**record, "items": items, "per_item_seconds": per_item, "per_voxel_seconds": rest / record[key],
+            "mvox_per_s": record[key] / 1e6 / record["seconds"]}
+
+
+def ensemble_stage(stores: Sequence[Path], out: Path, smallest: str) -> dict[str, Any]:
+    """Uniform-weight ensemble of the member stores, as `cellseg ensemble --weights uniform`; then the smallest
+    crop alone (`write_ensemble`, what `ensemble` runs) for the cost per crop that does not grow with voxels."""
+    from cellseg.infer.ensemble import ensemble, open_members, plan_channels, uniform_weights, write_ensemble
+
+    record: dict[str, Any] = {}
+    with timed(record):
+        result = ensemble([str(s) for s in stores], out, weights="uniform")
+    members = open_members(stores)
+    plan = plan_channels(members)
+    with timed(record, "smallest_crop_seconds"):
+        write_ensemble(members, out.with_name(f"{out.stem}_{smallest}.zarr"), plan, uniform_weights(plan, len(members)),
+                       [smallest])
+    record.update(members=len(stores), voxels=store_voxels(out), bytes=disk_bytes(out))
+    return cost_model(record, per_item=record["smallest_crop_seconds"], items=len(result.crops), key="voxels")
+
+
+def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
+    """Default post-processing parameters, as `cellseg postprocess --device auto` (CUDA on a GPU); cost per crop
+    and per voxel fitted to the seconds the store records for each crop."""
+    import numpy as np
+
+    from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
+    from cellseg.postprocess.params import ParamSet
+
+    record: dict[str, Any] = {"device": resolve(device)}
+    with timed(record):
+        seg = postprocess_store(open_probabilities(source), out, params=ParamSet(), device=record["device"],
+                                progress=False)
+    crops = seg.completed()
+    voxels = [math.prod(seg.grid(c).shape_vox) for c in crops]
+    seconds = [seg.crop_attrs(c).get("postprocess", {}).get("seconds", 0.0) for c in crops]
+    per_voxel, per_crop = np.polyfit(voxels, seconds, 1) if len(set(voxels)) > 1 else (0.0, 0.0)
+    record.update(voxels=sum(voxels), bytes=disk_bytes(out), crop_seconds=dict(zip(crops, seconds, strict=True)))
+    model = cost_model(record, per_item=max(0.0, float(per_crop)), items=len(crops), key="voxels")
+    if per_voxel > 0:  # else (timing noise) the rest of the stage's time per voxel, as `cost_model` has it
+        model["per_voxel_seconds"] = float(per_voxel)
+    return model
+
+
+def probe_crops(segmentation: Path) -> dict[int, Crop]:
+    """The largest crop of a segmentation store as a submission crop on a `PROBE_VOXEL_NM` grid over its box, with
+    one semantic and one instance label: enough voxels for submit and validate to show their cost per voxel."""
+    from cellseg.infer.store import PredictionStore
+
+    store = PredictionStore.open(segmentation)
+    name = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox))
+    grid = store.grid(name)
+    probe = Geometry(voxel_size_nm=(PROBE_VOXEL_NM,) * 3,
+                     translation_nm=tuple(t + (PROBE_VOXEL_NM - v) / 2 for t, v in  # type: ignore[arg-type]
+                                          zip(grid.translation_nm, grid.voxel_size_nm, strict=True)),
+                     shape_vox=tuple(round(n * v / PROBE_VOXEL_NM)  # type: ignore[arg-type]
+                                     for n, v in zip(grid.shape_vox, grid.voxel_size_nm, strict=True)))
+    crop_id = int(name.removeprefix("crop"))
+    return {crop_id: Crop(id=crop_id, dataset=store.crop_attrs(name).get("dataset", ""),
+                          labels={label: probe for label in PROBE_LABELS})}
+
+
+def submit_stage(source: Path, manifest: Path, out: Path, smallest: int) -> dict[str, Any]:
+    """The submission zip at the synthetic test crops' geometry, as `cellseg submit --manifest`; then the smallest
+    crop alone (cost per array) and the probe (`probe_crops`: cost per voxel)."""
+    from cellseg.eval.submit import write_submission
+
+    crops, probe = load_manifest(manifest), probe_crops(source)
+    record: dict[str, Any] = {}
+    with timed(record):
+        report = write_submission(source, crops, out)
+    with timed(record, "smallest_crop_seconds"):
+        write_submission(source, {smallest: crops[smallest]}, out.with_name(f"{out.stem}_{smallest}.zip"))
+    with timed(record, "probe_seconds"):
+        write_submission(source, probe, out.with_name(f"{out.stem}_probe.zip"))
+    return probed(record, crops, smallest, probe, arrays=len(report.written), missing=len(report.missing),
+                  bytes=out.stat().st_size)
+
+
+def validate_stage(submission: Path, source: Path, manifest: Path, smallest: int) -> dict[str, Any]:
+    """`cellseg validate-submission` with data checks; then the smallest crop alone (cost per array) and the
+    probe submission `submit_stage` wrote (cost per voxel)."""
+    from cellseg.eval.validate import validate_submission
+
+    crops, probe = load_manifest(manifest), probe_crops(source)
+    record: dict[str, Any] = {}
+    with timed(record):
+        issues = validate_submission(submission, crops, read_data=True)
+    with timed(record, "smallest_crop_seconds"):
+        validate_submission(submission, {smallest: crops[smallest]}, read_data=True)
+    with timed(record, "probe_seconds"):
+        validate_submission(submission.with_name(f"{submission.stem}_probe.zip"), probe, read_data=True)
+    counts = {level: sum(i.severity == level for i in issues) for level in ("error", "warning", "info")}
+    return probed(record, crops, smallest, probe, issues=counts,
+                  errors=[str(i) for i in issues if i.severity == "error"][:10])
+
+
+def probed(record: dict[str, Any], crops: Mapping[int, Crop], smallest: int, probe: Mapping[int, Crop],
+           **extra: Any) -> dict[str, Any]:
+    """Submit/validate cost model: per array from the smallest crop, per voxel from the probe (less its arrays)."""
+    per_array = record["smallest_crop_seconds"] / len(crops[smallest].labels)
+    probe_voxels = submitted_voxels(probe)
+    record.update(extra, submitted_voxels=submitted_voxels(crops), probe_voxels=probe_voxels)
+    return {**cost_model(record, per_item=per_array, items=num_arrays(crops), key="submitted_voxels"),
+            "per_voxel_seconds": max(0.0, record["probe_seconds"] - per_array * num_arrays(probe)) / probe_voxels}
+
+
+# ------------------------------------------------------------------------------------------- the projection
+
+
+def project_predict(measured: Mapping[str, Any], real: Mapping[int, Crop], policy: str) -> dict[str, Any]:
+    """One model's `predict_run` over the real test crops: load + tiles × s/tile + output voxels × s/voxel."""
+    volumes = real_volumes(real, policy)
+    shapes = [v["shape_vox"] for v in volumes.values()]
+    voxels = sum(v["voxels"] for v in volumes.values())
+    tiles = count_model_tiles(shapes, measured["patch_shape_vox"], measured["overlap"])
+    seconds = (measured["load_seconds"] + tiles * measured["compute_seconds"] / measured["tiles"]
+               + voxels * measured["other_seconds"] / measured["voxels"])
+    return {"voxels": voxels, "tiles": tiles, "seconds": seconds,
+            "seconds_by_mvox_per_s": voxels / 1e6 / measured["mvox_per_s"],
+            "bytes": measured["bytes"] * voxels / measured["voxels"]}
+
+
+def project_stage(measured: Mapping[str, Any], units: int, items: int, key: str) -> dict[str, Any]:
+    """A stage's cost model (`cost_model`) applied to the real test set's `items` and `units` voxels."""
+    out = {key: units, "items": items,
+           "seconds": measured["per_item_seconds"] * items + measured["per_voxel_seconds"] * units}
+    if "bytes" in measured:
+        out["bytes"] = measured["bytes"] * units / measured[key]
+    return out
+
+
+def project(stages: Mapping[str, Any], real: Mapping[int, Crop]) -> dict[str, Any]:
+    """Minutes per stage and in total on the real test crops, for every policy."""
+    out = {}
+    submitted, arrays = submitted_voxels(real), num_arrays(real)
+    for policy, description in POLICIES.items():
+        voxels = sum(v["voxels"] for v in real_volumes(real, policy).values())
+        rows: dict[str, Any] = {"predict": {name: project_predict(m, real, policy)
+                                            for name, m in stages.get("predict", {}).items() if m.get("status") == "ok"}}
+        for stage, key, units, items in (("ensemble", "voxels", voxels, len(real)),
+                                         ("postprocess", "voxels", voxels, len(real)),
+                                         ("submit", "submitted_voxels", submitted, arrays),
+                                         ("validate", "submitted_voxels", submitted, arrays)):
+            if stages.get(stage, {}).get("status") == "ok":
+                rows[stage] = project_stage(stages[stage], units, items, key)
+        predict_s = sum(r["seconds"] for r in rows["predict"].values())
+        total_s = predict_s + sum(rows[s]["seconds"] for s in DOWNSTREAM if s in rows)
+        out[policy] = {"description": description, "model_voxels": voxels, "submitted_voxels": submitted,
+                       "crops": {str(k): v for k, v in real_volumes(real, policy).items()}, "stages": rows,
+                       "predict_minutes": predict_s / 60, "total_minutes": total_s / 60, "goal_minutes": GOAL_MINUTES,
+                       "complete": bool(rows["predict"]) and all(s in rows for s in DOWNSTREAM),
+                       "meets_goal": total_s / 60 <= GOAL_MINUTES}
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def fmt_vox(n: float) -> str:
+    """Voxels with a unit prefix: 1.2 G, 35 M, 800 k."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in decimal units (GB, TB)."""
+    if n is None:
+        return "-"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_vs(vs: Sequence[float]) -> str:
+    """`1.74×2×2`."""
+    return "×".join(f"{v:g}" for v in vs)
+
+
+def layout_table(report: Mapping[str, Any]) -> list[str]:
+    """The synthetic test crops next to the real ones, with model-resolution voxels."""
+    syn = report["synthetic"]
+    lines = ["| synthetic crop | real crop | dataset | real voxel nm | synthetic voxel nm | real shape | synthetic "
+             "shape | labels (real / synthetic) | synthetic vox at 8 nm | real vox at 8 nm | real vox at max(8 nm, "
+             "crop) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in syn["crops"]:
+        lines.append(f"| {c['synthetic_id']} | {c['real_id']} | {c['dataset']} | {fmt_vs(c['real_voxel_size_nm'])} | "
+                     f"{fmt_vs(c['voxel_size_nm'])} | {fmt_vs(c['real_shape_vox'])} | {fmt_vs(c['shape_vox'])} | "
+                     f"{c['real_classes']} / {len(CLASS_SETS[c['classes']])} | {fmt_vox(c['model_voxels'])} | "
+                     f"{fmt_vox(c['real_model_voxels']['8nm'])} | {fmt_vox(c['real_model_voxels']['max8'])} |")
+    lines.append(f"| **all {len(syn['crops'])}** | | | | | | | | **{fmt_vox(syn['model_voxels'])}** | "
+                 f"**{fmt_vox(syn['real_model_voxels']['8nm'])}** | **{fmt_vox(syn['real_model_voxels']['max8'])}** |")
+    return lines
+
+
+def measured_row(label: str, r: Mapping[str, Any], key: str = "voxels") -> str:
+    """One stage: status, seconds, voxels (`key`), Mvox/s and output size; or its status and error."""
+    if r.get("status") != "ok":
+        return f"| {label} | {r.get('status', 'not run')} {r.get('error', '')[:100]} | | | | |"
+    rate = f"{r['mvox_per_s']:.3g}" if "mvox_per_s" in r else ""
+    voxels = fmt_vox(r[key]) if key in r else ""
+    return f"| {label} | ok | {r['seconds']:.1f} | {voxels} | {rate} | {fmt_bytes(r.get('bytes'))} |"
+
+
+def measured_table(report: Mapping[str, Any]) -> list[str]:
+    """Seconds, rate and output size of every stage measured so far."""
+    st = report["stages"]
+    lines = ["| stage | status | seconds | voxels | Mvox/s | output |", "|---|---|---|---|---|---|",
+             measured_row(f"synthetic data ({report['args']['workers']} workers; EM voxels)", st["generate"],
+                          "em_voxels")]
+    lines += [measured_row(f"build run {name}", r) for name, r in st.get("build_runs", {}).items()]
+    for name, r in st.get("predict", {}).items():
+        detail = (f" (TTA {r['tta']}; load {r['load_seconds']:.1f} s, compute {r['compute_seconds']:.1f} s, "
+                  f"{r['tiles']} tiles, {r['tiles_per_s']:.3g} tiles/s)") if r.get("status") == "ok" else ""
+        lines.append(measured_row(f"predict {name}{detail}", r))
+    for stage in DOWNSTREAM:
+        r = st.get(stage, {})
+        key = "voxels" if stage in ("ensemble", "postprocess") else "submitted_voxels"
+        where = f" ({r['device']})" if "device" in r else ""
+        lines.append(measured_row(stage + where + ("" if key == "voxels" else " (submitted voxels)"), r, key))
+    return lines
+
+
+def projection_table(report: Mapping[str, Any]) -> list[str]:
+    """Projected minutes (and output sizes) per stage on the real test crops, for both policies."""
+    proj = report["projection"]
+    lines = ["| stage | " + " | ".join(f"minutes ({p}) | output ({p})" for p in POLICIES) + " |",
+             "|---|" + "---|---|" * len(POLICIES)]
+
+    def row(label: str, get: Callable[[Mapping[str, Any]], Mapping[str, Any] | None]) -> None:
+        cells = []
+        for p in POLICIES:
+            r = get(proj[p]["stages"])
+            cells.append(f"{r['seconds'] / 60:,.1f} | {fmt_bytes(r.get('bytes'))}" if r else "- | -")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for name in report["stages"].get("predict", {}):
+        row(f"predict {name}", lambda s, n=name: s["predict"].get(n))
+    lines.append("| **predict, all models** | " + " | ".join(f"**{proj[p]['predict_minutes']:,.1f}** | "
+                                                          for p in POLICIES) + " |")
+    for stage in DOWNSTREAM:
+        row(stage, lambda s, st=stage: s.get(st))
+    cells = []
+    for p in POLICIES:
+        total = proj[p]["total_minutes"]
+        verdict = "" if proj[p]["complete"] else ", incomplete: stages missing"
+        cells.append(f"**{total:,.1f}** ({total / GOAL_MINUTES:.2g}× the {GOAL_MINUTES:g}-minute goal{verdict}) | ")
+    lines.append("| **total** | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """OUT.md: environment, the three tables and the assumptions."""
+    env, syn = report["environment"], report["synthetic"]
+    lines = [f"# Test-set ensemble: {len(report['stages'].get('predict', {}))} models × TTA {TTA}, synthetic test "
+             f"set at 1/{report['args']['scale']:g} of the real crop shapes",
+             "",
+             f"{env['device']}, torch {env['torch']}, cellseg {env['cellseg']} ({env['git_commit'][:10]}), "
+             f"{env['date']}; cuDNN autotuning {'on' if env['cudnn_benchmark'] else 'off (as `cellseg predict`)'}.",
+             "",
+             f"Model-resolution voxels: the synthetic test set has **{fmt_vox(syn['model_voxels'])}** at 8 nm; the "
+             f"real one **{fmt_vox(syn['real_model_voxels']['8nm'])}** at 8 nm and "
+             f"**{fmt_vox(syn['real_model_voxels']['max8'])}** at max(8 nm, the crop's voxel size).",
+             "", "## Synthetic test crops (mirroring the 2026 test manifest)", "", *layout_table(report), "",
+             "## Measured", "", *measured_table(report), "",
+             "## Projected to the real 16 test crops", "", *projection_table(report), "",
+             "Policies: " + "; ".join(f"**{p}**: {d}" for p, d in POLICIES.items()) + ".", "",
+             *[f"- {note}" for note in report["notes"]]]
+    return "\n".join(lines) + "\n"
+
+
+NOTES = (
+    "Random weights: throughput does not depend on the weight values, but post-processing time, output sizes "
+    "and compression times do (random models give near-constant probabilities: they compress well and give "
+    "few objects).",
+    "Predict, per model: model load + tiles × measured seconds per tile (tiles counted as `predict_volume` runs "
+    "them, half a patch of context included) + the rest of `predict_run` per output voxel. The JSON's "
+    "`seconds_by_mvox_per_s` is the plain voxels ÷ measured Mvox/s figure (context-bound on small crops).",
+    "Other stages: a cost per item that does not grow with voxels plus a cost per voxel. Ensemble: per crop from "
+    "the smallest crop ensembled alone, the rest of its time per model-resolution voxel. Post-processing: both "
+    "fitted to the seconds it records per crop. Submission and validation: per array from the smallest crop "
+    "alone, per submitted voxel (each label's crop grid) from a probe, the largest crop resubmitted on a "
+    f"{PROBE_VOXEL_NM:g} nm grid with the labels {', '.join(PROBE_LABELS)}.",
+    "Every stage is assumed to keep its measured rates at any crop size (streaming block by block: a 32 nm crop "
+    "of 1000³ voxels is 4000³ = 64 G voxels × 58 channels at 8 nm).",
+    "Synthetic voxel sizes: each dataset's EM s0 is its finest real crop's voxel size; coarser crops sit at "
+    "s0 × 1, 2 or 4 (the generator's steps), so real 8× steps (e.g. 4 → 32 nm) are 4× in the synthetic set.",
+    "Not included: synthetic data, building the runs, the GPU warm-up predict of the smallest crop, and the "
+    "extra timings of the cost models (smallest crop alone, probe).",
+)
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see `--help`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    parser.add_argument("--scale", type=float, default=None,
+                        help=f"real crop shape / synthetic crop shape (default {DEFAULT_SCALE:g}; --quick {QUICK_SCALE:g})")
+    parser.add_argument("--workers", type=int, default=1, help="processes generating the synthetic data")
+    parser.add_argument("--models", help="comma-separated architectures (default: every configs/experiments/*.yaml)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN autotuning while predicting (`cellseg predict` leaves it off)")
+    parser.add_argument("--work", type=Path, help="folder for data, runs and stores (default: temporary, deleted)")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device = "cpu"
+        args.models = args.models or ",".join(QUICK_MODELS)
+    args.scale = args.scale or (QUICK_SCALE if args.quick else DEFAULT_SCALE)
+    return args
+
+
+def environment(device: str, cudnn_benchmark: bool) -> dict[str, Any]:
+    """Where and with what the benchmark ran."""
+    import torch
+
+    from cellseg.train.checkpoint import git_commit
+
+    return {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cellseg": cellseg.__version__,
+            "git_commit": git_commit(REPO), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cudnn_benchmark": cudnn_benchmark,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def make_data(args: argparse.Namespace, root: Path, real: Mapping[int, Crop]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generate the synthetic root; returns the stage record and the layout description."""
+    from cellseg.synth import generate
+
+    crops = mirror_crops(real, args.scale)
+    summary = generate(root, preset=mirror_preset(crops), seed=args.seed, workers=args.workers)
+    print(summary.format(), flush=True)
+    record = {"status": "ok", "seconds": summary.seconds, "em_voxels": summary.em_voxels,
+              "bytes": summary.bytes_on_disk, "datasets": [list(d) for d in summary.datasets]}
+    rows = []
+    for crop_id, c in sorted(match_crops(root, crops).items()):
+        extent = [n * v for n, v in zip(c.spec.shape_vox, c.voxel_size_nm, strict=True)]
+        real_extent = real[c.real_id].geometry.extent_nm
+        rows.append({"synthetic_id": crop_id, "real_id": c.real_id, "dataset": c.dataset,
+                     "real_voxel_size_nm": list(c.real_voxel_size_nm), "voxel_size_nm": list(c.voxel_size_nm),
+                     "real_shape_vox": list(c.real_shape_vox), "shape_vox": list(c.spec.shape_vox),
+                     "scale": c.spec.scale, "real_classes": c.real_classes, "classes": c.spec.classes,
+                     "model_voxels": math.prod(grid_shape(extent, model_voxel_size(c.voxel_size_nm, "8nm"))),
+                     "real_model_voxels": {p: math.prod(grid_shape(real_extent, model_voxel_size(c.real_voxel_size_nm, p)))
+                                           for p in POLICIES}})
+    synthetic = {"root": str(root), "scale": args.scale, "crops": rows,
+                 "model_voxels": sum(r["model_voxels"] for r in rows),
+                 "real_model_voxels": {p: sum(r["real_model_voxels"][p] for r in rows) for p in POLICIES}}
+    return record, synthetic
+
+
+def run_models(args: argparse.Namespace, names: Sequence[str], work: Path, device: str, warm_crop: str,
+               stages: dict[str, Any], save: Callable[[], None]) -> None:
+    """Build every run and predict the test crops with it, saving the report after each; failures are recorded."""
+    builds, predicts = stages.setdefault("build_runs", {}), stages.setdefault("predict", {})
+    for name in names:
+        print(f"==> {name}", flush=True)
+        run_dir = work / "runs" / name
+        builds[name], predicts[name] = {}, {"status": "skipped (no run)"}
+        with timed(builds[name]):
+            ok = attempt(builds[name], lambda n=name, r=run_dir: build_run(n, root=work / "data", run_dir=r,
+                                                                          device=device, quick=args.quick))
+        if ok:
+            warmup = (warm_crop, work / "warmup" / f"{name}.zarr") if device == "cuda" else None
+            attempt(predicts[name], lambda n=name, r=run_dir, w=warmup: predict_model(
+                r, work / "predictions" / f"{n}.zarr", device=device, warmup=w, patch_vox=builds[n]["patch_shape_vox"]))
+        r = predicts[name]
+        if r.get("status") == "ok":
+            print(f"    {r['seconds']:.1f} s ({r['load_seconds']:.1f} s load), {fmt_vox(r['voxels'])} voxels, "
+                  f"{r['mvox_per_s']:.3g} Mvox/s, {r['tiles_per_s']:.3g} tiles/s", flush=True)
+        save()
+
+
+def run_downstream(work: Path, device: str, crop_id: int, stages: dict[str, Any], save: Callable[[], None]) -> None:
+    """Ensemble → post-process → submit → validate, saving the report after each; a stage runs only when the
+    one before it succeeded. `crop_id`: the smallest test crop, timed alone for each stage's cost per crop."""
+    manifest = work / "data" / "test_crop_manifest.csv"
+    members = [work / "predictions" / f"{n}.zarr" for n, r in stages["predict"].items() if r.get("status") == "ok"]
+    seg, zip_path = work / "segmentation.zarr", work / "submission.zip"
+    steps = {"ensemble": lambda: ensemble_stage(members, work / "ensemble.zarr", f"crop{crop_id}"),
+             "postprocess": lambda: postprocess_stage(work / "ensemble.zarr", seg, "auto" if device == "cuda" else "cpu"),
+             "submit": lambda: submit_stage(seg, manifest, zip_path, crop_id),
+             "validate": lambda: validate_stage(zip_path, seg, manifest, crop_id)}
+    ok = bool(members)
+    for stage in DOWNSTREAM:
+        stages[stage] = {"status": "skipped"}
+        if ok:
+            print(f"==> {stage}", flush=True)
+            ok = attempt(stages[stage], steps[stage])
+            if ok:
+                print(f"    {stages[stage]['seconds']:.1f} s", flush=True)
+        save()
+
+
+def write_report(report: Mapping[str, Any], out: Path) -> None:
+    """OUT.json and OUT.md, each written to a temporary sibling and renamed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1, default=str)), (".md", markdown(report))):
+        path = out.with_name(out.name + suffix)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Generate, build, predict, ensemble, post-process, submit, validate, project; the report is rewritten
+    after every stage (a run stopped by a time limit keeps what it measured)."""
+    import torch
+
+    args = parse_args(argv)
+    device = "cuda" if (torch.cuda.is_available() if args.device == "auto" else args.device == "cuda") else "cpu"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # off, as in a fresh `cellseg predict`, unless asked
+    configs = SMOKE if args.quick else EXPERIMENTS
+    names = args.models.split(",") if args.models else sorted(p.stem for p in configs.glob("*.yaml"))
+    unknown = [n for n in names if not (configs / f"{n}.yaml").is_file()]
+    if unknown:
+        raise SystemExit(f"--models: no {configs.relative_to(REPO)}/<name>.yaml for {unknown}")
+    if args.work and args.work.exists() and any(args.work.iterdir()):
+        raise SystemExit(f"--work {args.work}: not empty (runs and stores are written fresh)")
+    work = args.work or Path(tempfile.mkdtemp(prefix="cellseg-test-set-"))
+    real = Catalog.official().test("2026")
+    stages: dict[str, Any] = {}
+    report = {"benchmark": "test_set", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "environment": environment(device, args.cudnn_benchmark), "stages": stages, "notes": list(NOTES)}
+
+    def save() -> None:
+        report["projection"] = project(stages, real)
+        write_report(report, args.out)
+
+    try:
+        stages["generate"], report["synthetic"] = make_data(args, work / "data", real)
+        save()
+        smallest = min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
+        run_models(args, names, work, device, str(smallest), stages, save)
+        run_downstream(work, device, smallest, stages, save)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(markdown(report))
+    print(f"wrote {args.out}.json and {args.out}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""bench/test_set.py runs end to end on CPU (`--quick`), so the GPU run is known to start and to report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from cellseg.data.crops import Catalog
+from cellseg.synth.presets import mirror_crops, mirror_preset
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "test_set.py"
+STAGES = ("generate", "build_runs", "predict", "ensemble", "postprocess", "submit", "validate")
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_test_set", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_mirrored_test_crops_follow_the_real_ones() -> None:
+    real = Catalog.official().test("2026")
+    crops = {c.real_id: c for c in mirror_crops(real, 16.0)}
+    assert sorted(crops) == sorted(real) and len({c.dataset for c in crops.values()}) == 6
+    assert crops[983].spec.shape_vox == (62, 62, 62) and crops[983].voxel_size_nm == (32.0, 32.0, 32.0)  # 8 nm × 4
+    assert crops[985].voxel_size_nm == (16.0, 16.0, 16.0)  # real 4 → 32 nm (8×) becomes 4 → 16 nm
+    assert crops[557].voxel_size_nm == (1.74, 2.0, 2.0) and crops[557].spec.classes == "all"
+    assert crops[980].spec.classes == "coarse"
+    preset = mirror_preset(list(crops.values()))
+    assert [len(d.crops) for d in preset.datasets] == [4, 3, 4, 4, 3, 4]  # test crops + one training crop each
+    volumes = load_bench().real_volumes(real, "max8")
+    assert volumes[983]["shape_vox"] == [1000, 1000, 1000] and volumes[557]["voxel_size_nm"] == [8.0, 8.0, 8.0]
+
+
+def test_quick_run_writes_every_stage_and_both_projections(tmp_path: Path) -> None:
+    bench = load_bench()
+    out = tmp_path / "test_set"
+    assert bench.main(["--quick", "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    report = json.loads(out.with_name("test_set.json").read_text())
+    stages = report["stages"]
+    assert set(STAGES) <= set(stages)
+    for name in ("unet_3d", "unet_2d"):
+        assert stages["build_runs"][name]["status"] == "ok"
+        run_dir = Path(stages["build_runs"][name]["run_dir"])
+        assert {"config.yaml", "meta.json", "checkpoints"} <= {p.name for p in run_dir.iterdir()}
+        predict = stages["predict"][name]
+        assert predict["status"] == "ok" and predict["crops"] == 16 and predict["tiles"] > 0
+    for stage in STAGES[3:]:
+        assert stages[stage]["status"] == "ok", stages[stage]
+        assert stages[stage]["per_item_seconds"] >= 0 and stages[stage]["per_voxel_seconds"] >= 0
+    assert stages["submit"]["probe_voxels"] == 2 * 64**3  # crop 983 (8³ at 32 nm) on the 4 nm probe grid, 2 labels
+    assert stages["ensemble"]["members"] == 2 and stages["postprocess"]["device"] == "cpu"
+    synthetic = report["synthetic"]["crops"]
+    assert len(synthetic) == 16 and len({c["dataset"] for c in synthetic}) == 6
+    assert sorted(c["real_id"] for c in synthetic) == sorted(Catalog.official().test("2026"))
+    for policy in ("8nm", "max8"):
+        projection = report["projection"][policy]
+        assert set(projection["stages"]["predict"]) == {"unet_3d", "unet_2d"}
+        assert {"ensemble", "postprocess", "submit", "validate"} <= set(projection["stages"])
+        assert projection["total_minutes"] > projection["predict_minutes"] > 0
+    assert report["projection"]["8nm"]["model_voxels"] > 50 * report["projection"]["max8"]["model_voxels"]
+    table = out.with_name("test_set.md").read_text()
+    assert "| 515 | 983 | jrc_zf-cardiac-1 |" in table and "| **total** |" in table
