@@ -10,7 +10,7 @@ boundary channels) predicts one random uint8 EM volume of ``--size``³ voxels at
   result back in host memory; with 1 and with 8 test-time transforms.
 * MONAI: ``monai.inferers.sliding_window_inference`` on the same volume already in memory, overlap 0.25,
   constant blending, fp32 (PyTorch's default TF32 settings), contiguous memory, then sigmoid and copy to
-  host. No context margin (so it predicts fewer voxels than ours for the same output).
+  host (float32; ours copies float16, what `cellseg predict` stores). No context margin (so it predicts fewer voxels than ours for the same output).
 
 Throughput is output Mvox/s (``size``³ / seconds; ``processed_mvox_per_s`` counts our context too), after
 one untimed warm-up pass per setting (cuDNN autotuning). A row "ours tta1 ov0.25" runs ours at MONAI's
@@ -126,7 +126,7 @@ def ours(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, patch: tupl
     def run() -> object:
         return predict_volume(model, em, grid, patch_vox=patch, num_outputs=outputs, device=device,
                               precision=precision, overlap=overlap, batch_size=batch, transforms=tfms,
-                              channels_last=True)
+                              channels_last=True, dtype=torch.float16)  # as `cellseg predict` keeps them
 
     result = timed_run(run, device)
     return {**result, "tta": len(tfms), "precision": precision, "overlap": overlap, "blend": "gaussian"}

@@ -88,7 +88,10 @@ POLICIES = {
     "8nm": "every crop at the models' 8 nm",
     "max8": "max(8 nm, the crop's voxel size) per axis: the 13.9-32 nm crops predicted by members trained at "
             "that voxel size (same architectures, patches and speed as the 8 nm members)",
+    "max8_ov25": "as max8, with tiles overlapping by 0.25 instead of 0.5 (`cellseg predict --overlap 0.25`; "
+                 "tiles counted at that overlap, each at the measured seconds per tile)",
 }
+LOW_OVERLAP = 0.25  # the overlap of the "max8_ov25" policy
 
 
 # ------------------------------------------------------------------------------------------- the layout
@@ -232,11 +235,13 @@ def build_run(arch: str, *, root: Path, run_dir: Path, device: str, quick: bool)
             "channels": cfg.data.num_target_channels, "preset": cfg.model.preset}
 
 
-def count_model_tiles(shapes: Sequence[Sequence[int]], patch_vox: Sequence[int], overlap: float) -> int:
-    """Sliding-window tiles `predict_volume` runs over crops of these shapes (context included; 2D: across z)."""
-    from cellseg.infer.predict import count_tiles
+def count_model_tiles(shapes: Sequence[Sequence[int]], patch_vox: Sequence[int], overlap: float,
+                      block_vox: int) -> int:
+    """Sliding-window tiles `predict_run` runs over crops of these shapes: per block of at most `block_vox`
+    voxels, each with its context (2D: across z)."""
+    from cellseg.infer.predict import count_tiles, plan_blocks
 
-    return sum(count_tiles(shape, patch_vox, overlap) for shape in shapes)
+    return sum(count_tiles(block, patch_vox, overlap) for shape in shapes for _, block in plan_blocks(shape, block_vox))
 
 
 def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str, Path] | None,
@@ -244,7 +249,7 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     """`predict_run` over the test crops: wall, model load, per-crop compute and the rest (writing), tiles."""
     import torch
 
-    from cellseg.infer.predict import PredictOptions, load_run, predict_run
+    from cellseg.infer.predict import PredictOptions, auto_block_vox, context_margin, load_run, predict_run
     from cellseg.infer.store import PredictionStore
 
     opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
@@ -253,7 +258,7 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
         with timed(record, "warmup_seconds"):
             predict_run(run_dir, warmup[0], warmup[1], opts)
     with timed(record, "load_seconds"):
-        load_run(run_dir, "last", device=device)  # the load `predict_run` starts with
+        run = load_run(run_dir, "last", device=device)  # the load `predict_run` starts with
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     with timed(record):
@@ -262,8 +267,9 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     shapes = [pred.grid(c).shape_vox for c in pred.completed()]
     compute = sum(s.get("seconds", 0.0) for s in summaries) or record["seconds"] - record["load_seconds"]
     voxels = sum(math.prod(s) for s in shapes)
-    tiles = count_model_tiles(shapes, patch_vox, opts.overlap)
-    record.update(crops=len(shapes), voxels=voxels, tiles=tiles, tta=TTA, overlap=opts.overlap,
+    block_vox = auto_block_vox(len(run.channels), context_margin(patch_vox), run.device)  # what predict_run used
+    tiles = count_model_tiles(shapes, patch_vox, opts.overlap, block_vox)
+    record.update(crops=len(shapes), voxels=voxels, tiles=tiles, tta=TTA, overlap=opts.overlap, block_vox=block_vox,
                   patch_shape_vox=list(patch_vox),
                   compute_seconds=compute, other_seconds=max(0.0, record["seconds"] - record["load_seconds"] - compute),
                   mvox_per_s=voxels / 1e6 / (record["seconds"] - record["load_seconds"]),
@@ -391,7 +397,8 @@ def project_predict(measured: Mapping[str, Any], real: Mapping[int, Crop], polic
     volumes = real_volumes(real, policy)
     shapes = [v["shape_vox"] for v in volumes.values()]
     voxels = sum(v["voxels"] for v in volumes.values())
-    tiles = count_model_tiles(shapes, measured["patch_shape_vox"], measured["overlap"])
+    overlap = LOW_OVERLAP if policy == "max8_ov25" else measured["overlap"]
+    tiles = count_model_tiles(shapes, measured["patch_shape_vox"], overlap, measured["block_vox"])
     seconds = (measured["load_seconds"] + tiles * measured["compute_seconds"] / measured["tiles"]
                + voxels * measured["other_seconds"] / measured["voxels"])
     return {"voxels": voxels, "tiles": tiles, "seconds": seconds,
@@ -537,7 +544,7 @@ def markdown(report: Mapping[str, Any]) -> str:
              f"set at 1/{report['args']['scale']:g} of the real crop shapes",
              "",
              f"{env['device']}, torch {env['torch']}, cellseg {env['cellseg']} ({env['git_commit'][:10]}), "
-             f"{env['date']}; cuDNN autotuning {'on' if env['cudnn_benchmark'] else 'off (as `cellseg predict`)'}.",
+             f"{env['date']}; cuDNN autotuning on while predicting (as `cellseg predict`).",
              "",
              f"Model-resolution voxels: the synthetic test set has **{fmt_vox(syn['model_voxels'])}** at 8 nm; the "
              f"real one **{fmt_vox(syn['real_model_voxels']['8nm'])}** at 8 nm and "
@@ -584,8 +591,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="processes generating the synthetic data")
     parser.add_argument("--models", help="comma-separated architectures (default: every configs/experiments/*.yaml)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--cudnn-benchmark", action="store_true",
-                        help="cuDNN autotuning while predicting (`cellseg predict` leaves it off)")
     parser.add_argument("--work", type=Path, help="folder for data, runs and stores (default: temporary, deleted)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     parser.add_argument("--quick", action="store_true",
@@ -598,7 +603,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def environment(device: str, cudnn_benchmark: bool) -> dict[str, Any]:
+def environment(device: str) -> dict[str, Any]:
     """Where and with what the benchmark ran."""
     import torch
 
@@ -607,7 +612,7 @@ def environment(device: str, cudnn_benchmark: bool) -> dict[str, Any]:
     return {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda, "cellseg": cellseg.__version__,
             "git_commit": git_commit(REPO), "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "cudnn_benchmark": cudnn_benchmark,
+            "torch_threads": torch.get_num_threads(), "cudnn_benchmark": "on in predict_run (as `cellseg predict`)",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
@@ -697,7 +702,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     device = "cuda" if (torch.cuda.is_available() if args.device == "auto" else args.device == "cuda") else "cpu"
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # off, as in a fresh `cellseg predict`, unless asked
     configs = SMOKE if args.quick else EXPERIMENTS
     names = args.models.split(",") if args.models else sorted(p.stem for p in configs.glob("*.yaml"))
     unknown = [n for n in names if not (configs / f"{n}.yaml").is_file()]
@@ -709,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = Catalog.official().test("2026")
     stages: dict[str, Any] = {}
     report = {"benchmark": "test_set", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "environment": environment(device, args.cudnn_benchmark), "stages": stages, "notes": list(NOTES)}
+              "environment": environment(device), "stages": stages, "notes": list(NOTES)}
 
     def save() -> None:
         report["projection"] = project(stages, real)

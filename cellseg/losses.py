@@ -100,6 +100,12 @@ def _downsample(target: torch.Tensor, known: torch.Tensor, size: Sequence[int]) 
     """Nearest-neighbour targets for a coarser deep-supervision output."""
     if tuple(target.shape[2:]) == tuple(size):
         return target, known
+    full = target.shape[2:]
+    if all(n % m == 0 for n, m in zip(full, size, strict=True)):
+        # Integer factors: nearest-neighbour sampling picks source voxel i·f, i.e. a strided view. No
+        # full-resolution float copy (at 48 channels × 128³ × batch 8 those copies cost 11 % of a unet_3d step).
+        step = tuple(slice(None, None, n // m) for n, m in zip(full, size, strict=True))
+        return target[(..., *step)], known[(..., *step)]
     t = F.interpolate(target.float(), size=tuple(size), mode="nearest")
     k = F.interpolate(known.float(), size=tuple(size), mode="nearest")
     return t > 0.5, k > 0.5

@@ -34,9 +34,11 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +51,7 @@ from cellseg.data.write import atomic_dir
 from cellseg.infer.store import (
     BOUNDARY_SUFFIX,
     QUANTUM,
+    CropWriter,
     PredictionStore,
     boundary_channel,
     grid_to_json,
@@ -65,6 +68,8 @@ GRID_CHOICES: tuple[str, ...] = ("first", "finest")
 WEIGHT_METHODS: tuple[str, ...] = ("uniform", "auto")
 WEIGHTS_FILE = "weights.json"
 RESAMPLING = "area"  # linear when up-sampling, overlap-weighted mean when down-sampling
+CHANNEL_MEMORY_BYTES = 32 * 2**30  # host memory the channels processed at once may use
+MAX_CHANNEL_THREADS = 16  # beyond this, reading and writing zarr chunks stops scaling
 
 
 # ----------------------------------------------------------------------------------------------- members
@@ -186,6 +191,8 @@ def read_on_grid(store: PredictionStore, crop: str, channel: str, grid: Grid) ->
     Raises:
         ValueError: the stored array is neither float nor uint8-quantised.
     """
+    if store.grid(crop) == grid:  # the member's own grid (the usual case): no resampling
+        return store.read(crop, channel)
     image = store.image(crop, channel)
     level = image.levels[0]
     if level.dtype != np.uint8 and level.dtype.kind != "f":
@@ -200,31 +207,42 @@ def read_on_grid(store: PredictionStore, crop: str, channel: str, grid: Grid) ->
 
 def weighted_mean(members: Iterable[tuple[np.ndarray, float]], *, where: str) -> np.ndarray:
     """Σ w·p / Σ w over the members covering each voxel (NaN = not covered); members with w = 0 are skipped.
+    Members are consumed one at a time (and may be overwritten): memory stays at two or three volumes.
 
     Raises:
         ValueError: voxels that no member with a positive weight covers (`where` names the crop/channel).
     """
-    total = acc = None
+    acc: np.ndarray | None = None
+    total: np.ndarray | float = 0.0  # a scalar while every member covers every voxel (the usual case)
     for probs_ZYX, weight in members:
         if weight <= 0:
             continue
-        missing = np.isnan(probs_ZYX)
         w = np.float32(weight)
+        missing = np.isnan(probs_ZYX)
         if acc is None:
-            acc, total = np.zeros(probs_ZYX.shape, np.float32), np.zeros(probs_ZYX.shape, np.float32)
+            acc = np.zeros(probs_ZYX.shape, np.float32)
         if missing.any():
+            if not isinstance(total, np.ndarray):
+                total = np.full(probs_ZYX.shape, total, np.float32)
             acc += w * np.where(missing, np.float32(0), probs_ZYX)
             total += w * ~missing
         else:
-            acc += w * probs_ZYX
+            acc += np.multiply(probs_ZYX, w, out=probs_ZYX)
             total += w
-    if acc is None or total is None:
+    if acc is None:
         raise ValueError(f"{where}: no member has a positive weight")
     uncovered = int(np.count_nonzero(total <= 0))
     if uncovered:
         raise ValueError(f"{where}: {uncovered} voxels are covered by no member with a positive weight")
-    out = acc / total
-    return np.clip(out, 0.0, 1.0, out=out)  # rounding can step a hair outside [0, 1]
+    acc /= total
+    return np.clip(acc, 0.0, 1.0, out=acc)  # rounding can step a hair outside [0, 1]
+
+
+def parallel_channels(voxels: int, volumes_per_channel: int = 3) -> int:
+    """Threads that may process channels of one crop at once: the CPUs, limited so that their float32 volumes
+    (`volumes_per_channel` each) stay within `CHANNEL_MEMORY_BYTES` (numpy and zarr release the GIL)."""
+    per_channel = max(1, voxels * 4 * volumes_per_channel)
+    return max(1, min(os.cpu_count() or 1, MAX_CHANNEL_THREADS, CHANNEL_MEMORY_BYTES // per_channel))
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -393,9 +411,14 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
         for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):
             target, source = ensemble_grid(stores, crop, grid)
             writer = store.crop_writer(crop, target)
-            for channel in plan.channels:  # one channel in memory at a time: crops of any size
+
+            def one(channel: str, writer: CropWriter = writer, target: Grid = target, crop: str = crop) -> None:
                 probs = ensemble_channel(stores, crop, channel, plan, weights, target)
                 writer.write(channel, quantise(probs) if uint8 else probs)
+
+            # A few channels at a time (memory-bounded), each read member by member: crops of any size.
+            with ThreadPoolExecutor(parallel_channels(math.prod(target.shape_vox))) as pool:
+                list(pool.map(one, plan.channels))
             attrs = {k: v for k, v in stores[source].crop_attrs(crop).items() if k != "grid"}
             attrs["ensemble"] = {"grid_from": str(stores[source].path),
                                  "member_grids": [grid_to_json(s.grid(crop)) for s in stores]}

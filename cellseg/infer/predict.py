@@ -240,11 +240,19 @@ def auto_block_vox(num_outputs: int, margin: Sequence[int], device: torch.device
 
 
 def plan_blocks(shape_vox: Sequence[int], block_vox: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
-    """(offset, shape) of the blocks that tile a grid of `shape_vox`, at most `block_vox` per axis, in z, y, x order.
+    """(offset, shape) of the blocks that tile a grid of `shape_vox`, at most `block_vox` per axis, z, y, x order.
 
-    With `block_vox` a multiple of the store's chunk (as `auto_block_vox` chooses) every block writes whole
-    chunks; otherwise neighbouring blocks share chunks, which is correct (one writer per crop), only slower."""
-    per_axis = [[(o, min(block_vox, n - o)) for o in range(0, n, block_vox)] for n in shape_vox]
+    Each axis is cut into as few blocks as `block_vox` allows, of equal size rounded up to the store's chunk
+    (the last one shorter): 1000 voxels at a 448 limit give 384 + 384 + 232, not 448 + 448 + 104, so no block
+    is mostly context. Blocks then write whole chunks, as long as `block_vox` is at least a chunk."""
+    def cuts(n: int) -> list[tuple[int, int]]:
+        pieces = math.ceil(n / block_vox)
+        edge = math.ceil(n / pieces)
+        if block_vox >= DEFAULT_CHUNK:
+            edge = min(block_vox, math.ceil(edge / DEFAULT_CHUNK) * DEFAULT_CHUNK)
+        return [(o, min(edge, n - o)) for o in range(0, n, edge)]
+
+    per_axis = [cuts(n) for n in shape_vox]
     return [((z[0], y[0], x[0]), (z[1], y[1], x[1])) for z in per_axis[0] for y in per_axis[1] for x in per_axis[2]]
 
 
@@ -440,6 +448,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
     try:
         run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
         precision = resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
+        runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
         axes, tfms = _slice_axes(run, opts.axes_2d), _transforms(run, opts.tta)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = _provenance(run, opts, tfms, axes, precision)
@@ -496,8 +505,8 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
                                    device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
                                    blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
                                    pad_value=cfg.data.em_pad_value, on_tiles=bar.update, dtype=torch.float16)
-            for k, channel in enumerate(run.channels):
-                writer.write(channel, quantise(probs[k]) if opts.uint8 else probs[k], offset)
+            writer.write_all({c: quantise(probs[k]) if opts.uint8 else probs[k] for k, c in enumerate(run.channels)},
+                             offset)
             writer.mark_done(_block_id(offset))
     seconds = time.perf_counter() - started
     mvox = math.prod(grid.shape_vox) / 1e6

@@ -23,6 +23,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +38,8 @@ Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
 QUANTUM = 255  # uint8 probabilities hold round(255 p)
 PARTIAL_SUFFIX = ".partial"  # `.<crop>.partial`: a crop being written
-PROGRESS_FILE = "progress.json"  # in a partial crop: its key, grid and finished work units
+PROGRESS_FILE = "progress.json"
+WRITE_THREADS = 16  # channels compressed and written at once by `CropWriter.write_all`  # in a partial crop: its key, grid and finished work units
 BOUNDARY_SUFFIX = "_boundary"  # auxiliary channel of an instance class: its touching-object boundaries (as in meta.json)
 
 
@@ -285,6 +287,11 @@ class CropWriter:
         if array.dtype != stored.dtype:
             raise ValueError(f"{where}: writing {stored.dtype} into a {array.dtype} array")
         array[tuple(slice(o, o + n) for o, n in zip(offset, data.shape, strict=True))] = stored
+
+    def write_all(self, arrays: Mapping[str, np.ndarray], offset: Sequence[int] = (0, 0, 0)) -> None:
+        """`write` several channels' regions at the same offset, in parallel (compression releases the GIL)."""
+        with ThreadPoolExecutor(min(len(arrays), os.cpu_count() or 1, WRITE_THREADS) or 1) as pool:
+            list(pool.map(lambda item: self.write(item[0], item[1], offset), arrays.items()))
 
     def mark_done(self, unit: str) -> None:
         """Record a finished unit of work (after its regions are written)."""
