@@ -239,7 +239,7 @@ def count_model_tiles(shapes: Sequence[Sequence[int]], patch_vox: Sequence[int],
                       block_vox: int) -> int:
     """Sliding-window tiles `predict_run` runs over crops of these shapes: per block of at most `block_vox`
     voxels, each with its context (2D: across z)."""
-    from cellseg.infer.predict import count_tiles, plan_blocks
+    from cellseg.infer.tiling import count_tiles, plan_blocks
 
     return sum(count_tiles(block, patch_vox, overlap) for shape in shapes for _, block in plan_blocks(shape, block_vox))
 
@@ -249,8 +249,9 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     """`predict_run` over the test crops: wall, model load, per-crop compute and the rest (writing), tiles."""
     import torch
 
-    from cellseg.infer.predict import PredictOptions, auto_block_vox, context_margin, load_run, predict_run
+    from cellseg.infer.predict import PredictOptions, load_run, predict_run
     from cellseg.infer.store import PredictionStore
+    from cellseg.infer.tiling import auto_block_vox, context_margin
 
     opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {}

@@ -18,7 +18,6 @@ from cellseg.data.loader import open_crops
 from cellseg.data.split import read_datasplit
 from cellseg.infer.predict import (
     PredictOptions,
-    count_tiles,
     crop_grid,
     load_run,
     predict_run,
@@ -26,6 +25,7 @@ from cellseg.infer.predict import (
 )
 from cellseg.infer.selection import select_targets
 from cellseg.infer.store import PredictionStore
+from cellseg.infer.tiling import count_tiles
 
 INSTANCE = ("mito", "nuc", "ld")
 
