@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: CUDA if present")
     parser.add_argument("--axes-2d", default="z", choices=("z", "zyx"),
                         help="2D models: slice across z only, or across z, y and x and average (isotropic voxels)")
+    parser.add_argument("--channels", default="scored", choices=("scored", "all"),
+                        help="scored (default): a test crop gets only the classes it is scored on (in either metric "
+                             "era) and their boundary channels; all: every output channel for every crop")
     parser.add_argument("--block", type=int, default=None, metavar="VOX",
                         help="predict a crop in blocks of at most VOX voxels per axis (best a multiple of 64), each "
                              "with its own context margin, written as they finish (default: as large as host "
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
                           batch_size=args.batch_size, device=args.device, uint8=args.uint8,
                           overwrite=args.overwrite, data_root=args.data_root, axes_2d=args.axes_2d,
-                          block_vox=args.block,
+                          block_vox=args.block, channels=args.channels,
                           progress=sys.stderr.isatty() and not args.quiet)
     predict_run(args.run_dir, args.crops, args.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

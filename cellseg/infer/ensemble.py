@@ -410,7 +410,9 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
                                        instance_channels=plan.instance_channels, provenance=provenance)
         for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):
             target, source = ensemble_grid(stores, crop, grid)
-            writer = store.crop_writer(crop, target)
+            held = [set(s.crop_channels(crop)) for s in stores]
+            channels = [c for c in plan.channels if all(c in held[i] for i in plan.members_of[c])]
+            writer = store.crop_writer(crop, target, channels=channels)  # a test crop: what every member holds
 
             def one(channel: str, writer: CropWriter = writer, target: Grid = target, crop: str = crop) -> None:
                 probs = ensemble_channel(stores, crop, channel, plan, weights, target)
@@ -418,7 +420,7 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
 
             # A few channels at a time (memory-bounded), each read member by member: crops of any size.
             with ThreadPoolExecutor(parallel_channels(math.prod(target.shape_vox))) as pool:
-                list(pool.map(one, plan.channels))
+                list(pool.map(one, channels))
             attrs = {k: v for k, v in stores[source].crop_attrs(crop).items() if k != "grid"}
             attrs["ensemble"] = {"grid_from": str(stores[source].path),
                                  "member_grids": [grid_to_json(s.grid(crop)) for s in stores]}

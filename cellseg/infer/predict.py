@@ -50,7 +50,7 @@ from cellseg.data.targets import CropSource, Grid
 from cellseg.infer import tta
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.sliding_window import sliding_window
-from cellseg.infer.store import PredictionStore, quantise
+from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore, quantise
 from cellseg.infer.tiling import (
     AXIS_INDEX,
     DEFAULT_CHUNK,
@@ -71,7 +71,7 @@ EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
 # Provenance entries that must agree for a re-run to add crops to an existing store.
 RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
-               "axes_2d", "dtype", "voxel_size_nm")
+               "axes_2d", "dtype", "voxel_size_nm", "channels")
 
 
 # ----------------------------------------------------------------------------------------------- the run
@@ -195,14 +195,17 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
 
 
 def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,
-                 channels_last: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast."""
+                 channels_last: bool = False, keep: Sequence[int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast (K: the `keep` outputs)."""
     formats: dict[int, torch.memory_format] = {}
+    index = None if keep is None else torch.tensor(list(keep), device=device)
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
         fmt = formats.setdefault(batch.ndim, runtime.memory_format(batch.ndim - 2, channels_last))
         with runtime.autocast(device, precision):
             logits = model(batch.contiguous(memory_format=fmt))
+        if index is not None:
+            logits = logits.index_select(1, index)
         return torch.sigmoid(logits.float())
 
     return forward
@@ -213,7 +216,8 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                    num_outputs: int, device: torch.device, precision: runtime.Precision, overlap: float = 0.5,
                    batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
                    slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
-                   on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32) -> np.ndarray:
+                   on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
+                   keep: Sequence[int] | None = None) -> np.ndarray:
     """(K, Z, Y, X) probabilities of every output channel on `grid` (the engine; module docstring).
 
     Args:
@@ -226,6 +230,8 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
         channels_last: channels_last(_3d) tiles (CUDA only).
         on_tiles: called with the number of tiles after every batch (progress bars).
         dtype: of the result (float32, or float16 to halve host memory: what the store keeps anyway).
+        keep: indices of the model outputs to return, in this order (default all `num_outputs`); the others are
+            dropped before blending.
     """
     tfms = list(transforms or tta.transforms(2 if patch_vox[0] == 1 else 3, (), 1))
     is_2d = patch_vox[0] == 1
@@ -233,7 +239,8 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
     margin = context_margin(patch_vox, axes)
     image_CZYX = _read_em(em, grid, margin, pad_value)
     forward = make_forward(model, device=device, precision=precision,
-                           channels_last=channels_last and device.type == "cuda")
+                           channels_last=channels_last and device.type == "cuda", keep=keep)
+    num_outputs = num_outputs if keep is None else len(keep)
 
     def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
         out = tta.tta_predict(forward, tiles_BCS, tfms)
@@ -279,6 +286,7 @@ class PredictOptions:
     overwrite: bool = False
     data_root: str | None = None
     axes_2d: str = "z"
+    channels: str = "scored"  # "scored": a test crop gets only the channels it is scored on; "all"
     block_vox: int | None = None  # largest block edge (voxels; best a multiple of 64); None: as large as memory allows
     progress: bool = True
 
@@ -294,6 +302,8 @@ class PredictOptions:
         if self.block_vox is not None and self.block_vox < 1:
             raise ValueError(f"--block {self.block_vox}: must be a positive number of voxels (multiples of "
                              f"{DEFAULT_CHUNK}, the store's chunk, write whole chunks)")
+        if self.channels not in ("scored", "all"):
+            raise ValueError(f"--channels {self.channels!r}: choose 'scored' or 'all'")
         if self.axes_2d not in ("z", "zyx"):
             raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
 
@@ -326,7 +336,7 @@ def _provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transfo
             "patch_shape_vox": list(run.cfg.data.patch_shape_vox), "tta": len(tfms),
             "tta_transforms": [t.name for t in tfms], "overlap": opts.overlap, "blend": opts.blend,
             "axes_2d": "".join(axes) if run.spatial_dims == 2 else None, "precision": precision,
-            "dtype": "uint8" if opts.uint8 else "float16", "cellseg_version": cellseg.__version__,
+            "dtype": "uint8" if opts.uint8 else "float16", "channels": opts.channels, "cellseg_version": cellseg.__version__,
             "git_commit": run.meta.get("git_commit"), "data_root": opts.data_root or run.cfg.data.root,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
@@ -420,9 +430,11 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, cfg.data.voxel_size_nm)
     margin = context_margin(patch, axes)
-    edge = opts.block_vox or auto_block_vox(len(run.channels), margin, run.device)
+    channels = scored_channels(run.channels, target.labels) if opts.channels == "scored" else run.channels
+    keep = [run.channels.index(c) for c in channels]
+    edge = opts.block_vox or auto_block_vox(len(channels), margin, run.device)
     blocks = plan_blocks(grid.shape_vox, edge)
-    writer = store.crop_writer(target.name, grid, key=f"block{edge}", overwrite=opts.overwrite)
+    writer = store.crop_writer(target.name, grid, key=f"block{edge}", overwrite=opts.overwrite, channels=channels)
     todo = [(o, n) for o, n in blocks if _block_id(o) not in writer.done]
     if len(todo) < len(blocks):
         log.info("%s: resuming, %d of %d blocks already written", target.name, len(blocks) - len(todo), len(blocks))
@@ -433,14 +445,15 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
             probs = predict_volume(run.model, em, block, patch_vox=patch, num_outputs=len(run.channels),
                                    device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
                                    blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
-                                   pad_value=cfg.data.em_pad_value, on_tiles=bar.update, dtype=torch.float16)
-            writer.write_all({c: quantise(probs[k]) if opts.uint8 else probs[k] for k, c in enumerate(run.channels)},
+                                   pad_value=cfg.data.em_pad_value, on_tiles=bar.update, dtype=torch.float16,
+                                   keep=keep)
+            writer.write_all({c: quantise(probs[k]) if opts.uint8 else probs[k] for k, c in enumerate(channels)},
                              offset)
             writer.mark_done(_block_id(offset))
     seconds = time.perf_counter() - started
     mvox = math.prod(grid.shape_vox) / 1e6
     attrs = {"dataset": target.dataset, "split": target.split, "em_url": target.em_url,
-             "context_vox": list(margin), "block_vox": edge, "blocks": len(blocks),
+             "context_vox": list(margin), "block_vox": edge, "num_channels": len(channels), "blocks": len(blocks),
              "checkpoint_step": run.step, "tta": len(tfms), "seconds": round(seconds, 3),
              "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
@@ -451,6 +464,15 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
             f"{num_tiles} tiles × {len(tfms)} TTA, {seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
     return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds,
             "mvox_per_s": mvox / seconds, "blocks": len(blocks), "block_vox": edge, "line": line}
+
+
+def scored_channels(channels: Sequence[str], labels: Sequence[str]) -> tuple[str, ...]:
+    """The channels a crop scored on `labels` needs: those labels and their boundary channels, in the model's
+    order (all channels when the labels are not known, e.g. validation crops)."""
+    if not labels:
+        return tuple(channels)
+    wanted = set(labels)
+    return tuple(c for c in channels if c in wanted or c.removesuffix(BOUNDARY_SUFFIX) in wanted)
 
 
 def _block_id(offset: Sequence[int]) -> str:

@@ -13,6 +13,7 @@ With another data root (`--data-root`), the run's crops are located through that
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class CropTarget:
     stop_nm: Vec3
     backend: str = "tensorstore"
     cache_bytes: int = 256 * 2**20
+    labels: tuple[str, ...] = ()  # a test crop's scored labels (either metric era); empty: every class
 
     def em(self) -> MultiscaleImage:
         """Open the dataset's EM (uint8).
@@ -70,13 +72,14 @@ def _from_source(crop: CropSource, cfg: RunConfig) -> CropTarget:
                       backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)
 
 
-def _from_manifest(crop: Crop, split: str, em_url: str, cfg: RunConfig) -> CropTarget:
+def _from_manifest(crop: Crop, split: str, em_url: str, cfg: RunConfig, labels: Sequence[str] = ()) -> CropTarget:
     """The union of the boxes of the crop's labels (test crops have no arrays, only these boxes)."""
     geometries = list(crop.labels.values())
     start = tuple(float(min(g.start_nm[a] for g in geometries)) for a in range(3))
     stop = tuple(float(max(g.stop_nm[a] for g in geometries)) for a in range(3))
     return CropTarget(name=crop.name, dataset=crop.dataset, split=split, em_url=em_url, start_nm=start,  # type: ignore[arg-type]
-                      stop_nm=stop, backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes)  # type: ignore[arg-type]
+                      stop_nm=stop, backend=cfg.data.backend, cache_bytes=cfg.data.cache_bytes,  # type: ignore[arg-type]
+                      labels=tuple(labels))
 
 
 def _crop_id(text: str) -> int:
@@ -124,6 +127,11 @@ class _Sources:
             return dict(tests["2026"] if "2026" in tests else next(iter(tests.values())))
         return dict(Catalog.official().test("2026"))
 
+    def scored_labels(self, crop_id: int) -> tuple[str, ...]:
+        """The labels a test crop is scored on in either metric era (the union of the test manifests)."""
+        eras = self.catalog().tests or {era: Catalog.official().test(era) for era in ("2025", "2026")}
+        return tuple(sorted({label for crops in eras.values() if crop_id in crops for label in crops[crop_id].labels}))
+
     def em_of(self, dataset: str) -> str:
         """The EM of a dataset: as a training crop of it lists it, else the standard layout under the root."""
         catalog = self.catalog()
@@ -157,7 +165,8 @@ def select_targets(spec: str, cfg: RunConfig, run_dir: str | Path, *, data_root:
             raise ValueError(f"{run_dir / 'datasplit.csv'}: no validation crop annotates the run's classes")
         return targets
     if spec == "test":
-        return [_from_manifest(c, "test", sources.em_of(c.dataset), cfg) for c in sources.tests().values()]
+        return [_from_manifest(c, "test", sources.em_of(c.dataset), cfg, sources.scored_labels(cid))
+                for cid, c in sources.tests().items()]
     wanted = list(dict.fromkeys(_crop_id(t) for t in spec.split(",") if t.strip()))  # in order, once each
     if not wanted:
         raise ValueError("--crops: no crop given (use val, test or ids like 12,34)")
@@ -173,7 +182,7 @@ def select_targets(spec: str, cfg: RunConfig, run_dir: str | Path, *, data_root:
             targets.append(_from_manifest(crop, "train", str(sources.catalog().locate(crop.em_url)), cfg))
         elif cid in sources.tests():
             crop = sources.tests()[cid]
-            targets.append(_from_manifest(crop, "test", sources.em_of(crop.dataset), cfg))
+            targets.append(_from_manifest(crop, "test", sources.em_of(crop.dataset), cfg, sources.scored_labels(cid)))
         else:
             raise ValueError(f"crop {cid} is in neither the run's datasplit.csv nor the training or test manifest "
                              f"of {sources.root}")

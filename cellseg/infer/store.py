@@ -8,7 +8,8 @@ Layout (a zarr v2 directory, readable by zarr, tensorstore, neuroglancer and `ce
 
 `kind` is "probabilities" (float16 in [0, 1], or uint8 holding round(255 p) when written quantised) or
 "segmentation" (uint8 {0, 1} for semantic classes, uint32 object ids for instance classes: never
-wrapped). `channels` are the class names, followed by auxiliary channels such as `mito_boundary`.
+wrapped). `channels` are the class names, followed by auxiliary channels such as `mito_boundary`. A crop
+holds all of them, or the subset its `.zattrs` lists under "channels" (a test crop: only what it is scored on).
 
 A crop group is built under the hidden name `.crop<N>.partial` and renamed into place only when every
 channel is written, so a crop that exists is complete and a re-run skips it (`completed`). Channels can be
@@ -180,10 +181,12 @@ class PredictionStore:
         writer.commit(attrs)
 
     def crop_writer(self, crop: str, grid: Grid, *, key: str = "", overwrite: bool = False,
-                    chunks: Sequence[int] | None = None) -> CropWriter:
+                    chunks: Sequence[int] | None = None, channels: Sequence[str] | None = None) -> CropWriter:
         """A writer of one crop, channel by channel and region by region (`CropWriter`).
 
         Args:
+            channels: the channels this crop holds, in the store's order (default all; e.g. only those a test
+                crop is scored on).
             key: what the content depends on (e.g. checkpoint and prediction settings): a partial crop left
                 by a killed writer with the same key and grid is resumed, any other one discarded.
             overwrite: replace the crop, when it exists, at `commit`.
@@ -193,8 +196,16 @@ class PredictionStore:
         """
         if crop in self and not overwrite:
             raise FileExistsError(f"{self.path}/{crop} already exists; pass overwrite=True (--overwrite) to replace it")
+        subset = tuple(self.channels if channels is None else channels)
+        if [c for c in self.channels if c in subset] != list(subset):
+            raise ValueError(f"{self.path}/{crop}: channels {list(subset)} are not the store's "
+                             f"{list(self.channels)} (or a subset in its order)")
         return CropWriter(self, crop, grid, key=key, chunks=tuple(chunks or (DEFAULT_CHUNK,) * 3),
-                          overwrite=overwrite)
+                          overwrite=overwrite, channels=subset)
+
+    def crop_channels(self, crop: str) -> tuple[str, ...]:
+        """The channels a crop holds: all the store's, or the subset it was written with."""
+        return tuple(self.crop_attrs(crop).get("channels", self.channels))
 
     def stored(self, where: str, name: str, data: np.ndarray) -> np.ndarray:
         """`data` of channel `name` as it is stored (dtype checked, converted without loss of meaning).
@@ -224,6 +235,8 @@ class PredictionStore:
         (uint8 ones de-quantised), the stored masks/ids for segmentation stores."""
         if channel not in self.channels:
             raise KeyError(f"{self.path}: no channel {channel!r} (channels: {list(self.channels)})")
+        if channel not in (held := self.crop_channels(crop)):
+            raise KeyError(f"{self.path}/{crop}: no channel {channel!r}: the crop holds {list(held)}")
         data = MultiscaleImage(str(self.path / crop / channel), backend="zarr").read_level("s0")
         if self.kind == "probabilities":
             if data.dtype == np.uint8:
@@ -246,14 +259,15 @@ class CropWriter:
     """
 
     def __init__(self, store: PredictionStore, crop: str, grid: Grid, *, key: str, chunks: tuple[int, ...],
-                 overwrite: bool) -> None:
-        self.store, self.crop, self.grid, self.overwrite = store, crop, grid, overwrite
+                 overwrite: bool, channels: tuple[str, ...]) -> None:
+        self.store, self.crop, self.grid, self.overwrite, self.channels = store, crop, grid, overwrite, channels
         self.path = store.path / f".{crop}{PARTIAL_SUFFIX}"
         self._chunks = chunks
-        self._progress: dict[str, Any] = {"grid": grid_to_json(grid), "key": key, "chunks": list(chunks), "done": []}
+        self._progress: dict[str, Any] = {"grid": grid_to_json(grid), "key": key, "chunks": list(chunks),
+                                          "channels": list(channels), "done": []}
         self._arrays: dict[str, Any] = {}
         previous = self._read_progress()
-        if previous is not None and all(previous.get(k) == self._progress[k] for k in ("grid", "key", "chunks")):
+        if previous is not None and all(previous.get(k) == self._progress[k] for k in ("grid", "key", "chunks", "channels")):
             self._progress["done"] = list(previous["done"])
         elif self.path.exists():
             shutil.rmtree(self.path)  # another key or grid, or no progress record: start over
@@ -275,8 +289,8 @@ class CropWriter:
                 (or unlike the dtype already written to this channel).
         """
         where = f"{self.store.path}/{self.crop}/{channel}"
-        if channel not in self.store.channels:
-            raise ValueError(f"{where}: not a channel of the store ({list(self.store.channels)})")
+        if channel not in self.channels:
+            raise ValueError(f"{where}: not a channel of this crop ({list(self.channels)})")
         data = np.asarray(data)
         shape = tuple(self.grid.shape_vox)
         if data.ndim != 3 or len(offset) != 3 or any(
@@ -305,11 +319,13 @@ class CropWriter:
             ValueError: a channel was never written.
             FileExistsError: the crop appeared meanwhile and `overwrite` was not given.
         """
-        missing = [c for c in self.store.channels if not (self.path / c / "s0" / ".zarray").exists()]
+        missing = [c for c in self.channels if not (self.path / c / "s0" / ".zarray").exists()]
         if missing:
             raise ValueError(f"{self.path}: channels never written: {missing}")
         (self.path / PROGRESS_FILE).unlink()
-        meta = {"cellseg_crop": {"grid": grid_to_json(self.grid), **dict(attrs or {})}}
+        meta: dict[str, Any] = {"cellseg_crop": {"grid": grid_to_json(self.grid), **dict(attrs or {})}}
+        if self.channels != self.store.channels:
+            meta["cellseg_crop"]["channels"] = list(self.channels)
         (self.path / ".zattrs").write_text(json.dumps(meta, indent=2))  # the marker of a complete crop
         final = self.store.path / self.crop
         if final.exists():

@@ -73,7 +73,7 @@ def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None
 def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(probability, boundary probability or None) of one class of one crop, float32."""
     aux = boundary_channel(class_name)
-    boundary = store.read(crop, aux) if is_instance(class_name) and aux in store.channels else None
+    boundary = store.read(crop, aux) if is_instance(class_name) and aux in store.crop_channels(crop) else None
     return store.read(crop, class_name), boundary
 
 
@@ -137,9 +137,10 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
     for crop in tqdm(todo, desc="postprocess", unit="crop", disable=not progress):
         start = time.perf_counter()
         grid = pred.grid(crop)
-        writer = seg.crop_writer(crop, grid)
+        classes = [c for c in pred.classes if c in pred.crop_channels(crop)]  # a test crop: its scored classes
+        writer = seg.crop_writer(crop, grid, channels=classes)
         objects = {}
-        for name in pred.classes:  # one class in memory at a time: crops of any size
+        for name in classes:  # one class in memory at a time: crops of any size
             prob, boundary = read_class(pred, crop, name)
             labels = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
                                    params=params.get(name), device=device)
@@ -151,7 +152,7 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
         attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device}
         writer.commit(attrs)
         summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
-        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(pred.classes), device, seconds, summary)
+        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(classes), device, seconds, summary)
     if len(todo) < len(crops):
         log.info("%d crops were already written", len(crops) - len(todo))
     return seg
