@@ -195,6 +195,8 @@ def _border_site(rng: np.random.Generator, cells: Cells, nuclei: Mapping[int, Nu
     candidates = _near(nuclei, lo, hi)
     center = candidates[int(rng.integers(len(candidates)))].center
     others = cells.seeds_nm[np.linalg.norm(cells.seeds_nm - center, axis=1) > 1e-6]
+    if not len(others):  # a volume holding a single cell has no cell-cell border: any point will do
+        return rng.uniform(lo, hi)
     nearest = others[np.argsort(np.linalg.norm(others - center, axis=1))[:4]]
     return (center + nearest[int(rng.integers(len(nearest)))]) / 2
 

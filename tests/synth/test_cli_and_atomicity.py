@@ -60,3 +60,13 @@ def test_layers_keep_membranes_at_least_one_voxel_thick() -> None:
     depth = -np.arange(0, 40, 8.0)  # a coarse 8 nm grid through a surface
     atoms = sdf.layers(depth - 0.5, ((3, 6.0), (4, None)), min_thick_nm=8.0)
     assert list(atoms) == [3, 4, 4, 4, 4]
+
+
+def test_a_volume_holding_a_single_cell_still_places_its_crops(tmp_path: Path) -> None:
+    # Cells far larger than the EM: one cell, so no cell-cell border to aim a crop at.
+    one_cell = Preset(name="one-cell", style=SceneStyle(cell_diameter_u=2000, organelle_scale=0.7), block_vox=48,
+                      datasets=(DatasetSpec(name="synth-one", voxel_size_nm=(4.0, 4.0, 4.0), shape_vox=(48, 48, 48),
+                                            crops=tuple(CropSpec(role="train", scale=1, shape_vox=(16, 16, 16))
+                                                        for _ in range(3))),))
+    summary = generate(tmp_path / "root", preset=one_cell, seed=0)
+    assert summary.crops["train"] + summary.crops["validate"] == 3
