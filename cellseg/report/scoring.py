@@ -57,11 +57,12 @@ def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *
                                  resume=out.exists())
     for crop in tqdm([c for c in crops if c not in seg], desc=f"threshold {prob.path.name}", unit="crop",
                      disable=not progress, leave=False):
-        arrays = {}
-        for name in classes:
+        here = [c for c in classes if c in prob.crop_channels(crop)]  # a test crop: the classes it is scored on
+        writer = seg.crop_writer(crop, prob.grid(crop), channels=here)
+        for name in here:
             mask = prob.read(crop, name) > PLAIN_THRESHOLD
-            arrays[name] = relabel_26(mask)[0].astype(np.uint32) if is_instance(name) else mask
-        seg.write_crop(crop, prob.grid(crop), arrays, attrs={"rule": PLAIN_RULE})
+            writer.write(name, relabel_26(mask)[0].astype(np.uint32) if is_instance(name) else mask)
+        writer.commit({"rule": PLAIN_RULE})
     return seg
 
 

@@ -206,12 +206,13 @@ def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *
         raise ValueError(f"{store.path}: no crop {name} (crops: {', '.join(store.completed()) or 'none'})")
     plane = make_plane(store.grid(name), axis, index, where=f"{store.path}/{name}")
     view = open_crop(truth_root, name) if truth_root is not None else None
-    available = [c for c in store.classes if view is None or c in view.classes]
+    held = [c for c in store.classes if c in store.crop_channels(name)]  # a test crop: the classes it is scored on
+    available = [c for c in held if view is None or c in view.classes]
     if classes:
         names = canonical_classes(classes)
-        missing = [c for c in names if c not in store.classes]
+        missing = [c for c in names if c not in held]
         if missing:
-            raise ValueError(f"{store.path}: no channel for {', '.join(missing)} (classes: {', '.join(store.classes)})")
+            raise ValueError(f"{store.path}/{name}: no channel for {', '.join(missing)} (classes: {', '.join(held)})")
         if view is not None:
             view.check_classes(names)
     candidates = names if classes else tuple(available)

@@ -10,6 +10,8 @@ from cellseg.cli import main as cli
 from cellseg.data.crops import Catalog
 from cellseg.infer.predict import scored_channels
 from cellseg.infer.store import PredictionStore
+from cellseg.report.scoring import plain_segmentation
+from cellseg.viz.slices import load_prediction_slice
 
 
 def test_scored_channels_keep_labels_and_their_boundaries():
@@ -39,6 +41,12 @@ def test_test_crops_hold_their_scored_channels_through_to_the_submission(tiny_ru
         for channel in held:  # the same numbers as predicting every channel
             np.testing.assert_array_equal(a.read(crop, channel), full.read(crop, channel))
     assert subset_seen, "the tiny set should have a test crop scored on fewer classes than the model predicts"
+    # The report's plain thresholding and the figures read a test crop's own channels.
+    plain = plain_segmentation(a, tmp_path / "plain.zarr", a.completed())
+    for crop in a.completed():
+        assert plain.crop_channels(crop) == tuple(c for c in a.crop_channels(crop) if c in a.classes)
+        shown = load_prediction_slice(scored, crop, truth_root=tiny_synth_root)
+        assert set(shown.prediction) <= set(a.crop_channels(crop))
 
     ensemble, seg = tmp_path / "ens.zarr", tmp_path / "seg.zarr"
     assert cli(["ensemble", str(scored), str(other), "--out", str(ensemble), "--weights", "uniform"]) == 0
