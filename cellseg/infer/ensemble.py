@@ -472,7 +472,8 @@ def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[s
     if spec == "uniform":
         chosen = uniform_weights(plan, len(stores))
     elif spec == "auto":
-        from cellseg.infer.ensemble_fit import FitOptions, fit_weights, validation_entries
+        from cellseg.infer.ensemble_fit import FitOptions, fit_weights
+        from cellseg.infer.fit_crops import validation_entries
 
         options = fit or FitOptions()
         entries = validation_entries(stores, data_root=truth_root, crops=val_crops, available=crops)

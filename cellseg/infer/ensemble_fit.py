@@ -6,7 +6,8 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
    of every member's run (provenance `run_dir`), intersected so that no member trained on a fitting
    crop; without run directories, the data root's own `datasplit.csv`. Only crops that every member
    predicted are used. Labels come from the catalogue of the data root given (`--truth`), else from the
-   paths the datasplit rows record, else from the data root the members' provenance names.
+   paths the datasplit rows record, else from the data root the members' provenance names
+   (`cellseg.infer.fit_crops`).
 2. **Truth on the ensemble grid** (the grid the ensemble is written on, `ensemble_grid`):
    `CropSource.read_targets(grid, use_all=False)`, scored only where the class is known, exactly as
    validation during training scores (`cellseg.train.validate.score_crop`).
@@ -48,14 +49,12 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from cellseg.data.classes import get_class, is_instance
-from cellseg.data.crops import Catalog
-from cellseg.data.split import SplitEntry, read_datasplit
+from cellseg.data.split import SplitEntry
 from cellseg.data.targets import CropSource, Grid
 from cellseg.eval.aggregate import combine
 from cellseg.eval.instance_2025 import score_instance_2025
@@ -66,7 +65,6 @@ from cellseg.infer.ensemble import (
     ChannelPlan,
     GridChoice,
     Weights,
-    crop_sort_key,
     ensemble_grid,
     normalised,
     read_on_grid,
@@ -117,118 +115,6 @@ class FitOptions:
             raise ValueError(f"threshold {self.threshold} must be in (0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device {self.device!r} is not one of ('auto', 'cpu', 'cuda')")
-
-
-# ------------------------------------------------------------------------------------- validation crops
-
-
-def crop_name(text: str) -> str:
-    """`12` or `crop12` → `crop12`.
-
-    Raises:
-        ValueError: anything else.
-    """
-    text = str(text).strip()
-    number = text.removeprefix("crop")
-    if not number.isdigit():
-        raise ValueError(f"crop {text!r}: expected a crop id (12) or name (crop12)")
-    return f"crop{int(number)}"
-
-
-def _root_from_run(run_dir: str) -> str | None:
-    import yaml
-
-    try:
-        return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["data"]["root"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
-        return None
-
-
-def resolve_data_root(stores: Sequence[PredictionStore], data_root: str | Path | None) -> Path | None:
-    """The data root holding the validation labels: the given one, else the one the members record.
-
-    Raises:
-        ValueError: members recording different data roots (pass one explicitly).
-    """
-    if data_root is not None:
-        return Path(data_root)
-    roots = set()
-    for store in stores:
-        root = store.provenance.get("data_root") or (
-            _root_from_run(store.provenance["run_dir"]) if store.provenance.get("run_dir") else None)
-        if root:
-            roots.add(str(root))
-    if len(roots) > 1:
-        raise ValueError(f"the members were predicted from different data roots {sorted(roots)}; pass --truth DATA_ROOT")
-    return Path(roots.pop()) if roots else None
-
-
-def _splits(stores: Sequence[PredictionStore], root: Path | None) -> list[list[SplitEntry]]:
-    """The members' run datasplits; without any, the data root's."""
-    found = []
-    for store in stores:
-        run_dir = store.provenance.get("run_dir")
-        if run_dir and (Path(run_dir) / "datasplit.csv").is_file():
-            found.append(read_datasplit(Path(run_dir) / "datasplit.csv"))
-    if not found and root is not None and (root / "datasplit.csv").is_file():
-        found.append(read_datasplit(root / "datasplit.csv"))
-    return found
-
-
-def _validation_names(splits: list[list[SplitEntry]], available: Sequence[str]) -> list[str]:
-    if not splits:
-        raise ValueError("--weights auto needs validation crops: no member's provenance names a run_dir with a "
-                         "datasplit.csv and the data root has none; pass --crops IDS (and --truth DATA_ROOT)")
-    val_sets = [{e.crop_name for e in entries if e.split == "validate"} for entries in splits]
-    names = set.intersection(*val_sets)
-    if set.union(*val_sets) - names:
-        log.info("not used for fitting (a member trained on them): %s", sorted(set.union(*val_sets) - names))
-    if names - set(available):
-        log.warning("validation crops not predicted by every member, not used for fitting: %s",
-                    sorted(names - set(available), key=crop_sort_key))
-    return sorted(names & set(available), key=crop_sort_key)
-
-
-def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Path | None = None,
-                       crops: Sequence[str] | None = None, available: Sequence[str]) -> list[SplitEntry]:
-    """The crops to fit on, with their label locations (rules in the module docstring, step 1).
-
-    Args:
-        crops: crop ids/names, or None (or ["val"]) for the members' validation crops.
-        available: the crops every member predicted.
-
-    Raises:
-        ValueError: no validation crop found, a requested crop missing from a member, or a crop whose
-            labels cannot be located.
-    """
-    root = resolve_data_root(stores, data_root)
-    splits = _splits(stores, root)
-    if crops is None or list(crops) == ["val"]:
-        names = _validation_names(splits, available)
-    else:
-        names = [crop_name(c) for c in crops]
-        lacking = [n for n in names if n not in available]
-        if lacking:
-            raise ValueError(f"fitting crops {lacking} are not in every member store (crops in all: {list(available)})")
-    if not names:
-        raise ValueError(f"no validation crop is predicted by every member (crops in all: {list(available)})")
-    # Labels: an explicit data root's catalogue; else where the datasplit rows say, the catalogue for the rest.
-    rows = {} if data_root is not None else {e.crop_name: e for entries in splits for e in entries}
-    if all(n in rows for n in names):
-        return [rows[n] for n in names]
-    if root is None:
-        raise ValueError(f"no labels known for crops {[n for n in names if n not in rows]}: pass --truth DATA_ROOT")
-    catalog = Catalog.from_dir(root)
-    return [rows[n] if n in rows else _catalog_entry(catalog, n, root) for n in names]
-
-
-def _catalog_entry(catalog: Catalog, name: str, root: Path) -> SplitEntry:
-    crop = catalog.train.get(int(name.removeprefix("crop")))
-    if crop is None or not crop.crop_url:
-        raise ValueError(f"{name}: not a training crop with labels in {root} (training crops: "
-                         f"{[c.name for c in catalog.train.values()]})")
-    return SplitEntry(split="validate", em_url=str(catalog.locate(crop.em_url)),
-                      crop_url=str(catalog.locate(crop.crop_url)), classes=crop.classes)
 
 
 # ----------------------------------------------------------------------------------------------- scoring
