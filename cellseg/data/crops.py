@@ -107,6 +107,23 @@ class Crop:
         return next(iter(geometries))
 
 
+def crop_id(text: int | str) -> int:
+    """A crop's number from `12`, `"12"` or `"crop12"`.
+
+    Raises:
+        ValueError: anything else, e.g. "'mito' is not a crop id (12 or crop12)".
+    """
+    number = str(text).strip().removeprefix("crop")
+    if not number.isdigit():
+        raise ValueError(f"{text!r} is not a crop id (12 or crop12)")
+    return int(number)
+
+
+def crop_name(text: int | str) -> str:
+    """`12`, `"12"` or `"crop12"` → `"crop12"` (the group name in stores and submissions; see `crop_id`)."""
+    return f"crop{crop_id(text)}"
+
+
 def parse_vector(text: str) -> tuple[float, ...]:
     """Parse a manifest vector such as `[2.0;2.0;2.0]` (z;y;x)."""
     body = text.strip().strip("[]")

@@ -8,25 +8,12 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from cellseg.data.crops import Catalog
+from cellseg.data.crops import Catalog, crop_name
 from cellseg.data.split import SplitEntry, read_datasplit
 from cellseg.infer.ensemble import crop_sort_key
 from cellseg.infer.store import PredictionStore
 
 log = logging.getLogger(__name__)
-
-
-def crop_name(text: str) -> str:
-    """`12` or `crop12` → `crop12`.
-
-    Raises:
-        ValueError: anything else.
-    """
-    text = str(text).strip()
-    number = text.removeprefix("crop")
-    if not number.isdigit():
-        raise ValueError(f"crop {text!r}: expected a crop id (12) or name (crop12)")
-    return f"crop{int(number)}"
 
 
 def _root_from_run(run_dir: str) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cellseg.config.schema import RunConfig
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.crops import Catalog, Crop
+from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.loader import open_crops
 from cellseg.data.split import SplitEntry, dataset_paths, read_datasplit
 from cellseg.data.targets import CropSource
@@ -84,9 +84,9 @@ def _from_manifest(crop: Crop, split: str, em_url: str, cfg: RunConfig, labels: 
 
 def _crop_id(text: str) -> int:
     try:
-        return int(text.strip().removeprefix("crop"))
-    except ValueError:
-        raise ValueError(f"--crops: {text!r} is not a crop id (use val, test or ids like 12,34)") from None
+        return crop_id(text)
+    except ValueError as err:
+        raise ValueError(f"--crops: {err}; use val, test or ids like 12,34") from None
 
 
 class _Sources:

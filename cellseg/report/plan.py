@@ -27,7 +27,7 @@ from typing import Any
 
 from cellseg.config import load_run_config
 from cellseg.config.schema import RunConfig
-from cellseg.data.crops import Catalog
+from cellseg.data.crops import Catalog, crop_name
 from cellseg.data.split import read_datasplit
 from cellseg.eval.rules import ERAS
 from cellseg.infer.predict import checkpoint_path
@@ -150,16 +150,11 @@ def data_root_of(runs: Sequence[RunInfo], data_root: str | None) -> Path:
     return Path(roots.pop())
 
 
-def crop_name(text: str) -> str:
-    """`12` or `crop12` → `crop12`.
-
-    Raises:
-        ValueError: anything else.
-    """
-    number = str(text).strip().removeprefix("crop")
-    if not number.isdigit():
-        raise ValueError(f"crop {text!r} is not a crop id (use val, test or ids like 12,34)")
-    return f"crop{int(number)}"
+def _crop_name(text: str) -> str:
+    try:
+        return crop_name(text)
+    except ValueError as err:
+        raise ValueError(f"--crops: {err}; use val, test or ids like 12,34") from None
 
 
 def sort_key(name: str) -> int:
@@ -212,7 +207,7 @@ def explicit_crops(spec: str, catalog: Catalog, root: Path) -> list[str]:
     Raises:
         ValueError: an id that is neither (named), or no id at all.
     """
-    names = list(dict.fromkeys(crop_name(t) for t in spec.split(",") if t.strip()))
+    names = list(dict.fromkeys(_crop_name(t) for t in spec.split(",") if t.strip()))
     if not names:
         raise ValueError("--crops: no crop given (use val, test or ids like 12,34)")
     tests = {c.name for version in catalog.tests.values() for c in version.values()}

@@ -27,7 +27,7 @@ import numpy as np
 from cellseg.data import resample
 from cellseg.data.arrays import ArrayReader, MultiscaleImage, open_array
 from cellseg.data.classes import all_classes, atoms_of, get_class
-from cellseg.data.crops import Catalog, Crop
+from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.split import SplitEntry, dataset_paths
 from cellseg.data.targets import CropSource, Grid, plan_class
 
@@ -311,13 +311,6 @@ def read_nearest(reader: ArrayReader, *, voxel_size_nm: Sequence[float], transla
     return np.where(inside, values, np.zeros((), dtype=values.dtype)), inside
 
 
-def _crop_id(crop: int | str) -> int:
-    text = str(crop).strip().removeprefix("crop")
-    if not text.isdigit():
-        raise ValueError(f"crop {crop!r} is not a crop number (e.g. 234 or crop234)")
-    return int(text)
-
-
 def open_crop(root: str | os.PathLike[str], crop: int | str) -> CropView:
     """Open crop `crop` (234 or "crop234") of a data root: a training crop, else a test crop.
 
@@ -327,14 +320,14 @@ def open_crop(root: str | os.PathLike[str], crop: int | str) -> CropView:
     """
     root = Path(root)
     catalog = Catalog.from_dir(root)
-    crop_id = _crop_id(crop)
-    if crop_id in catalog.train:
-        return TrainingCrop(catalog, catalog.train[crop_id])
+    number = crop_id(crop)
+    if number in catalog.train:
+        return TrainingCrop(catalog, catalog.train[number])
     for version in ("2026", "2025"):
-        if crop_id in catalog.tests.get(version, {}):
-            return HeldOutCrop(root, catalog.tests[version][crop_id])
+        if number in catalog.tests.get(version, {}):
+            return HeldOutCrop(root, catalog.tests[version][number])
     tests = sorted({c for crops in catalog.tests.values() for c in crops})
-    raise ValueError(f"crop {crop_id} is not in {root}: training crops {_ids(catalog.train)}"
+    raise ValueError(f"crop {number} is not in {root}: training crops {_ids(catalog.train)}"
                      + (f", test crops {_ids(tests)}" if tests else ""))
 
 

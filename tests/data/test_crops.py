@@ -97,3 +97,13 @@ def test_bad_manifests(tmp_path):
         "crop_name,dataset,class_label,voxel_size,translation,shape\n1,a,mito,[8;8],[0;0;0],[1;1;x]\n")
     with pytest.raises(ValueError, match="line 2"):
         Catalog.from_dir(tmp_path)
+
+
+def test_crop_ids_and_names_parse_the_same_way_everywhere():
+    from cellseg.data.crops import crop_id, crop_name
+
+    assert crop_id(12) == crop_id("12") == crop_id(" crop12 ") == 12
+    assert crop_name("012") == crop_name(12) == "crop12"
+    for bad in ("mito", "crop", "12a", "-3"):
+        with pytest.raises(ValueError, match="is not a crop id"):
+            crop_id(bad)

@@ -81,7 +81,7 @@ def test_test_crops_come_from_ground_truth_zarr(tiny_synth_root):
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"crop": 999}, r"crop 999 is not in .*training crops 1, 2, 3, 4, 5, 6, test crops 501, 502"),
-    ({"crop": "cropX"}, "not a crop number"),
+    ({"crop": "cropX"}, "not a crop id"),
     ({"crop": 1, "classes": ["mitochondria"]}, "unknown CellMap class 'mitochondria'; did you mean mito"),
     ({"crop": 6, "classes": ["mito_mem"]}, r"crop6 \(synth-iso8-1\) does not annotate mito_mem"),
     ({"crop": 1, "index": 32}, r"crop1 \(synth-iso4-1\): slice index z=32 is out of range: 32 z slices at "
