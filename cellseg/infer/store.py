@@ -39,8 +39,8 @@ Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
 QUANTUM = 255  # uint8 probabilities hold round(255 p)
 PARTIAL_SUFFIX = ".partial"  # `.<crop>.partial`: a crop being written
-PROGRESS_FILE = "progress.json"
-WRITE_THREADS = 16  # channels compressed and written at once by `CropWriter.write_all`  # in a partial crop: its key, grid and finished work units
+PROGRESS_FILE = "progress.json"  # in a partial crop: its key, grid, channels and finished work units
+WRITE_THREADS = 16  # channels compressed and written at once by `CropWriter.write_all`
 BOUNDARY_SUFFIX = "_boundary"  # auxiliary channel of an instance class: its touching-object boundaries (as in meta.json)
 
 
