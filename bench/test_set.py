@@ -18,10 +18,10 @@ timed stage by stage and projected to the real test set (issue #7: "≤ 60 minut
 4. **Projection** to the real 2026 test crops under two policies: every crop at the models' 8 nm, or at
    max(8 nm, the crop's voxel size) per axis (the 13.9–32 nm crops predicted by members trained at that voxel
    size; assumed to have the same architecture, patch and speed as the 8 nm ones). Predict time per model =
-   model load + sliding-window tiles × measured seconds per tile (tiles counted exactly as `predict_volume` runs
-   them, context included) + the rest of `predict_run` (writing) per output voxel. The other stages: a cost per
-   crop or array (the smallest crop timed alone) plus a cost per model-resolution voxel (ensemble,
-   post-processing) or per submitted voxel (crop grid × labels; submission and validation, measured on a probe:
+   model load + compile (the warm-up predict) + sliding-window tiles × seconds per tile in the steady state of
+   one large box (tiles counted per column exactly as `predict_run` cuts each crop, context included) + the
+   store writes per channel-voxel. The other stages: a cost per crop or array (the smallest crop timed alone)
+   plus a cost per channel-voxel (ensemble, post-processing) or per submitted voxel (crop grid × labels; submission and validation, measured on a probe:
    the largest crop resubmitted on a 4 nm grid). Every stage is assumed to keep its measured rates at any crop
    size (streaming block by block).
 
@@ -92,6 +92,10 @@ POLICIES = {
                  "tiles counted at that overlap, each at the measured seconds per tile)",
 }
 LOW_OVERLAP = 0.25  # the overlap of the "max8_ov25" policy
+STEADY_BOX = (256, 256, 256)  # 3D steady-state probe (voxels): 125 tiles of 128³ at overlap 0.5, context included
+STEADY_SLICES = (32, 512, 512)  # 2D probe: 32 slices, 800 tiles of 256²
+QUICK_STEADY = (32, 32, 32)  # --quick: probe box for both (tiny models on a CPU)
+BIG_CROP_SHARE = 0.1  # the probe keeps the channels of the largest scored set among crops with ≥ 10 % of the voxels
 
 
 # ------------------------------------------------------------------------------------------- the layout
@@ -211,6 +215,21 @@ def store_voxels(path: Path) -> int:
     return sum(math.prod(store.grid(c).shape_vox) for c in store.completed())
 
 
+def store_channel_voxels(path: Path) -> int:
+    """Voxels × channels over every crop of a prediction store (each crop holds its scored channels)."""
+    from cellseg.infer.store import PredictionStore
+
+    store = PredictionStore.open(path)
+    return sum(math.prod(store.grid(c).shape_vox) * len(store.crop_channels(c)) for c in store.completed())
+
+
+def scored_count(channels: Sequence[str], crop: Crop) -> int:
+    """Channels `cellseg predict --channels scored` writes for a real test crop (its labels + boundaries)."""
+    from cellseg.infer.predict import scored_channels
+
+    return len(scored_channels(channels, list(crop.labels)))
+
+
 # ------------------------------------------------------------------------------------------- the stages
 
 
@@ -232,30 +251,89 @@ def build_run(arch: str, *, root: Path, run_dir: Path, device: str, quick: bool)
     setup.keeper.save_last(setup.state_dict(metric=None, rng=rng_state()))  # as the trainer saves `last.pt`
     return {"run_dir": str(run_dir), "parameters": sum(p.numel() for p in setup.model.parameters()),
             "patch_shape_vox": list(cfg.data.patch_shape_vox), "batch_size": setup.batch_size,
-            "channels": cfg.data.num_target_channels, "preset": cfg.model.preset}
+            "channels": cfg.data.num_target_channels, "channel_names": list(setup.meta["channels"]),
+            "preset": cfg.model.preset}
 
 
-def count_model_tiles(shapes: Sequence[Sequence[int]], patch_vox: Sequence[int], overlap: float,
-                      block_vox: int) -> int:
-    """Sliding-window tiles `predict_run` runs over crops of these shapes: per block of at most `block_vox`
-    voxels, each with its context (2D: across z)."""
-    from cellseg.infer.tiling import count_tiles, plan_blocks
+def count_model_tiles(crops: Sequence[tuple[Sequence[int], int]], patch_vox: Sequence[int], overlap: float,
+                      device: str) -> int:
+    """Sliding-window tiles `predict_run` runs over crops given as (shape, channels): per column of
+    `plan_crop` (what memory on `device` allows for that many channels), each with its context."""
+    import torch
 
-    return sum(count_tiles(block, patch_vox, overlap) for shape in shapes for _, block in plan_blocks(shape, block_vox))
+    from cellseg.infer.predict import plan_crop
+    from cellseg.infer.tiling import count_tiles
+
+    dev = torch.device(device)
+    return sum(count_tiles(n, patch_vox, overlap) for shape, k in crops
+               for _, n in plan_crop(shape, k, patch_vox, ("z",), dev).blocks)
+
+
+def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch: int, quick: bool) -> dict[str, Any]:
+    """Seconds per tile and per written channel-voxel on one large box, what the real test set's 1000³ crops
+    are made of (the synthetic crops are mostly context and part-filled batches): `predict_volume` as
+    `predict_run` calls it (TTA 8, the run's batch, compiled on CUDA, `channels` outputs kept) over random EM of
+    `STEADY_BOX` (3D) or `STEADY_SLICES` (2D), after an untimed one-tile call (compilation, autotuning); then the
+    result written into a store as `predict_run` writes a crop."""
+    import numpy as np
+    import torch
+
+    from cellseg.data.arrays import MultiscaleImage
+    from cellseg.data.targets import Grid
+    from cellseg.data.write import write_multiscale
+    from cellseg.infer.predict import CompiledModel, load_run, predict_volume, run_transforms
+    from cellseg.infer.store import PredictionStore
+    from cellseg.infer.tiling import count_tiles
+
+    run = load_run(run_dir, "last", device=device)
+    patch = run.cfg.data.patch_shape_vox
+    shape = QUICK_STEADY if quick else STEADY_SLICES if run.spatial_dims == 2 else STEADY_BOX
+    vs = (MODEL_VOXEL_NM,) * 3
+    data = np.random.default_rng(0).integers(0, 256, size=shape, dtype=np.uint8)
+    path = write_multiscale(work / "steady_em", data, voxel_size_nm=vs, translation_nm=tuple(v / 2 for v in vs),
+                            kind="em", num_levels=1)
+    em = MultiscaleImage(str(path), backend="tensorstore", expected_dtype="uint8")
+    compiled = CompiledModel(run.model) if device == "cuda" else None
+    keep = list(range(channels))
+    common = dict(num_outputs=len(run.channels), device=run.device, precision="bf16" if device == "cuda" else "fp32",
+                  batch_size=batch, transforms=run_transforms(run, TTA), channels_last=True, keep=keep,
+                  dtype=torch.float16, compiled=compiled)
+    record: dict[str, Any] = {"shape_vox": list(shape), "channels": channels, "batch_size": batch}
+    with timed(record, "warmup_seconds"):
+        predict_volume(run.model, em, Grid(translation_nm=tuple(v / 2 for v in vs), shape_vox=(patch[0], 8, 8),
+                                           voxel_size_nm=vs), patch_vox=patch, **common)
+    grid = Grid(translation_nm=tuple(v / 2 for v in vs), shape_vox=shape, voxel_size_nm=vs)  # type: ignore[arg-type]
+    with timed(record, "predict_seconds"):
+        probs = predict_volume(run.model, em, grid, patch_vox=patch, **common)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    store = PredictionStore.create(work / "steady.zarr", kind="probabilities", channels=run.channels,
+                                   instance_channels=[], provenance={})
+    with timed(record, "write_seconds"):
+        writer = store.crop_writer("crop1", grid, channels=run.channels[:channels])
+        writer.write_all({c: probs[k] for k, c in enumerate(run.channels[:channels])})
+        writer.commit()
+    tiles = count_tiles(shape, patch, 0.5)
+    record.update(tiles=tiles, seconds_per_tile=record["predict_seconds"] / tiles,
+                  write_seconds_per_channel_voxel=record["write_seconds"] / (channels * math.prod(shape)),
+                  compiled=bool(compiled and compiled.compiled_ok))
+    shutil.rmtree(work / "steady.zarr", ignore_errors=True)
+    shutil.rmtree(work / "steady_em", ignore_errors=True)
+    return record
 
 
 def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str, Path] | None,
-                  patch_vox: Sequence[int]) -> dict[str, Any]:
-    """`predict_run` over the test crops: wall, model load, per-crop compute and the rest (writing), tiles."""
+                  patch_vox: Sequence[int], probe_channels: int, quick: bool = False) -> dict[str, Any]:
+    """`predict_run` over the test crops (wall, model load, compile, per-crop compute, tiles), then the
+    steady-state probe (`steady_probe`)."""
     import torch
 
     from cellseg.infer.predict import PredictOptions, load_run, predict_run
     from cellseg.infer.store import PredictionStore
-    from cellseg.infer.tiling import auto_block_vox, context_margin
 
     opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {}
-    if warmup is not None:  # CUDA/cuDNN initialisation on the smallest crop, outside the timed run
+    if warmup is not None:  # torch.compile and cuDNN autotuning on the smallest crop, outside the timed run
         with timed(record, "warmup_seconds"):
             predict_run(run_dir, warmup[0], warmup[1], opts)
     with timed(record, "load_seconds"):
@@ -265,18 +343,20 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     with timed(record):
         summaries = predict_run(run_dir, "test", store, opts)
     pred = PredictionStore.open(store)
-    shapes = [pred.grid(c).shape_vox for c in pred.completed()]
+    crops = [(pred.grid(c).shape_vox, len(pred.crop_channels(c))) for c in pred.completed()]
     compute = sum(s.get("seconds", 0.0) for s in summaries) or record["seconds"] - record["load_seconds"]
-    voxels = sum(math.prod(s) for s in shapes)
-    block_vox = auto_block_vox(len(run.channels), context_margin(patch_vox), run.device)  # what predict_run used
-    tiles = count_model_tiles(shapes, patch_vox, opts.overlap, block_vox)
-    record.update(crops=len(shapes), voxels=voxels, tiles=tiles, tta=TTA, overlap=opts.overlap, block_vox=block_vox,
-                  patch_shape_vox=list(patch_vox),
+    voxels = sum(math.prod(shape) for shape, _ in crops)
+    tiles = sum(s["tiles"] for s in summaries)
+    record.update(crops=len(crops), voxels=voxels, tiles=tiles, tta=TTA, overlap=opts.overlap,
+                  patch_shape_vox=list(patch_vox), channels=list(run.channels), device=device,
                   compute_seconds=compute, other_seconds=max(0.0, record["seconds"] - record["load_seconds"] - compute),
                   mvox_per_s=voxels / 1e6 / (record["seconds"] - record["load_seconds"]),
                   compute_mvox_per_s=voxels / 1e6 / compute, tiles_per_s=tiles / compute, bytes=disk_bytes(store))
     if device == "cuda":
         record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    del run
+    record["steady"] = steady_probe(run_dir, store.parent, device=device, channels=probe_channels,
+                                    batch=int(summaries[0].get("batch", 1)) if summaries else 1, quick=quick)
     return record
 
 
@@ -300,8 +380,9 @@ def ensemble_stage(stores: Sequence[Path], out: Path, smallest: str) -> dict[str
     with timed(record, "smallest_crop_seconds"):
         write_ensemble(members, out.with_name(f"{out.stem}_{smallest}.zarr"), plan, uniform_weights(plan, len(members)),
                        [smallest])
-    record.update(members=len(stores), voxels=store_voxels(out), bytes=disk_bytes(out))
-    return cost_model(record, per_item=record["smallest_crop_seconds"], items=len(result.crops), key="voxels")
+    record.update(members=len(stores), voxels=store_voxels(out), channel_voxels=store_channel_voxels(out),
+                  bytes=disk_bytes(out))
+    return cost_model(record, per_item=record["smallest_crop_seconds"], items=len(result.crops), key="channel_voxels")
 
 
 def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
@@ -309,6 +390,7 @@ def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
     and per voxel fitted to the seconds the store records for each crop."""
     import numpy as np
 
+    from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 
@@ -317,11 +399,13 @@ def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
         seg = postprocess_store(open_probabilities(source), out, params=ParamSet(), device=record["device"],
                                 progress=False)
     crops = seg.completed()
-    voxels = [math.prod(seg.grid(c).shape_vox) for c in crops]
+    probs = PredictionStore.open(source)
+    voxels = [math.prod(seg.grid(c).shape_vox) * len(probs.crop_channels(c)) for c in crops]  # channel-voxels
     seconds = [seg.crop_attrs(c).get("postprocess", {}).get("seconds", 0.0) for c in crops]
     per_voxel, per_crop = np.polyfit(voxels, seconds, 1) if len(set(voxels)) > 1 else (0.0, 0.0)
-    record.update(voxels=sum(voxels), bytes=disk_bytes(out), crop_seconds=dict(zip(crops, seconds, strict=True)))
-    model = cost_model(record, per_item=max(0.0, float(per_crop)), items=len(crops), key="voxels")
+    record.update(voxels=sum(math.prod(seg.grid(c).shape_vox) for c in crops), channel_voxels=sum(voxels),
+                  bytes=disk_bytes(out), crop_seconds=dict(zip(crops, seconds, strict=True)))
+    model = cost_model(record, per_item=max(0.0, float(per_crop)), items=len(crops), key="channel_voxels")
     if per_voxel > 0:  # else (timing noise) the rest of the stage's time per voxel, as `cost_model` has it
         model["per_voxel_seconds"] = float(per_voxel)
     return model
@@ -394,17 +478,28 @@ def probed(record: dict[str, Any], crops: Mapping[int, Crop], smallest: int, pro
 
 
 def project_predict(measured: Mapping[str, Any], real: Mapping[int, Crop], policy: str) -> dict[str, Any]:
-    """One model's `predict_run` over the real test crops: load + tiles × s/tile + output voxels × s/voxel."""
+    """One model's `predict_run` over the real test crops: load + compile (the warm-up predict) + tiles × the
+    steady-state seconds per tile + channel-voxels written × the steady-state write cost."""
     volumes = real_volumes(real, policy)
-    shapes = [v["shape_vox"] for v in volumes.values()]
+    crops = [(v["shape_vox"], scored_count(measured["channels"], real[k])) for k, v in volumes.items()]
     voxels = sum(v["voxels"] for v in volumes.values())
+    channel_voxels = sum(math.prod(shape) * k for shape, k in crops)
     overlap = LOW_OVERLAP if policy == "max8_ov25" else measured["overlap"]
-    tiles = count_model_tiles(shapes, measured["patch_shape_vox"], overlap, measured["block_vox"])
-    seconds = (measured["load_seconds"] + tiles * measured["compute_seconds"] / measured["tiles"]
-               + voxels * measured["other_seconds"] / measured["voxels"])
-    return {"voxels": voxels, "tiles": tiles, "seconds": seconds,
-            "seconds_by_mvox_per_s": voxels / 1e6 / measured["mvox_per_s"],
-            "bytes": measured["bytes"] * voxels / measured["voxels"]}
+    tiles = count_model_tiles(crops, measured["patch_shape_vox"], overlap, measured["device"])
+    steady = measured["steady"]
+    seconds = (measured["load_seconds"] + measured.get("warmup_seconds", 0.0) + tiles * steady["seconds_per_tile"]
+               + channel_voxels * steady["write_seconds_per_channel_voxel"])
+    return {"voxels": voxels, "channel_voxels": channel_voxels, "tiles": tiles, "seconds": seconds,
+            "seconds_at_synthetic_rate": tiles * measured["compute_seconds"] / measured["tiles"],
+            "bytes": measured["bytes"] * channel_voxels / max(1, measured.get("channel_voxels", measured["voxels"]))}
+
+
+def probe_channels(real: Mapping[int, Crop], channels: Sequence[str]) -> int:
+    """Channels for the steady-state probe: the most any crop holding ≥ `BIG_CROP_SHARE` of the max8 voxels is
+    scored on (the 1000³ crops dominate the predict time)."""
+    volumes = real_volumes(real, "max8")
+    total = sum(v["voxels"] for v in volumes.values())
+    return max(scored_count(channels, real[k]) for k, v in volumes.items() if v["voxels"] >= BIG_CROP_SHARE * total)
 
 
 def project_stage(measured: Mapping[str, Any], units: int, items: int, key: str) -> dict[str, Any]:
@@ -420,19 +515,23 @@ def project(stages: Mapping[str, Any], real: Mapping[int, Crop]) -> dict[str, An
     """Minutes per stage and in total on the real test crops, for every policy."""
     out = {}
     submitted, arrays = submitted_voxels(real), num_arrays(real)
+    channels = next((m["channels"] for m in stages.get("predict", {}).values() if m.get("status") == "ok"), None)
     for policy, description in POLICIES.items():
-        voxels = sum(v["voxels"] for v in real_volumes(real, policy).values())
+        volumes = real_volumes(real, policy)
+        voxels = sum(v["voxels"] for v in volumes.values())
+        channel_voxels = sum(v["voxels"] * scored_count(channels, real[k]) for k, v in volumes.items()) if channels else 0
         rows: dict[str, Any] = {"predict": {name: project_predict(m, real, policy)
                                             for name, m in stages.get("predict", {}).items() if m.get("status") == "ok"}}
-        for stage, key, units, items in (("ensemble", "voxels", voxels, len(real)),
-                                         ("postprocess", "voxels", voxels, len(real)),
+        for stage, key, units, items in (("ensemble", "channel_voxels", channel_voxels, len(real)),
+                                         ("postprocess", "channel_voxels", channel_voxels, len(real)),
                                          ("submit", "submitted_voxels", submitted, arrays),
                                          ("validate", "submitted_voxels", submitted, arrays)):
             if stages.get(stage, {}).get("status") == "ok":
                 rows[stage] = project_stage(stages[stage], units, items, key)
         predict_s = sum(r["seconds"] for r in rows["predict"].values())
         total_s = predict_s + sum(rows[s]["seconds"] for s in DOWNSTREAM if s in rows)
-        out[policy] = {"description": description, "model_voxels": voxels, "submitted_voxels": submitted,
+        out[policy] = {"description": description, "model_voxels": voxels, "channel_voxels": channel_voxels,
+                       "submitted_voxels": submitted,
                        "crops": {str(k): v for k, v in real_volumes(real, policy).items()}, "stages": rows,
                        "predict_minutes": predict_s / 60, "total_minutes": total_s / 60, "goal_minutes": GOAL_MINUTES,
                        "complete": bool(rows["predict"]) and all(s in rows for s in DOWNSTREAM),
@@ -499,8 +598,14 @@ def measured_table(report: Mapping[str, Any]) -> list[str]:
                           "em_voxels")]
     lines += [measured_row(f"build run {name}", r) for name, r in st.get("build_runs", {}).items()]
     for name, r in st.get("predict", {}).items():
-        detail = (f" (TTA {r['tta']}; load {r['load_seconds']:.1f} s, compute {r['compute_seconds']:.1f} s, "
-                  f"{r['tiles']} tiles, {r['tiles_per_s']:.3g} tiles/s)") if r.get("status") == "ok" else ""
+        detail = ""
+        if r.get("status") == "ok":
+            probe = r["steady"]
+            detail = (f" (TTA {r['tta']}; load {r['load_seconds']:.1f} s, warm-up incl. compile "
+                      f"{r.get('warmup_seconds', 0.0):.1f} s, compute {r['compute_seconds']:.1f} s, {r['tiles']} tiles, "
+                      f"{r['tiles_per_s']:.3g} tiles/s; steady state {1 / probe['seconds_per_tile']:.3g} tiles/s with "
+                      f"{probe['channels']} channels, batch {probe['batch_size']}"
+                      f"{', compiled' if probe['compiled'] else ''})")
         lines.append(measured_row(f"predict {name}{detail}", r))
     for stage in DOWNSTREAM:
         r = st.get(stage, {})
@@ -562,20 +667,23 @@ NOTES = (
     "Random weights: throughput does not depend on the weight values, but post-processing time, output sizes "
     "and compression times do (random models give near-constant probabilities: they compress well and give "
     "few objects).",
-    "Predict, per model: model load + tiles × measured seconds per tile (tiles counted as `predict_volume` runs "
-    "them, half a patch of context included) + the rest of `predict_run` per output voxel. The JSON's "
-    "`seconds_by_mvox_per_s` is the plain voxels ÷ measured Mvox/s figure (context-bound on small crops).",
+    "Predict, per model: model load + the warm-up predict of the smallest crop (torch.compile and cuDNN "
+    "autotuning) + tiles × seconds per tile in the steady state (one large box: 256³ for 3D models, 32 × 512² "
+    "for 2D, TTA 8, the run's batch, the channels of the largest crops) + channel-voxels × the measured store "
+    "write cost. Tiles are counted per column as `predict_run` cuts each real crop for its scored channels, "
+    "context included. The JSON's `seconds_at_synthetic_rate` prices the same tiles at the rate measured on the "
+    "synthetic crops (mostly context and part-filled batches).",
     "Other stages: a cost per item that does not grow with voxels plus a cost per voxel. Ensemble: per crop from "
-    "the smallest crop ensembled alone, the rest of its time per model-resolution voxel. Post-processing: both "
-    "fitted to the seconds it records per crop. Submission and validation: per array from the smallest crop "
+    "the smallest crop ensembled alone, the rest of its time per channel-voxel (model-resolution voxels × the "
+    "crop's scored channels). Post-processing: both fitted to the seconds it records per crop (per channel-voxel). Submission and validation: per array from the smallest crop "
     "alone, per submitted voxel (each label's crop grid) from a probe, the largest crop resubmitted on a "
     f"{PROBE_VOXEL_NM:g} nm grid with the labels {', '.join(PROBE_LABELS)}.",
     "Every stage is assumed to keep its measured rates at any crop size (streaming block by block: a 32 nm crop "
     "of 1000³ voxels is 4000³ = 64 G voxels × 58 channels at 8 nm).",
     "Synthetic voxel sizes: each dataset's EM s0 is its finest real crop's voxel size; coarser crops sit at "
     "s0 × 1, 2 or 4 (the generator's steps), so real 8× steps (e.g. 4 → 32 nm) are 4× in the synthetic set.",
-    "Not included: synthetic data, building the runs, the GPU warm-up predict of the smallest crop, and the "
-    "extra timings of the cost models (smallest crop alone, probe).",
+    "Not included: synthetic data, building the runs, and the extra timings of the cost models (smallest crop "
+    "alone, probes).",
 )
 
 
@@ -644,7 +752,7 @@ def make_data(args: argparse.Namespace, root: Path, real: Mapping[int, Crop]) ->
 
 
 def run_models(args: argparse.Namespace, names: Sequence[str], work: Path, device: str, warm_crop: str,
-               stages: dict[str, Any], save: Callable[[], None]) -> None:
+               stages: dict[str, Any], save: Callable[[], None], real: Mapping[int, Crop]) -> None:
     """Build every run and predict the test crops with it, saving the report after each; failures are recorded."""
     builds, predicts = stages.setdefault("build_runs", {}), stages.setdefault("predict", {})
     for name in names:
@@ -657,7 +765,8 @@ def run_models(args: argparse.Namespace, names: Sequence[str], work: Path, devic
         if ok:
             warmup = (warm_crop, work / "warmup" / f"{name}.zarr") if device == "cuda" else None
             attempt(predicts[name], lambda n=name, r=run_dir, w=warmup: predict_model(
-                r, work / "predictions" / f"{n}.zarr", device=device, warmup=w, patch_vox=builds[n]["patch_shape_vox"]))
+                r, work / "predictions" / f"{n}.zarr", device=device, warmup=w, patch_vox=builds[n]["patch_shape_vox"],
+                probe_channels=probe_channels(real, builds[n]["channel_names"]), quick=args.quick))
         r = predicts[name]
         if r.get("status") == "ok":
             print(f"    {r['seconds']:.1f} s ({r['load_seconds']:.1f} s load), {fmt_vox(r['voxels'])} voxels, "
@@ -724,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stages["generate"], report["synthetic"] = make_data(args, work / "data", real)
         save()
         smallest = min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
-        run_models(args, names, work, device, str(smallest), stages, save)
+        run_models(args, names, work, device, str(smallest), stages, save, real)
         run_downstream(work, device, smallest, stages, save)
     finally:
         if args.work is None:

@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "test-time flips (3D: identity + 7 flip combinations; 2D: the 8 in-plane symmetries). "
                     "Writes a prediction store (OME-NGFF, one group per crop, float16 or uint8) that records the "
                     "run, checkpoint, TTA and blending. Crops already in PRED.zarr are skipped, so an interrupted "
-                    "run resumes (a crop is written block by block; a partly written one resumes at its first unfinished block). Under `torchrun --nproc-per-node N` the crops are shared among the GPUs.",
+                    "run resumes (a crop streams through the window in z and is written a chunk of planes at a time; a "
+                    "partly written one resumes after its last written planes). Under `torchrun --nproc-per-node N` "
+                    "the crops are shared among the GPUs.",
         epilog="example: cellseg predict runs/unet_3d --crops val --out preds/unet_3d_val.zarr",
     )
     parser.add_argument("run_dir", help="a `cellseg train` run directory")
@@ -42,9 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="scored (default): a test crop gets only the classes it is scored on (in either metric "
                              "era) and their boundary channels; all: every output channel for every crop")
     parser.add_argument("--block", type=int, default=None, metavar="VOX",
-                        help="predict a crop in blocks of at most VOX voxels per axis (best a multiple of 64), each "
-                             "with its own context margin, written as they finish (default: as large as host "
-                             "and GPU memory allow)")
+                        help="cut a crop into columns of at most VOX voxels in y and x (2D over z, y and x: blocks "
+                             "of VOX per axis; best a multiple of 64), each with its own context margin (default: "
+                             "as large as host and GPU memory allow, most crops one column)")
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                        help="torch.compile the model (auto, the default: on CUDA; a compiler error falls back to "
+                             "eager with a warning). The first batch pays the compile time (tens of seconds; "
+                             "cached across runs by the inductor cache)")
     parser.add_argument("--uint8", action="store_true", help="store round(255 p) as uint8 instead of float16")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace PRED.zarr entirely (default: add the missing crops to it)")
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
                           batch_size=args.batch_size, device=args.device, uint8=args.uint8,
                           overwrite=args.overwrite, data_root=args.data_root, axes_2d=args.axes_2d,
-                          block_vox=args.block, channels=args.channels,
+                          block_vox=args.block, channels=args.channels, compile=args.compile,
                           progress=sys.stderr.isatty() and not args.quiet)
     predict_run(args.run_dir, args.crops, args.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

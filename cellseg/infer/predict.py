@@ -5,20 +5,21 @@ Stages, one file each: `load_run` (the run directory alone rebuilds the model: `
 (`cellseg.infer.selection`: which crops, and the box of each) → `predict_volume` (the engine shared with
 validation during training) → the store.
 
-`predict_volume`, for one crop: read the EM over the crop's box on the model's grid plus half a patch of
-context on every side (from the full EM volume; outside it the EM pad value), then the Gaussian-blended
-sliding window (`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA
-transforms (`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities. A 2D model predicts slice
-by slice; across z only, or across z, y and x (isotropic voxels) with the three results averaged.
+`predict_slabs`, for one box: read the EM over the box on the model's grid plus half a patch of context on
+every side (from the full EM volume; outside it the EM pad value), then the Gaussian-blended sliding window
+(`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA transforms
+(`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities, streamed out in z-slabs as they complete.
+A 2D model predicts slice by slice; across z only, or across z, y and x (isotropic voxels) with the three
+results averaged (`predict_volume`, the whole box at once).
 
-A crop is predicted in blocks of at most `block_vox`³ voxels (by default as large as host and GPU memory
-allow: one block for every crop up to ~512³ with all 48 classes + boundaries), each block with its own
-context margin, written into the store as it finishes: no crop has to fit in memory, and the test set's
-25–32 µm crops work. Every block re-predicts its margin, so fewer, larger blocks cost less.
+A crop is cut in y and x only when its planes do not fit memory (`cellseg.infer.tiling.auto_column_vox`: one
+column for a 1000³ crop with 26 channels on an H200), and each column streams through the window in z: the
+GPU holds one tile depth of sums, the host one chunk of finished planes, and the store gets a chunk of planes
+at a time. No crop has to fit in memory, the test set's 25–32 µm crops work, and no tile runs twice.
 
 Under torchrun every rank predicts its share of the crops (largest first, to the least loaded rank) and
 writes them into the same store; rank 0 creates the store first. Crops already complete in the store are
-skipped, and a crop a killed run left partly written resumes at its first unfinished block (the store
+skipped, and a crop a killed run left partly written resumes after the last planes it wrote (the store
 renames a crop into place only when it is complete).
 
 Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spatial axes, `ZYX` the crop's grid
@@ -33,7 +34,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,21 +50,24 @@ from cellseg.data.classes import is_instance
 from cellseg.data.targets import CropSource, Grid
 from cellseg.infer import tta
 from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.sliding_window import sliding_window
+from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore, quantise
 from cellseg.infer.tiling import (
     AXIS_INDEX,
     DEFAULT_CHUNK,
     auto_block_vox,
+    auto_column_vox,
     context_margin,
     count_tiles,
     plan_blocks,
+    stream_bytes,
     sub_grid,
     working_device,
 )
 from cellseg.models import build_model
 from cellseg.train import runtime
 from cellseg.train.checkpoint import load as load_checkpoint
+from cellseg.train.compile import compile_module
 from cellseg.train.setup import resolve_precision
 
 log = logging.getLogger(__name__)
@@ -186,29 +190,147 @@ def crop_grid(crop: CropSource | CropTarget, voxel_size_nm: Sequence[float]) -> 
 
 
 def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: int) -> torch.Tensor:
-    """(1, Z, Y, X) float32 EM in [0, 1] over the grid enlarged by `margin` voxels per side."""
+    """(1, Z, Y, X) uint8 EM over the grid enlarged by `margin` voxels per side (scaled to [0, 1] per tile)."""
     vs = grid.voxel_size_nm
     data = em.read(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin, vs, strict=True)],
                    shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin, strict=True)], voxel_size_nm=vs,
                    interpolation="area", pad_value=pad_value, dtype=np.uint8)
-    return torch.from_numpy(data)[None].to(torch.float32) / EM_SCALE
+    return torch.from_numpy(data)[None]
+
+
+class CompiledModel:
+    """A model under torch.compile that falls back to eager, with one warning, when its first call (where
+    compilation happens) fails. Calls keep one input shape (`make_forward` pads the last batch), so it compiles
+    once per shape."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.eager = model
+        self.compiled_ok = False
+        try:
+            self.module: torch.nn.Module | None = compile_module(model)
+        except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
+            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
+            self.module = None
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if self.module is None:
+            return self.eager(image)
+        if self.compiled_ok:
+            return self.module(image)
+        try:
+            out = self.module(image)
+        except Exception as err:  # any compiler failure: eager instead, as in training
+            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
+            self.module = None
+            return self.eager(image)
+        self.compiled_ok = True
+        return out
 
 
 def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,
-                 channels_last: bool = False, keep: Sequence[int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast (K: the `keep` outputs)."""
+                 channels_last: bool = False, keep: Sequence[int] | None = None,
+                 compiled: CompiledModel | None = None, batch_size: int | None = None
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 EM tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast (K: the `keep`
+    outputs). With `compiled`, batches run through it, the last one padded to `batch_size` tiles so that every
+    call has the shape it was compiled for."""
     formats: dict[int, torch.memory_format] = {}
     index = None if keep is None else torch.tensor(list(keep), device=device)
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
         fmt = formats.setdefault(batch.ndim, runtime.memory_format(batch.ndim - 2, channels_last))
+        image = (batch.to(torch.float32) / EM_SCALE).contiguous(memory_format=fmt)  # as in training
+        n = image.shape[0]
+        if compiled is not None and batch_size and n < batch_size:  # the last batch: pad to the compiled shape
+            image = torch.cat([image, image[-1:].expand(batch_size - n, *image.shape[1:])])
         with runtime.autocast(device, precision):
-            logits = model(batch.contiguous(memory_format=fmt))
+            logits = (compiled or model)(image)[:n]
         if index is not None:
             logits = logits.index_select(1, index)
         return torch.sigmoid(logits.float())
 
     return forward
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """How `predict_slabs` runs the model over a box: the sliding window and TTA settings (module docstring)."""
+
+    patch_vox: tuple[int, int, int]  # tile shape (z, y, x); (1, H, W) for a 2D model
+    device: torch.device
+    precision: runtime.Precision
+    overlap: float = 0.5
+    batch_size: int = 4
+    blend: str = "gaussian"
+    transforms: tuple[tta.Transform, ...] = ()  # default: the identity only
+    channels_last: bool = False  # channels_last(_3d) tiles (CUDA only)
+    pad_value: int = 0  # uint8 EM value outside the volume
+    compiled: CompiledModel | None = None  # the model under torch.compile (`make_forward`)
+
+    @property
+    def is_2d(self) -> bool:
+        return self.patch_vox[0] == 1
+
+
+@torch.inference_mode()  # also across a generator's suspensions
+def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
+                  axis: str = "z", keep: Sequence[int] | None = None, start: int = 0, dtype: torch.dtype = torch.float16,
+                  on_tiles: Callable[[int], None] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Probabilities over `grid`, streamed in slabs along `axis` as the sliding window completes them.
+
+    Args:
+        model: in eval mode on `window.device`; 3D `(B, C, Z, Y, X)` or 2D `(B, C, Y, X)`.
+        em: the dataset's EM, read in world coordinates with `window.pad_value` outside the volume.
+        grid: the output grid (the model's voxel size).
+        num_outputs: the model's output channels.
+        axis: the slab axis: "z" for a 3D model; for a 2D model the axis its slices are cut across.
+        keep: indices of the model outputs to return, in this order (default all); the others are dropped
+            before TTA and blending.
+        start: first plane (along `axis`, in the grid) to return; batches that only touch earlier planes are
+            skipped, and the planes returned equal those of a run from 0 (a resumed crop).
+        dtype: of the slabs (float16: what the store keeps; float32 for exact sums across axes).
+        on_tiles: called with the number of tiles after every batch (progress bars).
+
+    Yields:
+        (offset along `axis` in the grid, (K, *grid with `axis` cut to the slab) array), in order, covering
+        [start, grid size along `axis`) once.
+    """
+    tfms = list(window.transforms or tta.transforms(2 if window.is_2d else 3, (), 1))
+    a = AXIS_INDEX[axis]
+    if not window.is_2d and a != 0:
+        raise ValueError(f"a 3D model streams along z, not {axis}")
+    margin = context_margin(window.patch_vox, [axis])
+    image_CZYX = _read_em(em, grid, margin, window.pad_value)
+    if window.is_2d:  # only the box's slices are predicted, moved to the front (tiles are cut across axis 0)
+        image_CZYX = image_CZYX[(slice(None),) * (1 + a) + (slice(margin[a], margin[a] + grid.shape_vox[a]),)]
+        image_CZYX = image_CZYX.movedim(1 + a, 1)
+    inner = [margin[d] for d in range(3) if d != a]
+    shape = [grid.shape_vox[d] for d in range(3) if d != a]
+    num_outputs = num_outputs if keep is None else len(keep)
+    plane = [n + 2 * m for n, m in zip(shape, inner, strict=True)]
+    work = working_device(window.device, stream_bytes(num_outputs, window.patch_vox, plane))
+    image_CZYX = image_CZYX.to(working_device(window.device, image_CZYX.numel()))
+    forward = make_forward(model, device=window.device, precision=window.precision, keep=keep,
+                           channels_last=window.channels_last and window.device.type == "cuda",
+                           compiled=window.compiled, batch_size=window.batch_size)
+
+    def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
+        out = tta.tta_predict(forward, tiles_BCS, tfms)
+        if on_tiles is not None:
+            on_tiles(tiles_BCS.shape[0])
+        return out
+
+    lead = 0 if window.is_2d else margin[0]  # context planes before the box along the slab axis
+    crop = (slice(None), slice(None), *(slice(m, m + n) for m, n in zip(inner, shape, strict=True)))
+    slabs = sliding_window_slabs(predict, image_CZYX, patch_vox=window.patch_vox, num_outputs=num_outputs,
+                                 overlap=window.overlap, batch_size=window.batch_size, blend=window.blend,
+                                 device=window.device, accumulate_on=work, pad_value=window.pad_value,
+                                 start_plane=lead + start)
+    for z0, slab in slabs:
+        lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
+        if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
+            part = slab[:, lo - z0:hi - z0][crop].to(dtype).cpu().movedim(1, 1 + a)
+            yield lo - lead, part.numpy()
 
 
 @torch.inference_mode()
@@ -217,56 +339,26 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                    batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
                    slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
                    on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
-                   keep: Sequence[int] | None = None) -> np.ndarray:
-    """(K, Z, Y, X) probabilities of every output channel on `grid` (the engine; module docstring).
+                   keep: Sequence[int] | None = None, compiled: CompiledModel | None = None) -> np.ndarray:
+    """(K, Z, Y, X) probabilities of every output channel on `grid`: the slabs of `predict_slabs` (see there
+    and `Window` for the arguments) put together; a 2D model sliced across several axes averages them.
 
     Args:
-        model: in eval mode on `device`; 3D `(B, C, Z, Y, X)` or 2D `(B, C, Y, X)` (when `patch_vox[0] == 1`).
-        em: the dataset's EM, read in world coordinates with `pad_value` outside the volume.
-        grid: the output grid (the model's voxel size).
-        patch_vox: tile shape (z, y, x); `(1, H, W)` for a 2D model.
-        transforms: TTA transforms (default: the identity only).
         slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.
-        channels_last: channels_last(_3d) tiles (CUDA only).
-        on_tiles: called with the number of tiles after every batch (progress bars).
         dtype: of the result (float32, or float16 to halve host memory: what the store keeps anyway).
-        keep: indices of the model outputs to return, in this order (default all `num_outputs`); the others are
-            dropped before blending.
     """
-    tfms = list(transforms or tta.transforms(2 if patch_vox[0] == 1 else 3, (), 1))
-    is_2d = patch_vox[0] == 1
-    axes = list(slice_axes) if is_2d else ["z"]
-    margin = context_margin(patch_vox, axes)
-    image_CZYX = _read_em(em, grid, margin, pad_value)
-    forward = make_forward(model, device=device, precision=precision,
-                           channels_last=channels_last and device.type == "cuda", keep=keep)
-    num_outputs = num_outputs if keep is None else len(keep)
-
-    def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
-        out = tta.tta_predict(forward, tiles_BCS, tfms)
-        if on_tiles is not None:
-            on_tiles(tiles_BCS.shape[0])
-        return out
-
-    total_KZYX: torch.Tensor | None = None
-    inner = [slice(m, m + n) for m, n in zip(margin, grid.shape_vox, strict=True)]
+    window = Window(patch_vox=tuple(patch_vox), device=device, precision=precision, overlap=overlap,  # type: ignore[arg-type]
+                    batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
+                    channels_last=channels_last, pad_value=pad_value, compiled=compiled)
+    axes = list(slice_axes) if window.is_2d else ["z"]
+    k = num_outputs if keep is None else len(keep)
+    total = torch.zeros((k, *grid.shape_vox), dtype=torch.float32 if len(axes) > 1 else dtype)
     for axis in axes:
-        a = AXIS_INDEX[axis] if is_2d else 0
-        # A 2D model sees slices across `axis`: only the box's slices are predicted, moved to the front
-        # (the window cuts (1, H, W) tiles across the first spatial axis).
-        view = image_CZYX[(slice(None),) * (1 + a) + (inner[a],)] if is_2d else image_CZYX
-        work = working_device(device, num_outputs, view.shape[1:])
-        view = view.to(work).movedim(1 + a, 1)
-        probs = sliding_window(predict, view, patch_vox=patch_vox, num_outputs=num_outputs, overlap=overlap,
-                               batch_size=batch_size, blend=blend, device=device, accumulate_on=work,
-                               pad_value=pad_value / EM_SCALE).movedim(1, 1 + a)
-        keep = [slice(None) if is_2d and d == a else inner[d] for d in range(3)]
-        probs_KZYX = probs[(slice(None), *keep)]
-        if len(axes) == 1:  # convert where the sums live, before the copy to host memory
-            return probs_KZYX.to(dtype).cpu().numpy()
-        total_KZYX = probs_KZYX.cpu() if total_KZYX is None else total_KZYX.add_(probs_KZYX.cpu())
-    assert total_KZYX is not None
-    return (total_KZYX / len(axes)).to(dtype).numpy()
+        a = AXIS_INDEX[axis]
+        for offset, slab in predict_slabs(model, em, grid, window, num_outputs=num_outputs, axis=axis, keep=keep,
+                                          dtype=total.dtype, on_tiles=on_tiles):
+            total[(slice(None),) * (1 + a) + (slice(offset, offset + slab.shape[1 + a]),)] += torch.from_numpy(slab)
+    return (total if len(axes) == 1 else total / len(axes)).to(dtype).numpy()
 
 
 # ----------------------------------------------------------------------------------------------- the command
@@ -287,7 +379,8 @@ class PredictOptions:
     data_root: str | None = None
     axes_2d: str = "z"
     channels: str = "scored"  # "scored": a test crop gets only the channels it is scored on; "all"
-    block_vox: int | None = None  # largest block edge (voxels; best a multiple of 64); None: as large as memory allows
+    block_vox: int | None = None  # largest column edge in y, x (2D over z, y, x: block edge); None: as memory allows
+    compile: str = "auto"  # torch.compile the model: "auto" (CUDA only), "on", "off"
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -304,6 +397,8 @@ class PredictOptions:
                              f"{DEFAULT_CHUNK}, the store's chunk, write whole chunks)")
         if self.channels not in ("scored", "all"):
             raise ValueError(f"--channels {self.channels!r}: choose 'scored' or 'all'")
+        if self.compile not in ("auto", "on", "off"):
+            raise ValueError(f"--compile {self.compile!r}: choose 'auto', 'on' or 'off'")
         if self.axes_2d not in ("z", "zyx"):
             raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
 
@@ -320,7 +415,7 @@ def _slice_axes(run: LoadedRun, axes_2d: str) -> tuple[str, ...]:
     return ("z", "y", "x")
 
 
-def _transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
+def run_transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
     spec = run.meta.get("model", {})
     model_spec = getattr(run.model, "spec", None)
     flip = spec.get("tta_axes", model_spec.tta_axes if model_spec else ())
@@ -336,7 +431,8 @@ def _provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transfo
             "patch_shape_vox": list(run.cfg.data.patch_shape_vox), "tta": len(tfms),
             "tta_transforms": [t.name for t in tfms], "overlap": opts.overlap, "blend": opts.blend,
             "axes_2d": "".join(axes) if run.spatial_dims == 2 else None, "precision": precision,
-            "dtype": "uint8" if opts.uint8 else "float16", "channels": opts.channels, "cellseg_version": cellseg.__version__,
+            "dtype": "uint8" if opts.uint8 else "float16", "channels": opts.channels, "compile": opts.compile,
+            "cellseg_version": cellseg.__version__,
             "git_commit": run.meta.get("git_commit"), "data_root": opts.data_root or run.cfg.data.root,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
@@ -388,7 +484,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
         precision = resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
-        axes, tfms = _slice_axes(run, opts.axes_2d), _transforms(run, opts.tta)
+        axes, tfms = _slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = _provenance(run, opts, tfms, axes, precision)
         todo: list[CropTarget] | None = None
@@ -404,12 +500,15 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         mine = _shard(todo or [], d.rank, d.world_size)
         batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
         patch = run.cfg.data.patch_shape_vox
+        compiled = CompiledModel(run.model) if opts.compile == "on" or (
+            opts.compile == "auto" and d.device.type == "cuda") else None
         summaries = []
         with tqdm(total=len(mine), desc=f"predict (rank {d.rank})" if d.distributed else "predict", unit="crop",
                   disable=not (opts.progress and d.is_main)) as crop_bar:
             for target in mine:
                 summaries.append(_predict_one(run, target, store, opts, tfms=tfms, axes=axes, precision=precision,
-                                              batch=batch, patch=patch, rank=d.rank, progress=not crop_bar.disable))
+                                              batch=batch, patch=patch, rank=d.rank, progress=not crop_bar.disable,
+                                              compiled=compiled))
                 crop_bar.write(summaries[-1]["line"])
                 crop_bar.update(1)
         runtime.barrier(d)
@@ -420,9 +519,11 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
 
 def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: PredictOptions, *,
                  tfms: Sequence[tta.Transform], axes: Sequence[str], precision: runtime.Precision, batch: int,
-                 patch: Sequence[int], rank: int, progress: bool) -> dict[str, Any]:
-    """Predict one crop block by block into the store (see `PredictOptions.block_vox`); a partial crop left by
-    a killed run with the same settings resumes at its first unfinished block."""
+                 patch: Sequence[int], rank: int, progress: bool, compiled: CompiledModel | None
+                 ) -> dict[str, Any]:
+    """Predict one crop into the store, block by block (`cellseg.infer.tiling`): one column or a few, each
+    streamed along z and written a chunk of planes at a time (a 2D model over z, y and x: cubic blocks, each
+    written whole). A partial crop left by a killed run with the same settings resumes where it stopped."""
     from tqdm import tqdm
 
     cfg = run.cfg
@@ -432,38 +533,103 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
     margin = context_margin(patch, axes)
     channels = scored_channels(run.channels, target.labels) if opts.channels == "scored" else run.channels
     keep = [run.channels.index(c) for c in channels]
-    edge = opts.block_vox or auto_block_vox(len(channels), margin, run.device)
-    blocks = plan_blocks(grid.shape_vox, edge)
-    writer = store.crop_writer(target.name, grid, key=f"block{edge}", overwrite=opts.overwrite, channels=channels)
-    todo = [(o, n) for o, n in blocks if _block_id(o) not in writer.done]
-    if len(todo) < len(blocks):
-        log.info("%s: resuming, %d of %d blocks already written", target.name, len(blocks) - len(todo), len(blocks))
-    num_tiles = sum(count_tiles(n, patch, opts.overlap, axes) for _, n in todo)
+    window = Window(patch_vox=tuple(patch), device=run.device, precision=precision, overlap=opts.overlap,  # type: ignore[arg-type]
+                    batch_size=batch, blend=opts.blend, transforms=tuple(tfms), channels_last=True,
+                    pad_value=cfg.data.em_pad_value, compiled=compiled)
+    plan = plan_crop(grid.shape_vox, len(channels), patch, axes, run.device, opts.block_vox)
+    streamed, edge, blocks, flush = plan.streamed, plan.edge, plan.blocks, plan.flush
+    writer = store.crop_writer(target.name, grid, key=f"{'column' if streamed else 'block'}{edge}",
+                               overwrite=opts.overwrite, channels=channels)
+    resume = _resume_planes(writer.done)
+    todo = [(o, n, resume.get(_block_id(o), 0)) for o, n in blocks if resume.get(_block_id(o), 0) < n[0]]
+    if len(todo) < len(blocks) or any(z for *_, z in todo):
+        log.info("%s: resuming, %d of %d blocks already written, %d partly", target.name,
+                 len(blocks) - len(todo), len(blocks), sum(1 for *_, z in todo if z))
+    num_tiles = sum(count_tiles(n, patch, opts.overlap, axes, start_plane=z if streamed else 0, batch_size=batch)
+                    for _, n, z in todo)
     with tqdm(total=num_tiles, desc=target.name, unit="tile", leave=False, disable=not progress) as bar:
-        for offset, shape in todo:
+        for offset, shape, z_done in todo:
             block = sub_grid(grid, offset, shape)
-            probs = predict_volume(run.model, em, block, patch_vox=patch, num_outputs=len(run.channels),
-                                   device=run.device, precision=precision, overlap=opts.overlap, batch_size=batch,
-                                   blend=opts.blend, transforms=tfms, slice_axes=axes, channels_last=True,
-                                   pad_value=cfg.data.em_pad_value, on_tiles=bar.update, dtype=torch.float16,
-                                   keep=keep)
-            writer.write_all({c: quantise(probs[k]) if opts.uint8 else probs[k] for k, c in enumerate(channels)},
-                             offset)
-            writer.mark_done(_block_id(offset))
+            if streamed:
+                slabs = predict_slabs(run.model, em, block, window, num_outputs=len(run.channels), axis=axes[0],
+                                      keep=keep, start=z_done, on_tiles=bar.update)
+            else:
+                slabs = iter([(0, predict_volume(run.model, em, block, patch_vox=patch, num_outputs=len(run.channels),
+                                                 device=run.device, precision=precision, overlap=opts.overlap,
+                                                 batch_size=batch, blend=opts.blend, transforms=tfms, slice_axes=axes,
+                                                 channels_last=True, pad_value=cfg.data.em_pad_value,
+                                                 on_tiles=bar.update, dtype=torch.float16, keep=keep,
+                                                 compiled=compiled))])
+            for z0, planes in _chunked(slabs, shape[0], flush, z_done):
+                writer.write_all({c: quantise(planes[k]) if opts.uint8 else planes[k] for k, c in enumerate(channels)},
+                                 (offset[0] + z0, offset[1], offset[2]))
+                writer.mark_done(f"{_block_id(offset)}:{z0 + planes.shape[1]}")
     seconds = time.perf_counter() - started
     mvox = math.prod(grid.shape_vox) / 1e6
     attrs = {"dataset": target.dataset, "split": target.split, "em_url": target.em_url,
-             "context_vox": list(margin), "block_vox": edge, "num_channels": len(channels), "blocks": len(blocks),
+             "context_vox": list(margin), "block_vox": edge, "streamed": streamed, "num_channels": len(channels),
+             "blocks": len(blocks), "tiles": num_tiles,
              "checkpoint_step": run.step, "tta": len(tfms), "seconds": round(seconds, 3),
              "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     writer.commit(attrs)
-    shape = "×".join(str(n) for n in grid.shape_vox)
-    line = (f"{target.name} ({target.dataset}, {target.split}): {shape} vox at "
-            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {len(blocks)} block(s) of ≤ {edge}³, "
+    shape_text = "×".join(str(n) for n in grid.shape_vox)
+    kind = f"column(s) of ≤ {edge}² in y, x" if streamed else f"block(s) of ≤ {edge}³"
+    line = (f"{target.name} ({target.dataset}, {target.split}): {shape_text} vox at "
+            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {len(blocks)} {kind}, "
             f"{num_tiles} tiles × {len(tfms)} TTA, {seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
-    return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds,
+    return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds, "tiles": num_tiles, "batch": batch,
             "mvox_per_s": mvox / seconds, "blocks": len(blocks), "block_vox": edge, "line": line}
+
+
+@dataclass(frozen=True)
+class CropPlan:
+    """How `_predict_one` cuts a crop (`plan_crop`)."""
+
+    streamed: bool  # columns streamed along the slicing axis (3D, or 2D across z); else whole cubic blocks
+    edge: int  # column edge in y, x (or block edge)
+    blocks: list[tuple[tuple[int, int, int], tuple[int, int, int]]]  # (offset, shape) of each column or block
+    flush: int  # planes per write (the last write of a column may be shorter)
+
+
+def plan_crop(shape_vox: Sequence[int], num_channels: int, patch: Sequence[int], axes: Sequence[str],
+              device: torch.device, block_vox: int | None = None) -> CropPlan:
+    """Columns (or blocks, for a 2D model over several axes) of a crop grid of `shape_vox` predicting
+    `num_channels` channels; the largest memory allows unless `block_vox` is given (`cellseg.infer.tiling`)."""
+    margin = context_margin(patch, axes)
+    if len(axes) == 1:
+        edge = block_vox or auto_column_vox(num_channels, patch, margin, device)
+        return CropPlan(True, edge, plan_blocks(shape_vox, (shape_vox[0], edge, edge)), min(edge, DEFAULT_CHUNK))
+    edge = block_vox or auto_block_vox(num_channels, margin, device)
+    return CropPlan(False, edge, plan_blocks(shape_vox, edge), edge)
+
+
+def _chunked(slabs: Iterator[tuple[int, np.ndarray]], depth: int, flush: int, start: int
+             ) -> Iterator[tuple[int, np.ndarray]]:
+    """Regroup slabs (offset, (K, dz, Y, X)) along z into pieces ending on multiples of `flush` (or at `depth`),
+    so that every write but the last covers whole store chunks and marks a point to resume from."""
+    pending: list[np.ndarray] = []
+    begin = end = start
+    for z0, slab in slabs:
+        if z0 != end:
+            raise AssertionError(f"slab at plane {z0}, expected {end}")  # predict_slabs yields planes in order
+        pending.append(slab)
+        end += slab.shape[1]
+        cut = end if end == depth else end - end % flush
+        if cut > begin:
+            joined = np.concatenate(pending, axis=1) if len(pending) > 1 else pending[0]
+            yield begin, joined[:, :cut - begin]
+            pending, begin = ([joined[:, cut - begin:]] if end > cut else []), cut
+
+
+def _resume_planes(done: Iterable[str]) -> dict[str, int]:
+    """Block id → planes already written (the units `_predict_one` marks: "<block id>:<planes>")."""
+    planes: dict[str, int] = {}
+    for unit in done:
+        block, _, z = unit.rpartition(":")
+        if block and z.isdigit():
+            planes[block] = max(planes.get(block, 0), int(z))
+    return planes
 
 
 def scored_channels(channels: Sequence[str], labels: Sequence[str]) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -52,13 +53,28 @@ def gaussian_weight(patch_vox: Sequence[int], *, sigma_scale: float = 1 / 8, mod
     return (torch.round(w * WEIGHT_QUANTUM).clamp(min=1) / WEIGHT_QUANTUM).float()
 
 
-def _tiles(shape: Sequence[int], patch: Sequence[int], overlap: float) -> Iterator[tuple[slice, ...]]:
+def window_tiles(shape: Sequence[int], patch: Sequence[int], overlap: float, *, start_plane: int = 0,
+                 batch_size: int = 1) -> list[tuple[slice, ...]]:
+    """The tiles the sliding window runs over a (padded) volume of `shape`, z-major (z, then y, then x).
+
+    With `start_plane` > 0 the batches (of `batch_size` tiles) that only touch planes before it are left
+    out: the planes from `start_plane` on get exactly the sums of the full run (same tiles, same batches).
+    """
     starts = [tile_starts(s, p, overlap) for s, p in zip(shape, patch, strict=True)]
-    for corner in itertools.product(*starts):
-        yield tuple(slice(c, c + p) for c, p in zip(corner, patch, strict=True))
+    tiles = [tuple(slice(c, c + p) for c, p in zip(corner, patch, strict=True))
+             for corner in itertools.product(*starts)]
+    first = next((i for i, t in enumerate(tiles) if t[0].stop > start_plane), len(tiles))
+    return tiles[first - first % batch_size:]
 
 
-def sliding_window(
+def _check(image: torch.Tensor, overlap: float) -> None:
+    if not 0 <= overlap < 1:
+        raise ValueError(f"overlap={overlap} must be in [0, 1)")
+    if image.ndim != 4:
+        raise ValueError(f"image must be (C, Z, Y, X), got shape {tuple(image.shape)}")
+
+
+def sliding_window_slabs(
     predict: PredictFn,
     image: torch.Tensor,
     *,
@@ -70,29 +86,34 @@ def sliding_window(
     device: torch.device | None = None,
     accumulate_on: torch.device | None = None,
     pad_value: float = 0.0,
-) -> torch.Tensor:
-    """Predict a whole (C, Z, Y, X) volume tile by tile.
+    start_plane: int = 0,
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Predict a (C, Z, Y, X) volume tile by tile, yielding the blended result in z-slabs as they complete.
+
+    Tiles run z-major, so once the tiles starting at plane z are done, nothing touches the planes before the
+    next tile's start: those are divided by their weights and yielded as `(z0, (K, dz, Y, X))`, in order and
+    covering [start_plane, Z) once. The sums span one tile depth (`patch_vox[0]` planes) of the y/x extent,
+    whatever Z is: a crop of any depth streams through a fixed amount of memory, and no tile runs twice.
 
     Args:
         predict: maps a tile batch (B, C, *tile) on `device` to (B, K, *tile) (e.g. sigmoid of logits,
             possibly with TTA); a 2D model gets (B, C, Y, X) tiles when `patch_vox[0] == 1`.
-        image: (C, Z, Y, X) input, on any device.
+        image: (C, Z, Y, X) input of any dtype, on any device; tiles are moved to `device` as they are cut.
         patch_vox: tile shape (z, y, x).
         num_outputs: K.
         overlap: fraction of a tile shared with its neighbour (0 ≤ overlap < 1).
         batch_size: tiles per `predict` call.
         blend: "gaussian" or "constant".
         device: where `predict` runs (default: the image's device).
-        accumulate_on: where the (K, Z, Y, X) sums live (default: `device`).
-        pad_value: fill for volumes smaller than a tile (the output is cropped back).
+        accumulate_on: where the (K, patch z, Y, X) sums live (default: `device`).
+        pad_value: fill (in the image's units) for volumes smaller than a tile (the output is cropped back).
+        start_plane: yield planes from this one on only, skipping the batches that only touch earlier ones
+            (a resumed crop gets exactly the values an uninterrupted run would have given).
 
-    Returns:
-        (K, Z, Y, X) float32 blended outputs on `accumulate_on`.
+    Yields:
+        (z0, (K, dz, Y, X) float32 blended outputs on `accumulate_on`), z0 increasing.
     """
-    if not 0 <= overlap < 1:
-        raise ValueError(f"overlap={overlap} must be in [0, 1)")
-    if image.ndim != 4:
-        raise ValueError(f"image must be (C, Z, Y, X), got shape {tuple(image.shape)}")
+    _check(image, overlap)
     device = device or image.device
     accumulate_on = accumulate_on or device
     shape = tuple(image.shape[1:])
@@ -101,10 +122,28 @@ def sliding_window(
         image = torch.nn.functional.pad(image, [a for s, p in zip(reversed(shape), reversed(padded), strict=True)
                                                 for a in (0, p - s)], value=pad_value)
     weight = gaussian_weight(patch_vox, mode=blend).to(accumulate_on)
-    total = torch.zeros((num_outputs, *padded), dtype=torch.float32, device=accumulate_on)
-    norm = torch.zeros(padded, dtype=torch.float32, device=accumulate_on)
-    is_2d = patch_vox[0] == 1
-    tiles = list(_tiles(padded, patch_vox, overlap))
+    depth, plane = patch_vox[0], padded[1:]
+    sums = torch.zeros((num_outputs, depth, *plane), dtype=torch.float32, device=accumulate_on)
+    norm = torch.zeros((depth, *plane), dtype=torch.float32, device=accumulate_on)
+    tiles = window_tiles(padded, patch_vox, overlap, start_plane=start_plane, batch_size=batch_size)
+    base = tiles[0][0].start if tiles else 0  # the plane sums[:, 0] holds
+    is_2d = depth == 1
+
+    def finish(upto: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield the planes [base, upto) (they are complete) and shift the sums to start at `upto`."""
+        nonlocal base
+        lo, hi = max(base, start_plane), min(upto, shape[0])
+        if hi > lo:
+            rows = slice(lo - base, hi - base)
+            yield lo, (sums[:, rows] / norm[rows])[:, :, :shape[1], :shape[2]]
+        step, rest = upto - base, depth - (upto - base)
+        if rest > 0:  # planes already summed by earlier tiles that the next ones overlap
+            sums[:, :rest] = sums[:, step:].clone()
+            norm[:rest] = norm[step:].clone()
+        sums[:, max(rest, 0):] = 0
+        norm[max(rest, 0):] = 0
+        base = upto
+
     for i in range(0, len(tiles), batch_size):
         chunk = tiles[i:i + batch_size]
         batch = torch.stack([image[(slice(None), *t)] for t in chunk]).to(device, non_blocking=True)
@@ -112,7 +151,22 @@ def sliding_window(
         out = out[:, :, None] if is_2d else out
         out = out.to(torch.float16).to(accumulate_on, torch.float32)  # see "Exactness" above
         for t, o in zip(chunk, out, strict=True):
-            total[(slice(None), *t)] += o * weight
-            norm[t] += weight
-    total /= norm
-    return total[(slice(None), *(slice(0, s) for s in shape))]
+            if t[0].start != base:
+                yield from finish(t[0].start)
+            local = (slice(0, depth), *t[1:])
+            sums[(slice(None), *local)].addcmul_(o, weight)
+            norm[local] += weight
+    yield from finish(padded[0])
+
+
+def sliding_window(predict: PredictFn, image: torch.Tensor, *, patch_vox: Sequence[int], num_outputs: int,
+                   **options: Any) -> torch.Tensor:
+    """The whole (K, Z, Y, X) float32 result of `sliding_window_slabs` (same arguments) on `accumulate_on`."""
+    _check(image, options.get("overlap", 0.5))
+    out: torch.Tensor | None = None
+    for z0, slab in sliding_window_slabs(predict, image, patch_vox=patch_vox, num_outputs=num_outputs, **options):
+        if out is None:
+            out = slab.new_empty((num_outputs, *image.shape[1:]))
+        out[:, z0:z0 + slab.shape[1]] = slab
+    assert out is not None and options.get("start_plane", 0) == 0
+    return out

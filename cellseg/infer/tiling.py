@@ -1,10 +1,12 @@
-"""How a crop is cut for prediction: blocks (what memory allows, each with its context margin) and the
-sliding-window tiles inside them, and where a block's blending sums live.
+"""How a crop is cut for prediction: blocks (what memory allows, each with its context margin), the
+sliding-window tiles inside them, and where the blending sums live.
 
-A block's result is K float16 volumes in host memory and its blending sums K + 3 float32 volumes (image,
-weights, sums, slack) of the block plus its context, on the GPU when they fit. `auto_block_vox` picks the largest
-block edge (a multiple of the store's chunk) within both budgets; every block re-predicts one layer of tiles
-along each cut, so larger blocks cost fewer tiles.
+A crop is cut in y and x only, into columns that span its whole depth (`auto_column_vox`): the sliding window
+streams each column in z (`cellseg.infer.sliding_window.sliding_window_slabs`), so its sums hold one tile
+depth of K float32 planes, and the host holds the finished planes until a whole chunk of them can be written.
+Most crops are one column; every cut re-predicts one layer of tiles (and the context margin) along it.
+A 2D model averaged over slices across z, y and x cannot stream: it is cut into cubic blocks
+(`auto_block_vox`), each predicted whole (K float16 volumes on the host, K + 3 float32 volumes of sums).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import torch
 
 from cellseg.data.targets import Grid
 from cellseg.data.write import DEFAULT_CHUNK
-from cellseg.infer.sliding_window import tile_starts
+from cellseg.infer.sliding_window import tile_starts, window_tiles
 
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
 GPU_ACCUMULATE_FRACTION = 0.5  # blend on the GPU when image + sums need at most this share of its free memory
 GPU_BLOCK_FRACTION = 0.4  # automatic blocks: image + sums of a block need at most this share of the GPU's memory
 HOST_BLOCK_BYTES = 16 * 2**30  # a block's float16 probabilities in host memory: at most 16 GiB
-MAX_BLOCK_VOX = 1024  # largest block edge (voxels) the automatic choice considers
+MAX_BLOCK_VOX = 1024  # largest cubic block edge (voxels) the automatic choice considers
+MAX_COLUMN_VOX = 4096  # largest column edge in y and x (voxels) the automatic choice considers
 
 
 def context_margin(patch_vox: Sequence[int], slice_axes: Sequence[str] = ("z",)) -> tuple[int, int, int]:
@@ -39,10 +42,17 @@ def context_margin(patch_vox: Sequence[int], slice_axes: Sequence[str] = ("z",))
 
 
 def count_tiles(shape_vox: Sequence[int], patch_vox: Sequence[int], overlap: float,
-                slice_axes: Sequence[str] = ("z",)) -> int:
-    """Tiles `predict_volume` runs over a context-padded volume of `shape_vox` (for progress bars)."""
+                slice_axes: Sequence[str] = ("z",), *, start_plane: int = 0, batch_size: int = 1) -> int:
+    """Tiles `predict_volume` runs over a context-padded volume of `shape_vox` (for progress bars); a column
+    resumed at `start_plane` (a box plane, one slicing axis) runs fewer (`window_tiles`)."""
     margin = context_margin(patch_vox, slice_axes)
     padded = [n + 2 * m for n, m in zip(shape_vox, margin, strict=True)]
+    if start_plane:
+        if len(slice_axes) != 1:
+            raise ValueError("a resumed column streams along one axis: 3D, or 2D slices across z")
+        padded = [max(n, p) for n, p in zip(padded, patch_vox, strict=True)]
+        return len(window_tiles(padded, patch_vox, overlap, start_plane=start_plane + margin[0],
+                                batch_size=batch_size))
     if patch_vox[0] != 1:
         return math.prod(len(tile_starts(n, p, overlap)) for n, p in zip(padded, patch_vox, strict=True))
     total = 0
@@ -59,12 +69,34 @@ def _blend_bytes(num_outputs: int, shape: Sequence[int]) -> int:
     return (num_outputs + 3) * math.prod(shape) * 4
 
 
-def working_device(device: torch.device, num_outputs: int, shape: Sequence[int]) -> torch.device:
-    """Where the image and the blending sums live: the GPU when they fit comfortably, else host memory."""
+def stream_bytes(num_outputs: int, patch_vox: Sequence[int], plane: Sequence[int]) -> int:
+    """Memory the streaming window's sums need: K + 1 (weights) float32 volumes of one tile depth."""
+    return (num_outputs + 1) * patch_vox[0] * math.prod(plane) * 4
+
+
+def working_device(device: torch.device, nbytes: int) -> torch.device:
+    """Where `nbytes` of blending state (or image) live: the GPU when they fit comfortably, else host memory."""
     if device.type != "cuda":
         return device
     free, _ = torch.cuda.mem_get_info(device)
-    return device if _blend_bytes(num_outputs, shape) <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
+    return device if nbytes <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
+
+
+def auto_column_vox(num_outputs: int, patch_vox: Sequence[int], margin: Sequence[int], device: torch.device) -> int:
+    """The largest column edge in y and x (a multiple of the store's chunk) for a streamed crop: the finished
+    planes waiting for a whole chunk (one chunk plus one tile depth of K float16 planes) fit `HOST_BLOCK_BYTES`,
+    and the sums fit the GPU's share. Depends only on the GPU model, so a re-run resumes."""
+    on_gpu = device.type == "cuda"
+    gpu_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else 0
+    best = DEFAULT_CHUNK
+    for edge in range(DEFAULT_CHUNK, MAX_COLUMN_VOX + 1, DEFAULT_CHUNK):
+        plane = [edge + 2 * m for m in margin[1:]]
+        sums = stream_bytes(num_outputs, patch_vox, plane)
+        host = num_outputs * (DEFAULT_CHUNK + patch_vox[0]) * edge ** 2 * 2 + (0 if on_gpu else sums)
+        if host > HOST_BLOCK_BYTES or (on_gpu and sums > GPU_BLOCK_FRACTION * gpu_bytes):
+            break
+        best = edge
+    return best
 
 
 def auto_block_vox(num_outputs: int, margin: Sequence[int], device: torch.device) -> int:
@@ -83,20 +115,23 @@ def auto_block_vox(num_outputs: int, margin: Sequence[int], device: torch.device
     return best
 
 
-def plan_blocks(shape_vox: Sequence[int], block_vox: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
-    """(offset, shape) of the blocks that tile a grid of `shape_vox`, at most `block_vox` per axis, z, y, x order.
+def plan_blocks(shape_vox: Sequence[int], block_vox: int | Sequence[int]
+                ) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """(offset, shape) of the blocks that tile a grid of `shape_vox`, at most `block_vox` per axis (one edge, or
+    one per axis: columns are `(Z, edge, edge)`), z, y, x order.
 
     Each axis is cut into as few blocks as `block_vox` allows, of equal size rounded up to the store's chunk
     (the last one shorter): 1000 voxels at a 448 limit give 384 + 384 + 232, not 448 + 448 + 104, so no block
     is mostly context. Blocks then write whole chunks, as long as `block_vox` is at least a chunk."""
-    def cuts(n: int) -> list[tuple[int, int]]:
-        pieces = math.ceil(n / block_vox)
+    def cuts(n: int, limit: int) -> list[tuple[int, int]]:
+        pieces = math.ceil(n / limit)
         edge = math.ceil(n / pieces)
-        if block_vox >= DEFAULT_CHUNK:
-            edge = min(block_vox, math.ceil(edge / DEFAULT_CHUNK) * DEFAULT_CHUNK)
+        if limit >= DEFAULT_CHUNK and pieces > 1:
+            edge = min(limit, math.ceil(edge / DEFAULT_CHUNK) * DEFAULT_CHUNK)
         return [(o, min(edge, n - o)) for o in range(0, n, edge)]
 
-    per_axis = [cuts(n) for n in shape_vox]
+    limits = [block_vox] * 3 if isinstance(block_vox, int) else list(block_vox)
+    per_axis = [cuts(n, limit) for n, limit in zip(shape_vox, limits, strict=True)]
     return [((z[0], y[0], x[0]), (z[1], y[1], x[1])) for z in per_axis[0] for y in per_axis[1] for x in per_axis[2]]
 
 

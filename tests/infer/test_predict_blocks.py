@@ -1,6 +1,6 @@
-"""Block-wise prediction and the streaming crop writer: blocks tile the crop once, a block-wise crop
-matches the one-block prediction, a killed run resumes at its first unfinished block, and the writer
-refuses bad regions, dtypes and incomplete crops."""
+"""Block-wise prediction and the streaming crop writer: blocks tile the crop once, a crop cut into columns
+matches the one-column prediction, a killed run resumes after the last planes it wrote with exactly the values
+of an uninterrupted run, and the writer refuses bad regions, dtypes and incomplete crops."""
 
 import numpy as np
 import pytest
@@ -60,7 +60,7 @@ def test_blockwise_crop_matches_one_block(tiny_run, tiny_synth_root, tmp_path):
     assert sorted(p.name for p in b.path.glob(".*")) == [".zattrs", ".zgroup"]  # no partial crop left behind
 
 
-def test_killed_run_resumes_at_the_first_unfinished_block(tiny_run, tiny_synth_root, tmp_path):
+def test_killed_run_resumes_after_the_planes_it_wrote(tiny_run, tiny_synth_root, tmp_path):
     crop = _first_test_crop(tiny_synth_root)
     ids = crop.removeprefix("crop")
     opts = PredictOptions(tta=1, overlap=0.0, block_vox=16, progress=False)
@@ -69,28 +69,28 @@ def test_killed_run_resumes_at_the_first_unfinished_block(tiny_run, tiny_synth_r
     grid = reference.grid(crop)
 
     def killed_run(out, key: str) -> PredictionStore:
-        """The state a run killed after its first block leaves: a store with a partial crop."""
+        """The state a run killed after writing planes 0-15 of its first column leaves: a partial crop."""
         store = PredictionStore.create(out, kind="probabilities", channels=reference.channels,
                                        instance_channels=reference.instance_channels,
                                        provenance=reference.provenance)
         writer = store.crop_writer(crop, grid, key=key, channels=reference.crop_channels(crop))
         for channel in reference.crop_channels(crop):
-            writer.write(channel, np.full((16, 16, 16), 0.25, dtype=np.float32))  # block (0, 0, 0), marked
-        writer.mark_done("0_0_0")
+            writer.write(channel, np.full((16, 16, 16), 0.25, dtype=np.float32))  # column (0, 0, 0), z 0-15
+        writer.mark_done("0_0_0:16")
         assert crop not in store and store.completed() == []
         return store
 
-    resumed = killed_run(tmp_path / "resumed.zarr", "block16")
+    resumed = killed_run(tmp_path / "resumed.zarr", "column16")
     predict_run(tiny_run, ids, resumed.path, opts)
     first = (slice(0, 16),) * 3
     for channel in reference.crop_channels(crop):
         got, want = resumed.read(crop, channel), reference.read(crop, channel)
-        assert (got[first] == 0.25).all(), "the finished block was predicted again"
+        assert (got[first] == 0.25).all(), "the planes written were predicted again"
         rest = np.ones(got.shape, dtype=bool)
         rest[first] = False
         np.testing.assert_array_equal(got[rest], want[rest])
-    # A partial crop written with other blocks is not resumed: it is predicted again from scratch.
-    other = killed_run(tmp_path / "other.zarr", "block32")
+    # A partial crop written with other columns is not resumed: it is predicted again from scratch.
+    other = killed_run(tmp_path / "other.zarr", "column32")
     predict_run(tiny_run, ids, other.path, opts)
     for channel in reference.crop_channels(crop):
         np.testing.assert_array_equal(other.read(crop, channel), reference.read(crop, channel))
