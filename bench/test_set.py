@@ -702,6 +702,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--work", type=Path, help="folder for data, runs and stores (default: temporary, deleted)")
     parser.add_argument("--seed", type=int, default=0, help="synthetic data seed")
+    parser.add_argument("--predict-only", action="store_true",
+                        help="stop after predict (keep --work; a later --downstream-from run ensembles the stores)")
+    parser.add_argument("--downstream-from", type=Path, nargs="+", metavar="JSON",
+                        help="no data or predict: take the predict records of these --predict-only reports (same "
+                             "--seed and --scale, one per GPU: the models split among them), ensemble all their "
+                             "stores and run the stages after it in --work")
     parser.add_argument("--quick", action="store_true",
                         help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
     args = parser.parse_args(argv)
@@ -755,8 +761,11 @@ def run_models(args: argparse.Namespace, names: Sequence[str], work: Path, devic
                stages: dict[str, Any], save: Callable[[], None], real: Mapping[int, Crop]) -> None:
     """Build every run and predict the test crops with it, saving the report after each; failures are recorded."""
     builds, predicts = stages.setdefault("build_runs", {}), stages.setdefault("predict", {})
+    import torch
+
     for name in names:
         print(f"==> {name}", flush=True)
+        torch._dynamo.reset()  # architectures sharing code must not turn each other's shapes dynamic
         run_dir = work / "runs" / name
         builds[name], predicts[name] = {}, {"status": "skipped (no run)"}
         with timed(builds[name]):
@@ -778,7 +787,8 @@ def run_downstream(work: Path, device: str, crop_id: int, stages: dict[str, Any]
     """Ensemble → post-process → submit → validate, saving the report after each; a stage runs only when the
     one before it succeeded. `crop_id`: the smallest test crop, timed alone for each stage's cost per crop."""
     manifest = work / "data" / "test_crop_manifest.csv"
-    members = [work / "predictions" / f"{n}.zarr" for n, r in stages["predict"].items() if r.get("status") == "ok"]
+    members = [Path(r.get("store", work / "predictions" / f"{n}.zarr")) for n, r in stages["predict"].items()
+               if r.get("status") == "ok"]
     seg, zip_path = work / "segmentation.zarr", work / "submission.zip"
     steps = {"ensemble": lambda: ensemble_stage(members, work / "ensemble.zarr", f"crop{crop_id}"),
              "postprocess": lambda: postprocess_stage(work / "ensemble.zarr", seg, "auto" if device == "cuda" else "cpu"),
@@ -793,6 +803,27 @@ def run_downstream(work: Path, device: str, crop_id: int, stages: dict[str, Any]
             if ok:
                 print(f"    {stages[stage]['seconds']:.1f} s", flush=True)
         save()
+
+
+def combine_predictions(paths: Sequence[Path], report: dict[str, Any], work: Path) -> int:
+    """Fill `report` from `--predict-only` reports (one per GPU, each a share of the models, the same synthetic
+    data): their data and build records, every predict record pointing at its store; `work` gets the first
+    one's data (the manifest). Returns the smallest synthetic crop's id."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    first = parts[0]
+    if any(p["synthetic"]["crops"] != first["synthetic"]["crops"] for p in parts[1:]):
+        raise SystemExit("--downstream-from: the reports were made on different synthetic data (--seed/--scale)")
+    stages = report["stages"]
+    stages["generate"], report["synthetic"] = first["stages"]["generate"], first["synthetic"]
+    for part in parts:
+        part_work = Path(part["args"]["work"])
+        for name, record in part["stages"]["predict"].items():
+            stages.setdefault("predict", {})[name] = {**record, "store": str(part_work / "predictions" / f"{name}.zarr")}
+        stages.setdefault("build_runs", {}).update(part["stages"].get("build_runs", {}))
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(Path(first["args"]["work"]) / "data", work / "data", dirs_exist_ok=True)
+    report["combined_from"] = [str(p) for p in paths]
+    return min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
 
 
 def write_report(report: Mapping[str, Any], out: Path) -> None:
@@ -817,6 +848,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if not (configs / f"{n}.yaml").is_file()]
     if unknown:
         raise SystemExit(f"--models: no {configs.relative_to(REPO)}/<name>.yaml for {unknown}")
+    if args.predict_only and not args.work:
+        raise SystemExit("--predict-only needs --work (the stores must outlive the run)")
     if args.work and args.work.exists() and any(args.work.iterdir()):
         raise SystemExit(f"--work {args.work}: not empty (runs and stores are written fresh)")
     work = args.work or Path(tempfile.mkdtemp(prefix="cellseg-test-set-"))
@@ -830,11 +863,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_report(report, args.out)
 
     try:
-        stages["generate"], report["synthetic"] = make_data(args, work / "data", real)
-        save()
-        smallest = min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
-        run_models(args, names, work, device, str(smallest), stages, save, real)
-        run_downstream(work, device, smallest, stages, save)
+        if args.downstream_from:
+            smallest = combine_predictions(args.downstream_from, report, work)
+        else:
+            stages["generate"], report["synthetic"] = make_data(args, work / "data", real)
+            save()
+            smallest = min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
+            run_models(args, names, work, device, str(smallest), stages, save, real)
+        if not args.predict_only:
+            run_downstream(work, device, smallest, stages, save)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -207,7 +207,8 @@ class CompiledModel:
         self.eager = model
         self.compiled_ok = False
         try:
-            self.module: torch.nn.Module | None = compile_module(model)
+            # static shapes: tiles always have the patch's shape and batches are padded to one size
+            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
         except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None

@@ -35,13 +35,15 @@ def compile_backend() -> str:
     return os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
 
 
-def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default") -> torch.nn.Module:
-    """`torch.compile(module)` with `compile_backend()` and `mode`.
+def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default",
+                   dynamic: bool | None = None) -> torch.nn.Module:
+    """`torch.compile(module)` with `compile_backend()`, `mode` and `dynamic` (None: torch's automatic dynamic
+    shapes after a recompile; False: one static graph per input shape).
 
     Compilation is lazy: errors (an unknown backend aside) surface at the first call.
     """
     # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
-    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode)
+    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=dynamic)
 
 
 def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision) -> float:
