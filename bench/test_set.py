@@ -95,6 +95,7 @@ LOW_OVERLAP = 0.25  # the overlap of the "max8_ov25" policy
 STEADY_BOX = (256, 256, 256)  # 3D steady-state probe (voxels): 125 tiles of 128³ at overlap 0.5, context included
 STEADY_SLICES = (32, 512, 512)  # 2D probe: 32 slices, 800 tiles of 256²
 QUICK_STEADY = (32, 32, 32)  # --quick: probe box for both (tiny models on a CPU)
+H200_BYTES = 139 * 2**30  # GPU memory for reports made before predict records kept theirs (H200s)
 BIG_CROP_SHARE = 0.1  # the probe keeps the channels of the largest scored set among crops with ≥ 10 % of the voxels
 
 
@@ -256,9 +257,9 @@ def build_run(arch: str, *, root: Path, run_dir: Path, device: str, quick: bool)
 
 
 def count_model_tiles(crops: Sequence[tuple[Sequence[int], int]], patch_vox: Sequence[int], overlap: float,
-                      device: str) -> int:
+                      device: str, gpu_bytes: int | None = None) -> int:
     """Sliding-window tiles `predict_run` runs over crops given as (shape, channels): per column of
-    `plan_crop` (what memory on `device` allows for that many channels), each with its context."""
+    `plan_crop` (what memory on `device`, a GPU of `gpu_bytes`, allows for that many channels), with context."""
     import torch
 
     from cellseg.infer.predict import plan_crop
@@ -266,7 +267,7 @@ def count_model_tiles(crops: Sequence[tuple[Sequence[int], int]], patch_vox: Seq
 
     dev = torch.device(device)
     return sum(count_tiles(n, patch_vox, overlap) for shape, k in crops
-               for _, n in plan_crop(shape, k, patch_vox, ("z",), dev).blocks)
+               for _, n in plan_crop(shape, k, patch_vox, ("z",), dev, gpu_bytes=gpu_bytes).blocks)
 
 
 def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch: int, quick: bool) -> dict[str, Any]:
@@ -354,6 +355,7 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
                   compute_mvox_per_s=voxels / 1e6 / compute, tiles_per_s=tiles / compute, bytes=disk_bytes(store))
     if device == "cuda":
         record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        record["gpu_total_bytes"] = torch.cuda.get_device_properties().total_memory  # plans the real crops' columns
     del run
     record["steady"] = steady_probe(run_dir, store.parent, device=device, channels=probe_channels,
                                     batch=int(summaries[0].get("batch", 1)) if summaries else 1, quick=quick)
@@ -485,7 +487,8 @@ def project_predict(measured: Mapping[str, Any], real: Mapping[int, Crop], polic
     voxels = sum(v["voxels"] for v in volumes.values())
     channel_voxels = sum(math.prod(shape) * k for shape, k in crops)
     overlap = LOW_OVERLAP if policy == "max8_ov25" else measured["overlap"]
-    tiles = count_model_tiles(crops, measured["patch_shape_vox"], overlap, measured["device"])
+    gpu_bytes = measured.get("gpu_total_bytes", H200_BYTES if measured["device"] == "cuda" else None)
+    tiles = count_model_tiles(crops, measured["patch_shape_vox"], overlap, measured["device"], gpu_bytes)
     steady = measured["steady"]
     seconds = (measured["load_seconds"] + measured.get("warmup_seconds", 0.0) + tiles * steady["seconds_per_tile"]
                + channel_voxels * steady["write_seconds_per_channel_voxel"])
@@ -511,8 +514,11 @@ def project_stage(measured: Mapping[str, Any], units: int, items: int, key: str)
     return out
 
 
-def project(stages: Mapping[str, Any], real: Mapping[int, Crop]) -> dict[str, Any]:
-    """Minutes per stage and in total on the real test crops, for every policy."""
+def project(stages: Mapping[str, Any], real: Mapping[int, Crop], rates: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """Minutes per stage and in total on the real test crops, for every policy. `rates` (a
+    `bench/ensemble_steady.py` report) replaces the ensemble's and post-processing's cost per channel-voxel
+    with the one measured on a large crop; their cost per crop stays this run's."""
     out = {}
     submitted, arrays = submitted_voxels(real), num_arrays(real)
     channels = next((m["channels"] for m in stages.get("predict", {}).values() if m.get("status") == "ok"), None)
@@ -527,7 +533,10 @@ def project(stages: Mapping[str, Any], real: Mapping[int, Crop]) -> dict[str, An
                                          ("submit", "submitted_voxels", submitted, arrays),
                                          ("validate", "submitted_voxels", submitted, arrays)):
             if stages.get(stage, {}).get("status") == "ok":
-                rows[stage] = project_stage(stages[stage], units, items, key)
+                measured = dict(stages[stage])
+                if rates and f"{stage}_seconds_per_channel_voxel" in rates:
+                    measured["per_voxel_seconds"] = rates[f"{stage}_seconds_per_channel_voxel"]
+                rows[stage] = project_stage(measured, units, items, key)
         predict_s = sum(r["seconds"] for r in rows["predict"].values())
         total_s = predict_s + sum(rows[s]["seconds"] for s in DOWNSTREAM if s in rows)
         out[policy] = {"description": description, "model_voxels": voxels, "channel_voxels": channel_voxels,
@@ -660,6 +669,13 @@ def markdown(report: Mapping[str, Any]) -> str:
              "## Projected to the real 16 test crops", "", *projection_table(report), "",
              "Policies: " + "; ".join(f"**{p}**: {d}" for p, d in POLICIES.items()) + ".", "",
              *[f"- {note}" for note in report["notes"]]]
+    rates = report.get("rates")
+    if rates:
+        lines.append(f"- Ensemble and post-processing are projected with the costs per channel-voxel of "
+                     f"`bench/ensemble_steady.py` ({rates['members']} members × {len(rates['channels'])} channels × "
+                     f"{rates['shape_vox'][0]}³: ensemble {rates['ensemble_seconds']:.1f} s, post-processing "
+                     f"({rates['device']}) {rates['postprocess_seconds']:.1f} s, {rates['date']}); their costs per "
+                     f"crop are this run's.")
     return "\n".join(lines) + "\n"
 
 
@@ -708,6 +724,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="no data or predict: take the predict records of these --predict-only reports (same "
                              "--seed and --scale, one per GPU: the models split among them), ensemble all their "
                              "stores and run the stages after it in --work")
+    parser.add_argument("--rates", type=Path, metavar="JSON",
+                        help="a bench/ensemble_steady.py report: project the ensemble and post-processing with its "
+                             "costs per channel-voxel (measured on a large crop)")
+    parser.add_argument("--reproject", type=Path, metavar="JSON",
+                        help="run nothing: recompute the projection of this report (e.g. with --rates) into --out")
     parser.add_argument("--quick", action="store_true",
                         help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
     args = parser.parse_args(argv)
@@ -842,6 +863,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     args = parse_args(argv)
+    rates = json.loads(args.rates.read_text()) if args.rates else None
+    if args.reproject:
+        report = json.loads(args.reproject.read_text())
+        report["projection"] = project(report["stages"], Catalog.official().test("2026"), rates)
+        report["rates"] = rates
+        write_report(report, args.out)
+        print(markdown(report))
+        return 0
     device = "cuda" if (torch.cuda.is_available() if args.device == "auto" else args.device == "cuda") else "cpu"
     configs = SMOKE if args.quick else EXPERIMENTS
     names = args.models.split(",") if args.models else sorted(p.stem for p in configs.glob("*.yaml"))
@@ -858,8 +887,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {"benchmark": "test_set", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(device), "stages": stages, "notes": list(NOTES)}
 
+    report["rates"] = rates
+
     def save() -> None:
-        report["projection"] = project(stages, real)
+        report["projection"] = project(stages, real, rates)
         write_report(report, args.out)
 
     try:

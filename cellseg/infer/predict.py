@@ -594,12 +594,13 @@ class CropPlan:
 
 
 def plan_crop(shape_vox: Sequence[int], num_channels: int, patch: Sequence[int], axes: Sequence[str],
-              device: torch.device, block_vox: int | None = None) -> CropPlan:
+              device: torch.device, block_vox: int | None = None, gpu_bytes: int | None = None) -> CropPlan:
     """Columns (or blocks, for a 2D model over several axes) of a crop grid of `shape_vox` predicting
-    `num_channels` channels; the largest memory allows unless `block_vox` is given (`cellseg.infer.tiling`)."""
+    `num_channels` channels; the largest memory allows unless `block_vox` is given (`cellseg.infer.tiling`;
+    `gpu_bytes`: plan for a GPU of this memory instead of `device`'s)."""
     margin = context_margin(patch, axes)
     if len(axes) == 1:
-        edge = block_vox or auto_column_vox(num_channels, patch, margin, device)
+        edge = block_vox or auto_column_vox(num_channels, patch, margin, device, gpu_bytes)
         return CropPlan(True, edge, plan_blocks(shape_vox, (shape_vox[0], edge, edge)), min(edge, DEFAULT_CHUNK))
     edge = block_vox or auto_block_vox(num_channels, margin, device)
     return CropPlan(False, edge, plan_blocks(shape_vox, edge), edge)

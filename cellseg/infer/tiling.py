@@ -82,12 +82,16 @@ def working_device(device: torch.device, nbytes: int) -> torch.device:
     return device if nbytes <= GPU_ACCUMULATE_FRACTION * free else torch.device("cpu")
 
 
-def auto_column_vox(num_outputs: int, patch_vox: Sequence[int], margin: Sequence[int], device: torch.device) -> int:
+def auto_column_vox(num_outputs: int, patch_vox: Sequence[int], margin: Sequence[int], device: torch.device,
+                    gpu_bytes: int | None = None) -> int:
     """The largest column edge in y and x (a multiple of the store's chunk) for a streamed crop: the finished
     planes waiting for a whole chunk (one chunk plus one tile depth of K float16 planes) fit `HOST_BLOCK_BYTES`,
-    and the sums fit the GPU's share. Depends only on the GPU model, so a re-run resumes."""
+    and the sums fit the GPU's share. Depends only on the GPU model (`gpu_bytes`: its memory, default the
+    device's), so a re-run resumes."""
     on_gpu = device.type == "cuda"
-    gpu_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else 0
+    if on_gpu and gpu_bytes is None:
+        gpu_bytes = torch.cuda.get_device_properties(device).total_memory
+    gpu_bytes = gpu_bytes or 0
     best = DEFAULT_CHUNK
     for edge in range(DEFAULT_CHUNK, MAX_COLUMN_VOX + 1, DEFAULT_CHUNK):
         plane = [edge + 2 * m for m in margin[1:]]

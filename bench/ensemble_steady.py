@@ -1,0 +1,129 @@
+"""Ensemble and post-processing rates on one large crop: seconds per channel-voxel in the steady state.
+
+The test-set benchmark's synthetic crops are small, so its ensemble and post-processing times are mostly the
+cost per crop; this prices the voxels. `--members` probability stores of one `--shape`³ crop at 8 nm, each
+holding the `--channels` channels real test crop `--crop` is scored on (its labels and their boundary channels,
+as `cellseg predict --channels scored` writes them), filled with smooth random probability fields (blobs of
+about 16 voxels: they compress and segment like model output, unlike white noise), are combined with
+`cellseg.infer.ensemble.ensemble` (uniform weights) and segmented with `postprocess_store` (default
+parameters; CUDA when present), each timed. Writes `--out` (JSON) for `bench/test_set.py --rates`.
+
+Usage (GPU host):  PYTHONPATH=. python bench/ensemble_steady.py --out OUT/ensemble_steady.json
+Smoke (CPU):       PYTHONPATH=. python bench/ensemble_steady.py --shape 48 --members 2 --out /tmp/es.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+
+from cellseg.data.classes import is_instance  # noqa: E402
+from cellseg.data.crops import Catalog  # noqa: E402
+from cellseg.data.targets import Grid  # noqa: E402
+from cellseg.infer.predict import scored_channels  # noqa: E402
+from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
+
+VOXEL_NM = 8.0
+BLOB_VOX = 16  # correlation length of the random fields (voxels)
+
+
+def all_channels() -> tuple[str, ...]:
+    """The 48 classes of configs/data/cellmap.yaml and their boundary channels, as the experiments train them."""
+    import yaml
+
+    from cellseg.config.schema import DataConfig
+
+    classes = yaml.safe_load((REPO / "configs" / "data" / "cellmap.yaml").read_text())["data"]["classes"]
+    cfg = DataConfig(root=".", classes=tuple(classes))
+    return tuple(cfg.classes) + tuple(f"{c}_boundary" for c in cfg.boundary_classes)
+
+
+def smooth_field(shape: int, rng: np.random.Generator) -> np.ndarray:
+    """(shape³) float16 probabilities: coarse Gaussian noise upsampled linearly, through a steep sigmoid."""
+    from scipy.ndimage import zoom
+
+    coarse = rng.standard_normal((math.ceil(shape / BLOB_VOX) + 1,) * 3).astype(np.float32)
+    fine = zoom(coarse, shape / (coarse.shape[0] - 1), order=1)[:shape, :shape, :shape]
+    return (1 / (1 + np.exp(-4 * fine))).astype(np.float16)
+
+
+def write_members(root: Path, n: int, shape: int, channels: tuple[str, ...], every: tuple[str, ...]) -> list[Path]:
+    """`n` probability stores of one crop `crop1` holding `channels` (of the model's `every`)."""
+    grid = Grid(translation_nm=(VOXEL_NM / 2,) * 3, shape_vox=(shape,) * 3, voxel_size_nm=(VOXEL_NM,) * 3)
+    instance = [c for c in every if not c.endswith(BOUNDARY_SUFFIX) and is_instance(c)]
+    paths = []
+    for i in range(n):
+        rng = np.random.default_rng(i)
+        store = PredictionStore.create(root / f"member{i}.zarr", kind="probabilities", channels=every,
+                                       instance_channels=instance, provenance={"run_dir": f"synthetic member {i}"})
+        writer = store.crop_writer("crop1", grid, channels=channels)
+        writer.write_all({c: smooth_field(shape, rng) for c in channels})
+        writer.commit({"dataset": "synthetic"})
+        paths.append(store.path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the members, time the ensemble and the post-processing, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--members", type=int, default=8, help="member stores (default 8: the full ensemble)")
+    parser.add_argument("--shape", type=int, default=256, help="crop edge in voxels (default 256)")
+    parser.add_argument("--crop", type=int, default=983, help="real test crop whose scored channels are used")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="post-processing device")
+    parser.add_argument("--out", type=Path, required=True, help="JSON output")
+    args = parser.parse_args(argv)
+
+    from cellseg.infer.ensemble import ensemble
+    from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
+    from cellseg.postprocess.params import ParamSet
+
+    every = all_channels()
+    crop = Catalog.official().test("2026")[args.crop]
+    channels = scored_channels(every, list(crop.labels))
+    channel_voxels = len(channels) * args.shape ** 3
+    device = resolve(args.device)
+    record: dict = {"benchmark": "ensemble_steady", "members": args.members, "shape_vox": [args.shape] * 3,
+                    "crop": args.crop, "channels": list(channels), "channel_voxels": channel_voxels,
+                    "device": device, "host": platform.node(),
+                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    work = Path(tempfile.mkdtemp(prefix="cellseg-ensemble-steady-"))
+    try:
+        start = time.perf_counter()
+        members = write_members(work, args.members, args.shape, channels, every)
+        record["write_members_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        ensemble([str(m) for m in members], work / "ensemble.zarr", weights="uniform")
+        record["ensemble_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        postprocess_store(open_probabilities(work / "ensemble.zarr"), work / "seg.zarr", params=ParamSet(),
+                          device=device, progress=False)
+        record["postprocess_seconds"] = time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    record["ensemble_seconds_per_channel_voxel"] = record["ensemble_seconds"] / channel_voxels
+    record["postprocess_seconds_per_channel_voxel"] = record["postprocess_seconds"] / channel_voxels
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(args.out)
+    print(f"{args.members} members × {len(channels)} channels × {args.shape}³: ensemble {record['ensemble_seconds']:.1f} s, "
+          f"post-processing ({device}) {record['postprocess_seconds']:.1f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
