@@ -5,12 +5,8 @@ Stages, one file each: `load_run` (the run directory alone rebuilds the model: `
 (`cellseg.infer.selection`: which crops, and the box of each) → `predict_volume` (the engine shared with
 validation during training) → the store.
 
-`predict_slabs`, for one box: read the EM over the box on the model's grid plus half a patch of context on
-every side (from the full EM volume; outside it the EM pad value), then the Gaussian-blended sliding window
-(`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA transforms
-(`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities, streamed out in z-slabs as they complete.
-A 2D model predicts slice by slice; across z only, or across z, y and x (isotropic voxels) with the three
-results averaged (`predict_volume`, the whole box at once).
+`predict_slabs` (`cellseg.infer.engine`): the model over one box, streamed out in z-slabs as the
+sliding window completes them.
 
 A crop is cut in y and x only when its planes do not fit memory (`cellseg.infer.tiling.auto_column_vox`: one
 column for a 1000³ crop with 26 channels on an H200), and each column streams through the window in z: the
@@ -34,7 +30,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,29 +45,24 @@ from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.classes import is_instance
 from cellseg.data.targets import CropSource, Grid
 from cellseg.infer import tta
+from cellseg.infer.engine import CompiledModel, Window, predict_slabs, predict_volume
 from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore, quantise
 from cellseg.infer.tiling import (
-    AXIS_INDEX,
     DEFAULT_CHUNK,
     auto_block_vox,
     auto_column_vox,
     context_margin,
     count_tiles,
     plan_blocks,
-    stream_bytes,
     sub_grid,
-    working_device,
 )
 from cellseg.models import build_model
 from cellseg.train import runtime
 from cellseg.train.checkpoint import load as load_checkpoint
-from cellseg.train.compile import compile_module
 from cellseg.train.setup import resolve_precision
 
 log = logging.getLogger(__name__)
-EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
 # Provenance entries that must agree for a re-run to add crops to an existing store.
 RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
@@ -187,179 +178,6 @@ def box_grid(start_nm: Sequence[float], stop_nm: Sequence[float], em: Multiscale
 def crop_grid(crop: CropSource | CropTarget, voxel_size_nm: Sequence[float]) -> Grid:
     """The crop's annotated box (a test crop's box) on the model's grid (see `box_grid`)."""
     return box_grid(crop.start_nm, crop.stop_nm, crop.em(), voxel_size_nm)
-
-
-def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: int) -> torch.Tensor:
-    """(1, Z, Y, X) uint8 EM over the grid enlarged by `margin` voxels per side (scaled to [0, 1] per tile)."""
-    vs = grid.voxel_size_nm
-    data = em.read(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin, vs, strict=True)],
-                   shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin, strict=True)], voxel_size_nm=vs,
-                   interpolation="area", pad_value=pad_value, dtype=np.uint8)
-    return torch.from_numpy(data)[None]
-
-
-class CompiledModel:
-    """A model under torch.compile that falls back to eager, with one warning, when its first call (where
-    compilation happens) fails. Calls keep one input shape (`make_forward` pads the last batch), so it compiles
-    once per shape."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.eager = model
-        self.compiled_ok = False
-        try:
-            # static shapes: tiles always have the patch's shape and batches are padded to one size
-            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
-        except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
-            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
-            self.module = None
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        if self.module is None:
-            return self.eager(image)
-        if self.compiled_ok:
-            return self.module(image)
-        try:
-            out = self.module(image)
-        except Exception as err:  # any compiler failure: eager instead, as in training
-            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
-            self.module = None
-            return self.eager(image)
-        self.compiled_ok = True
-        return out
-
-
-def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,
-                 channels_last: bool = False, keep: Sequence[int] | None = None,
-                 compiled: CompiledModel | None = None, batch_size: int | None = None
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """uint8 EM tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast (K: the `keep`
-    outputs). With `compiled`, batches run through it, the last one padded to `batch_size` tiles so that every
-    call has the shape it was compiled for."""
-    formats: dict[int, torch.memory_format] = {}
-    index = None if keep is None else torch.tensor(list(keep), device=device)
-
-    def forward(batch: torch.Tensor) -> torch.Tensor:
-        fmt = formats.setdefault(batch.ndim, runtime.memory_format(batch.ndim - 2, channels_last))
-        image = (batch.to(torch.float32) / EM_SCALE).contiguous(memory_format=fmt)  # as in training
-        n = image.shape[0]
-        if compiled is not None and batch_size and n < batch_size:  # the last batch: pad to the compiled shape
-            image = torch.cat([image, image[-1:].expand(batch_size - n, *image.shape[1:])])
-        with runtime.autocast(device, precision):
-            logits = (compiled or model)(image)[:n]
-        if index is not None:
-            logits = logits.index_select(1, index)
-        return torch.sigmoid(logits.float())
-
-    return forward
-
-
-@dataclass(frozen=True, kw_only=True)
-class Window:
-    """How `predict_slabs` runs the model over a box: the sliding window and TTA settings (module docstring)."""
-
-    patch_vox: tuple[int, int, int]  # tile shape (z, y, x); (1, H, W) for a 2D model
-    device: torch.device
-    precision: runtime.Precision
-    overlap: float = 0.5
-    batch_size: int = 4
-    blend: str = "gaussian"
-    transforms: tuple[tta.Transform, ...] = ()  # default: the identity only
-    channels_last: bool = False  # channels_last(_3d) tiles (CUDA only)
-    pad_value: int = 0  # uint8 EM value outside the volume
-    compiled: CompiledModel | None = None  # the model under torch.compile (`make_forward`)
-
-    @property
-    def is_2d(self) -> bool:
-        return self.patch_vox[0] == 1
-
-
-@torch.inference_mode()  # also across a generator's suspensions
-def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
-                  axis: str = "z", keep: Sequence[int] | None = None, start: int = 0, dtype: torch.dtype = torch.float16,
-                  on_tiles: Callable[[int], None] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-    """Probabilities over `grid`, streamed in slabs along `axis` as the sliding window completes them.
-
-    Args:
-        model: in eval mode on `window.device`; 3D `(B, C, Z, Y, X)` or 2D `(B, C, Y, X)`.
-        em: the dataset's EM, read in world coordinates with `window.pad_value` outside the volume.
-        grid: the output grid (the model's voxel size).
-        num_outputs: the model's output channels.
-        axis: the slab axis: "z" for a 3D model; for a 2D model the axis its slices are cut across.
-        keep: indices of the model outputs to return, in this order (default all); the others are dropped
-            before TTA and blending.
-        start: first plane (along `axis`, in the grid) to return; batches that only touch earlier planes are
-            skipped, and the planes returned equal those of a run from 0 (a resumed crop).
-        dtype: of the slabs (float16: what the store keeps; float32 for exact sums across axes).
-        on_tiles: called with the number of tiles after every batch (progress bars).
-
-    Yields:
-        (offset along `axis` in the grid, (K, *grid with `axis` cut to the slab) array), in order, covering
-        [start, grid size along `axis`) once.
-    """
-    tfms = list(window.transforms or tta.transforms(2 if window.is_2d else 3, (), 1))
-    a = AXIS_INDEX[axis]
-    if not window.is_2d and a != 0:
-        raise ValueError(f"a 3D model streams along z, not {axis}")
-    margin = context_margin(window.patch_vox, [axis])
-    image_CZYX = _read_em(em, grid, margin, window.pad_value)
-    if window.is_2d:  # only the box's slices are predicted, moved to the front (tiles are cut across axis 0)
-        image_CZYX = image_CZYX[(slice(None),) * (1 + a) + (slice(margin[a], margin[a] + grid.shape_vox[a]),)]
-        image_CZYX = image_CZYX.movedim(1 + a, 1)
-    inner = [margin[d] for d in range(3) if d != a]
-    shape = [grid.shape_vox[d] for d in range(3) if d != a]
-    num_outputs = num_outputs if keep is None else len(keep)
-    plane = [n + 2 * m for n, m in zip(shape, inner, strict=True)]
-    work = working_device(window.device, stream_bytes(num_outputs, window.patch_vox, plane))
-    image_CZYX = image_CZYX.to(working_device(window.device, image_CZYX.numel()))
-    forward = make_forward(model, device=window.device, precision=window.precision, keep=keep,
-                           channels_last=window.channels_last and window.device.type == "cuda",
-                           compiled=window.compiled, batch_size=window.batch_size)
-
-    def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
-        out = tta.tta_predict(forward, tiles_BCS, tfms)
-        if on_tiles is not None:
-            on_tiles(tiles_BCS.shape[0])
-        return out
-
-    lead = 0 if window.is_2d else margin[0]  # context planes before the box along the slab axis
-    crop = (slice(None), slice(None), *(slice(m, m + n) for m, n in zip(inner, shape, strict=True)))
-    slabs = sliding_window_slabs(predict, image_CZYX, patch_vox=window.patch_vox, num_outputs=num_outputs,
-                                 overlap=window.overlap, batch_size=window.batch_size, blend=window.blend,
-                                 device=window.device, accumulate_on=work, pad_value=window.pad_value,
-                                 start_plane=lead + start)
-    for z0, slab in slabs:
-        lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
-        if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
-            part = slab[:, lo - z0:hi - z0][crop].to(dtype).cpu().movedim(1, 1 + a)
-            yield lo - lead, part.numpy()
-
-
-@torch.inference_mode()
-def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, patch_vox: Sequence[int],
-                   num_outputs: int, device: torch.device, precision: runtime.Precision, overlap: float = 0.5,
-                   batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
-                   slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
-                   on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
-                   keep: Sequence[int] | None = None, compiled: CompiledModel | None = None) -> np.ndarray:
-    """(K, Z, Y, X) probabilities of every output channel on `grid`: the slabs of `predict_slabs` (see there
-    and `Window` for the arguments) put together; a 2D model sliced across several axes averages them.
-
-    Args:
-        slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.
-        dtype: of the result (float32, or float16 to halve host memory: what the store keeps anyway).
-    """
-    window = Window(patch_vox=tuple(patch_vox), device=device, precision=precision, overlap=overlap,  # type: ignore[arg-type]
-                    batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
-                    channels_last=channels_last, pad_value=pad_value, compiled=compiled)
-    axes = list(slice_axes) if window.is_2d else ["z"]
-    k = num_outputs if keep is None else len(keep)
-    total = torch.zeros((k, *grid.shape_vox), dtype=torch.float32 if len(axes) > 1 else dtype)
-    for axis in axes:
-        a = AXIS_INDEX[axis]
-        for offset, slab in predict_slabs(model, em, grid, window, num_outputs=num_outputs, axis=axis, keep=keep,
-                                          dtype=total.dtype, on_tiles=on_tiles):
-            total[(slice(None),) * (1 + a) + (slice(offset, offset + slab.shape[1 + a]),)] += torch.from_numpy(slab)
-    return (total if len(axes) == 1 else total / len(axes)).to(dtype).numpy()
 
 
 # ----------------------------------------------------------------------------------------------- the command
