@@ -202,5 +202,9 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
         a = AXIS_INDEX[axis]
         for offset, slab in predict_slabs(model, em, grid, window, num_outputs=num_outputs, axis=axis, keep=keep,
                                           dtype=total.dtype, on_tiles=on_tiles):
-            total[(slice(None),) * (1 + a) + (slice(offset, offset + slab.shape[1 + a]),)] += torch.from_numpy(slab)
+            region = total[(slice(None),) * (1 + a) + (slice(offset, offset + slab.shape[1 + a]),)]
+            if len(axes) > 1:  # averaged over the slicing axes
+                region.add_(torch.from_numpy(slab))
+            else:
+                region.copy_(torch.from_numpy(slab))
     return (total if len(axes) == 1 else total / len(axes)).to(dtype).numpy()
