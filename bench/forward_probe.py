@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -45,7 +46,7 @@ from cellseg.infer.engine import CompiledModel, predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
 from cellseg.models.summary import count_flops  # noqa: E402
 from cellseg.train import runtime  # noqa: E402
-from cellseg.train.compile import compile_module  # noqa: E402
+from cellseg.train.compile import compile_backend  # noqa: E402
 
 KERNEL_KINDS = {  # substring of a CUDA kernel name -> kind (first match wins)
     "flash": "attention", "fmha": "attention", "attention": "attention", "efficient": "attention",
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per setting (default 10)")
     parser.add_argument("--settings", nargs="+", default=["eager", "compiled", "frozen", "wide", "encoder", "engine"])
     parser.add_argument("--profile", action="store_true", help="top CUDA kernels of one compiled forward")
+    parser.add_argument("--profile-engine", action="store_true",
+                        help="CPU and CUDA time of one engine run (torch.profiler): top ops of each")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny presets, batch 2 (CPU smoke run)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "forward_probe.json")
@@ -86,18 +89,12 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> f
     return statistics.median(times)
 
 
-def compiled(module: torch.nn.Module, *, freezing: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module` under torch.compile (static shapes), optionally with inductor's freezing."""
-    import torch._inductor.config as inductor_config
-
+def compiled(module: torch.nn.Module, *, freezing: bool = False, graphs: bool = False
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`module` under torch.compile (static shapes), optionally with inductor's freezing and CUDA graphs."""
     torch._dynamo.reset()  # architectures share code: keep one model's shapes from making another's dynamic
-    net = compile_module(module, dynamic=False)
-
-    def call(x: torch.Tensor) -> torch.Tensor:
-        with inductor_config.patch(freezing=freezing):
-            return net(x)
-
-    return call
+    options = {"freezing": freezing, "triton.cudagraphs": graphs}
+    return torch.compile(module, backend=compile_backend(), dynamic=False, options=options)
 
 
 def kernel_table(fn: Callable[[], object], top: int = 12) -> dict:
@@ -149,16 +146,18 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
         "compiled": lambda: timed(compiled(model), batch),
         "frozen": lambda: timed(compiled(model, freezing=True), batch),
         "wide": lambda: timed(compiled(model), batch * args.wide),
+        "frozen_wide": lambda: timed(compiled(model, freezing=True), batch * args.wide),
+        "graphs": lambda: timed(compiled(model, freezing=True, graphs=True), batch),
+        "graphs_wide": lambda: timed(compiled(model, freezing=True, graphs=True), batch * args.wide),
     }
     for setting in args.settings:
         try:
             if setting in settings:
                 row["ms_per_tile"][setting] = settings[setting]()
             elif setting == "encoder" and hasattr(model, "encoder"):
-                enc = compiled(model.encoder)
-                x = image(batch)
+                enc, x = compiled(model.encoder), image(batch)
                 with torch.inference_mode(), runtime.autocast(device, precision):
-                    row["ms_per_tile"]["encoder"] = median_ms(lambda: enc(x), device, args.repeats) / batch
+                    row["ms_per_tile"]["encoder"] = median_ms(partial(enc, x), device, args.repeats) / batch
             elif setting == "engine":
                 row["engine"] = engine(model, args, device, patch, outputs, batch, precision)
                 row["ms_per_tile"]["engine_per_forward"] = row["engine"]["ms_per_tile"] / row["engine"]["tta"]
@@ -205,11 +204,32 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
         start = time.perf_counter()
         run()
         seconds = time.perf_counter() - start
-    return {"ms_per_tile": seconds * 1e3 / tiles[0], "tiles": tiles[0], "tta": len(tfms), "seconds": seconds}
+        result = {"ms_per_tile": seconds * 1e3 / tiles[0], "tiles": tiles[0], "tta": len(tfms), "seconds": seconds}
+        if args.profile_engine and device.type == "cuda":
+            result["profile"] = engine_profile(run)
+    return result
+
+
+def engine_profile(run: Callable[[], object], top: int = 15) -> dict:
+    """Wall, CUDA kernel and CPU-op time of one engine run, and the top CUDA kernels and CPU ops (self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = list(prof.key_averages())
+    cuda = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+    cpu = sorted((e for e in events if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    return {"wall_ms": wall * 1e3, "cuda_ms": sum(e.self_device_time_total for e in cuda) / 1e3,
+            "top_cuda": [{"name": e.key[:100], "ms": e.self_device_time_total / 1e3, "calls": e.count} for e in cuda[:top]],
+            "top_cpu": [{"name": e.key[:100], "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in cpu[:top]]}
 
 
 def markdown(report: dict) -> str:
-    settings = ["eager", "compiled", "frozen", "wide", "encoder", "engine_per_forward"]
+    settings = ["eager", "compiled", "frozen", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
+                "engine_per_forward"]
     lines = [f"Forward probe: {report['environment']['device']}, torch {report['environment']['torch']}, "
              f"{report['environment']['date']}; bf16 matmul peak {report['peak_tflops']:.0f} TFLOP/s.", "",
              "| model | batch | GFLOP/tile | " + " | ".join(f"{s} ms/tile" for s in settings) + " | MFU compiled |",
