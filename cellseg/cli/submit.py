@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 ORDER = 61
@@ -29,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
     parser.add_argument("--threshold", type=float, default=0.5, help="threshold for float probabilities (0.5)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+                        help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
+                             "CPU cores, at most 8); the zip is the same for any N")
     parser.set_defaults(func=run)
 
 
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = write_submission(args.predictions, crops, args.out, overwrite=args.overwrite,
                                   threshold=args.threshold, labels=args.labels,
-                                  progress=sys.stderr.isatty() and not args.quiet)
+                                  progress=sys.stderr.isatty() and not args.quiet, workers=args.workers)
     except FileExistsError as err:  # the dispatcher reports ValueErrors as one line
         raise ValueError(str(err)) from None
     print(f"wrote {args.out}: {len(report.written)} arrays")

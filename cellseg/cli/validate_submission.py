@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 ORDER = 62
 
@@ -26,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--truth", help="a ground-truth store: check against its crops and count its objects")
     parser.add_argument("--no-data", action="store_true", help="skip the checks that read array values")
     parser.add_argument("--all", action="store_true", help="also print info lines")
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+                        help="threads reading arrays, at most N arrays in memory at a time (default: CPU cores, at "
+                             "most 8); the issues are the same for any N")
     parser.set_defaults(func=run)
 
 
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         from cellseg.data.crops import Catalog
 
         crops = Catalog.official().test(args.era)
-    issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth)
+    issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth,
+                                 workers=args.workers)
     shown = [i for i in issues if args.all or i.severity != "info"]
     for issue in shown:
         print(issue)

@@ -18,17 +18,27 @@ Output: a zip whose root holds the zarr store (`.zgroup`, `crop<N>/.zgroup`, `cr
 the official packer writes it (arrays at the root are read by both evaluators; a store zipped inside a
 folder is rejected by the 2025 one). Every array is single-scale, with `voxel_size`, `translation` and
 `shape` attributes from the manifest. The zip is built under a temporary name and renamed when complete.
+
+Arrays are written by a pool of threads (`workers`; zarr's codecs and numpy release the GIL on large
+arrays), at most `workers` (crop, label) pairs at a time, so peak memory is about `workers` times that of
+the largest array (a resampled probability is interpolated in float64: float32 flips voxels lying within
+its rounding error of the threshold, so the mask would differ). The zip's members are the same, byte for
+byte, for any number of workers (only the file times differ, as between any two runs): it lists the
+finished store in sorted order.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +48,48 @@ from cellseg.eval.rules import is_scored_as_instance
 
 log = logging.getLogger(__name__)
 TRAIN_HEADER = "crop_name,dataset,class_label,voxel_size,translation,shape\n"
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    """Threads used by `write_submission` and `validate_submission` by default: the CPU cores, at most 8."""
+    return min(8, os.cpu_count() or 1)
+
+
+def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *,
+                done: Callable[[], Any] | None = None) -> list[R]:
+    """`[fn(item) for item in items]` on `workers` threads, never more than `workers` items in flight.
+
+    Results are in the order of `items`; `done` is called in this thread as each item finishes (progress).
+    `workers=1` runs in this thread without a pool. The first error (in item order among those finishing
+    together) is raised once the items already running have finished; no further item is started.
+
+    Raises:
+        ValueError: `workers` < 1.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    results: list[Any] = [None] * len(items)
+    if workers == 1:
+        for i, item in enumerate(items):
+            results[i] = fn(item)
+            if done is not None:
+                done()
+        return results
+    todo = iter(enumerate(items))
+    in_flight: dict[Future[R], int] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        while True:
+            for i, item in itertools.islice(todo, workers - len(in_flight)):
+                in_flight[pool.submit(fn, item)] = i
+            if not in_flight:
+                return results
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=in_flight.__getitem__):
+                results[in_flight.pop(future)] = future.result()
+                if done is not None:
+                    done()
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Mapping[int, Crop]:
@@ -154,12 +206,17 @@ def _zip_store(store: Path, destination: Path) -> None:
 
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
-                     progress: bool = False) -> SubmitReport:
+                     progress: bool = False, workers: int | None = None) -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops` found in `predictions`.
+
+    `workers` threads (default `default_workers()`) write the arrays, at most `workers` at a time; the zip's
+    members and the report are the same for any number.
 
     Raises:
         FileExistsError: `out` exists and `overwrite` is False.
         FileNotFoundError: `predictions` does not exist.
+        ValueError: `workers` < 1; a prediction that cannot be submitted (the error names its crop/label;
+            nothing is written).
     """
     from tqdm import tqdm
 
@@ -173,22 +230,32 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     wanted = set(labels) if labels else None
     rows = [(c, label, g) for c in crops.values() for label, g in sorted(c.labels.items())
             if wanted is None or label in wanted]
-    report = SubmitReport()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent) as tmp:
         store = Path(tmp) / "submission.zarr"
         ensure_groups(store)
-        for crop, label, geometry in tqdm(rows, desc="submission", unit="label", disable=not progress):
+
+        def write_one(row: tuple[Crop, str, Geometry]) -> bool:
+            crop, label, geometry = row
             source = predictions / crop.name / label
             if not source.exists():
-                report.missing.append(f"{crop.name}/{label}")
-                continue
-            data = prediction_on_grid(source, label, geometry, threshold=threshold)
-            write_array(store / crop.name / label, data, attrs={
-                "voxel_size": list(geometry.voxel_size_nm), "translation": list(geometry.translation_nm),
-                "shape": list(geometry.shape_vox)})
-            report.written.append(f"{crop.name}/{label}")
+                return False
+            try:
+                data = prediction_on_grid(source, label, geometry, threshold=threshold)
+                write_array(store / crop.name / label, data, attrs={
+                    "voxel_size": list(geometry.voxel_size_nm), "translation": list(geometry.translation_nm),
+                    "shape": list(geometry.shape_vox)})
+            except Exception as err:
+                err.add_note(f"while writing {crop.name}/{label} of the submission")
+                raise
+            return True
+
+        with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
+            found = map_bounded(write_one, rows, default_workers() if workers is None else workers,
+                                done=bar.update)
         partial = Path(tmp) / out.name
         _zip_store(store, partial)
         os.replace(partial, out)
-    return report
+    names = [f"{c.name}/{label}" for c, label, _ in rows]
+    return SubmitReport(written=[n for n, ok in zip(names, found, strict=True) if ok],
+                        missing=[n for n, ok in zip(names, found, strict=True) if not ok])

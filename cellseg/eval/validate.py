@@ -8,13 +8,18 @@ unexpected labels; array metadata (dtype, codecs, attributes); where each array 
 evaluator's resampling, snapping and cropping (coverage, the 2025 copy-length bug, the 16³ size
 limit); and, reading the data, NaNs, float or wrapped instance ids and the number of 26-connected
 objects against the instance-count cutoffs.
+
+The data checks run on a pool of threads (`workers`; decompression and numpy release the GIL on large
+arrays, cc3d's connected components do not), at most `workers` arrays at a time so that peak memory stays
+about `workers` times the largest array; the issues come back in the same order for any number of workers.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +42,7 @@ from cellseg.eval.rules import (
     is_scored_as_instance,
     ratio_cutoff_2026,
 )
+from cellseg.eval.submit import default_workers, map_bounded
 
 BOTH: tuple[str, ...] = ERAS
 
@@ -190,13 +196,27 @@ def _truth_for(truth: Source | None, crop: Crop, label: str, max_bytes: int) -> 
     return read_array(truth, info, max_bytes=max_bytes) if info else None
 
 
+DataCheck = Callable[[], list[Issue]]
+
+
+def _data_check(source: Source, info: ArrayInfo, where: str, instance: bool, truth: Source | None, crop: Crop,
+                label: str, max_bytes: int) -> list[Issue]:
+    """Read one array (and its truth) and return `data_issues`, or the error that makes it unreadable."""
+    try:
+        data = read_array(source, info, max_bytes=max_bytes)
+        return data_issues(where, data, instance, _truth_for(truth, crop, label, max_bytes))
+    except ValueError as err:
+        return [Issue("error", where, f"{err} (scored as missing)")]
+
+
 def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, read_data: bool,
-                 max_bytes: int, truth: Source | None) -> list[Issue]:
+                 max_bytes: int, truth: Source | None) -> list[Issue | DataCheck]:
+    """The crop's issues in order, with a deferred `DataCheck` where an array's values are to be read."""
     from cellseg.data.classes import get_class
 
     if listing is None:
         return [Issue("error", crop.name, f"crop missing: all {len(crop.labels)} labels score 0")]
-    issues = []
+    issues: list[Issue | DataCheck] = []
     for label, geometry in sorted(crop.labels.items()):
         where = f"{crop.name}/{label}"
         info = listing.arrays.get(label)
@@ -211,11 +231,8 @@ def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, rea
             continue
         issues += placement_issues(where, info, _target(geometry), instance)
         if read_data:
-            try:
-                data = read_array(source, info, max_bytes=max_bytes)
-                issues += data_issues(where, data, instance, _truth_for(truth, crop, label, max_bytes))
-            except ValueError as err:
-                issues.append(Issue("error", where, f"{err} (scored as missing)"))
+            issues.append(functools.partial(_data_check, source, info, where, instance, truth, crop, label,
+                                            max_bytes))
     for label in sorted(set(listing.arrays) - set(crop.labels)):
         try:
             get_class(label.removesuffix("_mask"))
@@ -250,17 +267,25 @@ def crops_from_truth(truth: Source) -> dict[int, Crop]:
 
 
 def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
-                        max_bytes: int = 8 * 1024**3, truth: Source | None = None) -> list[Issue]:
+                        max_bytes: int = 8 * 1024**3, truth: Source | None = None,
+                        workers: int | None = None) -> list[Issue]:
     """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
 
-    With `truth` (a ground-truth source), instance counts are checked against the true objects.
+    With `truth` (a ground-truth source), instance counts are checked against the true objects. `workers`
+    threads (default `default_workers()`) read the arrays, at most `workers` at a time.
+
+    Raises:
+        ValueError: `workers` < 1.
     """
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     try:
         source = open_source(path)
     except ValueError as err:
         return [Issue("error", "submission", str(err))]
     names = {c.name for c in crops.values()}
-    issues: list[Issue] = []
+    issues: list[Issue | DataCheck] = []
     layouts = {era: discover(source, names, era=era) for era in ERAS}
     for era, layout in layouts.items():
         issues += [Issue("error", "submission", f"the {era} evaluator rejects the submission: {r}", (era,))
@@ -271,4 +296,6 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
     for crop in sorted(crops.values(), key=lambda c: c.id):
         issues += _crop_issues(source, crop, layout.crops.get(crop.name), read_data=read_data, max_bytes=max_bytes,
                                truth=truth)
-    return issues
+    checks = [i for i in issues if not isinstance(i, Issue)]
+    results = iter(map_bounded(lambda check: check(), checks, workers))  # in order, spliced back in place
+    return [j for i in issues for j in ([i] if isinstance(i, Issue) else next(results))]

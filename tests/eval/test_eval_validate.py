@@ -21,8 +21,8 @@ def _find(issues, where, text, eras=None):
     return hits[0]
 
 
-def test_lists_every_problem(tmp_path):
-    sub = tmp_path / "s.zarr"
+def _problem_submission(sub):
+    """A submission of crop 1 with one problem per label (crop 2 missing)."""
     ids = np.zeros((32, 32, 32), np.uint8)
     ids[4:8, 4:8, 4:8] = 1
     write_array(sub / "crop1" / "mito", ids, attrs=ATTRS)  # uint8 ids
@@ -40,7 +40,11 @@ def test_lists_every_problem(tmp_path):
     write_array(sub / "crop1" / "mitochondria", ids, attrs=ATTRS)
     write_array(sub / "crop1" / "cell", ids.astype(np.uint16), attrs={"voxel_size": [8, 8, 8],
                                                                       "translation": [4, 4, 4]})
-    issues = validate_submission(sub, CROPS)
+    return sub
+
+
+def test_lists_every_problem(tmp_path):
+    issues = validate_submission(_problem_submission(tmp_path / "s.zarr"), CROPS)
     _find(issues, "crop2", "crop missing")
     _find(issues, "crop1/endo", "absent")
     _find(issues, "crop1/nuc", "written as a group")
@@ -53,6 +57,23 @@ def test_lists_every_problem(tmp_path):
     _find(issues, "crop1/golgi", "NaN")
     _find(issues, "crop1/mitochondria", "did you mean mito")
     assert not [i for i in issues if i.where == "crop1/cell" and i.severity != "info"]  # 4 nm off: snaps to 0
+
+
+def test_workers_give_the_same_issues_in_the_same_order(tmp_path, stores):
+    sub = _problem_submission(tmp_path / "s.zarr")
+    many = np.zeros((32, 32, 32), np.uint16)
+    many[::2, ::2, ::2] = 1  # 4096 objects: an info line, or errors against the truth
+    write_array(sub / "crop1" / "ld", many, attrs=ATTRS, overwrite=True)
+    write_array(sub / "crop2" / "er", np.ones((32, 32, 32), np.uint8), attrs=ATTRS)
+    (sub / "crop2" / "er" / "0" / "0" / "0").write_bytes(b"not blosc")  # unreadable: an error from the data check
+    truth = open_source(stores.truth({"crop1": {"ld": (many[:1] + 1).repeat(32, 0)}}))
+    for path in (sub, stores.zip(sub)):
+        for kwargs in ({}, {"truth": truth}):
+            issues = validate_submission(path, CROPS, workers=1, **kwargs)
+            assert validate_submission(path, CROPS, workers=4, **kwargs) == issues
+            _find(issues, "crop2/er", "cannot read")
+            _find(issues, "crop1/golgi", "NaN")
+            _find(issues, "crop1/ld", "too many instances" if kwargs else "4096 objects")
 
 
 def test_too_many_instances_against_the_truth(tmp_path, stores):

@@ -1,0 +1,112 @@
+"""`write_submission` on a thread pool: the same zip as the sequential run, bounded, errors named."""
+
+import threading
+import time
+import zipfile
+
+import numpy as np
+import pytest
+from eval_helpers import THREE_BALLS, balls
+
+from cellseg.data.crops import Crop, Geometry
+from cellseg.data.write import write_array, write_multiscale
+from cellseg.eval import write_submission
+from cellseg.eval.submit import map_bounded
+
+LABELS = ("mito", "nuc", "er", "ld_lum", "pm", "ves")  # ves: never predicted (missing)
+
+
+def _geometry(i):
+    return Geometry(voxel_size_nm=(8.0, 8.0, 8.0), translation_nm=(100.0 * i, 200.0, 300.0 + 8 * i),
+                    shape_vox=(48, 48, 40 + 4 * i))
+
+
+def _predictions(root, n_crops=3):
+    """Crops 1..n, each with instance ids from a 4 nm grid (nearest), float16 probabilities at 4 nm (area),
+    float32 probabilities shifted by 3 nm (linear), a binary multiscale group and a missing label."""
+    crops, rng = {}, np.random.default_rng(0)
+    for i in range(1, n_crops + 1):
+        g = _geometry(i)
+        ids = balls(g.shape_vox, THREE_BALLS).astype(np.uint32) * 300 * i
+        fine = ids.repeat(2, 0).repeat(2, 1).repeat(2, 2)
+        t4 = [t - 2.0 for t in g.translation_nm]  # the first 4 nm voxel's centre
+        write_array(root / f"crop{i}" / "mito", fine, attrs={"voxel_size": [4, 4, 4], "translation": t4})
+        write_array(root / f"crop{i}" / "nuc", ids.astype(np.float32), attrs={
+            "voxel_size": list(g.voxel_size_nm), "translation": list(g.translation_nm)})
+        probs = np.clip((fine > 0) * 0.7 + rng.normal(0, 0.2, fine.shape), 0, 1).astype(np.float16)
+        write_array(root / f"crop{i}" / "er", probs, attrs={"voxel_size": [4, 4, 4], "translation": t4})
+        shifted = np.clip((ids > 0) * 0.6 + rng.normal(0, 0.2, ids.shape), 0, 1).astype(np.float32)
+        write_array(root / f"crop{i}" / "ld_lum", shifted, attrs={
+            "voxel_size": list(g.voxel_size_nm), "translation": [t + 3.0 for t in g.translation_nm]})
+        write_multiscale(root / f"crop{i}" / "pm", (ids > 0).astype(np.uint8), voxel_size_nm=g.voxel_size_nm,
+                         translation_nm=g.translation_nm, kind="labels", num_levels=2)
+        crops[i] = Crop(id=i, dataset="synthetic", labels=dict.fromkeys(LABELS, g))
+    return crops
+
+
+def _members(path):
+    """Every member's name, header fields and bytes, in archive order (all but the file times)."""
+    with zipfile.ZipFile(path) as archive:
+        return [(i.filename, i.compress_type, i.file_size, i.CRC, i.external_attr, archive.read(i))
+                for i in archive.infolist()]
+
+
+def test_workers_write_the_same_zip_and_report(tmp_path, capsys):
+    preds = tmp_path / "pred.zarr"
+    crops = _predictions(preds)
+    one = write_submission(preds, crops, tmp_path / "one.zip", workers=1)
+    four = write_submission(preds, crops, tmp_path / "four.zip", workers=4, progress=True)
+    assert f"{3 * len(LABELS)}/{3 * len(LABELS)}" in capsys.readouterr().err  # the bar counts every label
+    assert one == four
+    assert one.missing == ["crop1/ves", "crop2/ves", "crop3/ves"]
+    assert one.written == [f"crop{i}/{label}" for i in (1, 2, 3) for label in sorted(LABELS) if label != "ves"]
+    members = _members(tmp_path / "one.zip")
+    assert members == _members(tmp_path / "four.zip")
+    assert {"crop3/mito/.zarray", "crop3/er/.zarray", "crop3/ld_lum/.zarray"} <= {m[0] for m in members}
+
+
+def test_an_error_in_a_worker_names_the_array_and_writes_nothing(tmp_path):
+    preds = tmp_path / "pred.zarr"
+    crops = _predictions(preds)
+    bad = -np.ones(_geometry(2).shape_vox, np.int32)
+    write_array(preds / "crop2" / "nuc", bad, attrs={"voxel_size": [8, 8, 8], "translation":
+                                                     list(_geometry(2).translation_nm)}, overwrite=True)
+    with pytest.raises(ValueError, match="non-negative") as err:
+        write_submission(preds, crops, tmp_path / "s.zip", workers=4)
+    assert "crop2/nuc" in str(err.value)
+    assert any("crop2/nuc" in note for note in err.value.__notes__)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.zarr"]  # no zip, no temporary directory
+
+
+def test_map_bounded_keeps_order_and_at_most_workers_in_flight():
+    lock, started, consumed, window = threading.Lock(), [0], [0], []
+
+    def slow(i):
+        with lock:
+            started[0] += 1
+            window.append(started[0] - consumed[0])
+        time.sleep(0.001 * (7 - i % 7))  # later items often finish first
+        return i * i
+
+    def done():
+        consumed[0] += 1
+
+    assert map_bounded(slow, range(30), 4, done=done) == [i * i for i in range(30)]
+    assert consumed == [30] and max(window) <= 4
+
+
+def test_map_bounded_stops_at_the_first_error():
+    started = []
+
+    def fail_at_3(i):
+        started.append(i)
+        if i == 3:
+            raise RuntimeError("item 3")
+        time.sleep(0.01)
+        return i
+
+    with pytest.raises(RuntimeError, match="item 3"):
+        map_bounded(fail_at_3, range(100), 4)
+    assert len(started) < 10
+    with pytest.raises(ValueError, match="at least 1"):
+        map_bounded(fail_at_3, range(3), 0)
