@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import itertools
 import json
 import math
 import os
@@ -59,6 +60,7 @@ sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 import cellseg  # noqa: E402
 from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
 from cellseg.data.inspect import disk_bytes  # noqa: E402
+from cellseg.eval.rules import is_scored_as_instance  # noqa: E402
 from cellseg.eval.submit import load_manifest  # noqa: E402
 from cellseg.synth.presets import (  # noqa: E402
     CLASS_SETS,
@@ -82,7 +84,9 @@ QUICK_SCALE = 128.0
 QUICK_PATCH_3D = "[16,16,16]"  # --quick: 3D tiles 8x cheaper than the smoke configs' 32³ (the tiny models take 16³)
 QUICK_MODELS = ("unet_3d", "unet_2d")
 PROBE_VOXEL_NM = 4.0  # the submit/validate probe: the largest crop again on the real 4 nm crops' grid ...
-PROBE_LABELS = ("er", "mito")  # ... with one semantic and one instance label
+PROBE_LABELS = 8  # ... with up to 8 of its labels, instance and semantic alternating: as many arrays as
+# `cellseg submit` and `validate-submission` run at once by default on a 16-core host, so the probe's cost per
+# voxel is that of the parallel writer over a test set's hundreds of arrays
 DOWNSTREAM = ("ensemble", "postprocess", "submit", "validate")  # the stages after predict, in order
 POLICIES = {
     "8nm": "every crop at the models' 8 nm",
@@ -282,6 +286,7 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     from cellseg.data.arrays import MultiscaleImage
     from cellseg.data.targets import Grid
     from cellseg.data.write import write_multiscale
+    from cellseg.infer.engine import tta_fold
     from cellseg.infer.predict import CompiledModel, load_run, predict_volume, run_transforms
     from cellseg.infer.store import PredictionStore
     from cellseg.infer.tiling import count_tiles
@@ -295,11 +300,12 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
                             kind="em", num_levels=1)
     em = MultiscaleImage(str(path), backend="tensorstore", expected_dtype="uint8")
     compiled = CompiledModel(run.model) if device == "cuda" else None
-    keep = list(range(channels))
+    keep, tfms = list(range(channels)), run_transforms(run, TTA)
+    fold = tta_fold(batch, patch, len(tfms), run.device)  # as `predict_run`
     common = dict(num_outputs=len(run.channels), device=run.device, precision="bf16" if device == "cuda" else "fp32",
-                  batch_size=batch, transforms=run_transforms(run, TTA), channels_last=True, keep=keep,
-                  dtype=torch.float16, compiled=compiled)
-    record: dict[str, Any] = {"shape_vox": list(shape), "channels": channels, "batch_size": batch}
+                  batch_size=batch, transforms=tfms, channels_last=True, keep=keep,
+                  dtype=torch.float16, compiled=compiled, tta_fold=fold)
+    record: dict[str, Any] = {"shape_vox": list(shape), "channels": channels, "batch_size": batch, "tta_fold": fold}
     with timed(record, "warmup_seconds"):
         predict_volume(run.model, em, Grid(translation_nm=tuple(v / 2 for v in vs), shape_vox=(patch[0], 8, 8),
                                            voxel_size_nm=vs), patch_vox=patch, **common)
@@ -415,7 +421,7 @@ def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
 
 def probe_crops(segmentation: Path) -> dict[int, Crop]:
     """The largest crop of a segmentation store as a submission crop on a `PROBE_VOXEL_NM` grid over its box, with
-    one semantic and one instance label: enough voxels for submit and validate to show their cost per voxel."""
+    up to `PROBE_LABELS` of its labels: enough voxels for submit and validate to show their cost per voxel."""
     from cellseg.infer.store import PredictionStore
 
     store = PredictionStore.open(segmentation)
@@ -427,8 +433,11 @@ def probe_crops(segmentation: Path) -> dict[int, Crop]:
                      shape_vox=tuple(round(n * v / PROBE_VOXEL_NM)  # type: ignore[arg-type]
                                      for n, v in zip(grid.shape_vox, grid.voxel_size_nm, strict=True)))
     crop_id = int(name.removeprefix("crop"))
+    instance = [c for c in store.crop_channels(name) if is_scored_as_instance(c)]
+    semantic = [c for c in store.crop_channels(name) if not is_scored_as_instance(c)]
+    labels = [c for pair in itertools.zip_longest(instance, semantic) for c in pair if c][:PROBE_LABELS]
     return {crop_id: Crop(id=crop_id, dataset=store.crop_attrs(name).get("dataset", ""),
-                          labels={label: probe for label in PROBE_LABELS})}
+                          labels={label: probe for label in labels})}
 
 
 def submit_stage(source: Path, manifest: Path, out: Path, smallest: int) -> dict[str, Any]:
@@ -614,6 +623,7 @@ def measured_table(report: Mapping[str, Any]) -> list[str]:
                       f"{r.get('warmup_seconds', 0.0):.1f} s, compute {r['compute_seconds']:.1f} s, {r['tiles']} tiles, "
                       f"{r['tiles_per_s']:.3g} tiles/s; steady state {1 / probe['seconds_per_tile']:.3g} tiles/s with "
                       f"{probe['channels']} channels, batch {probe['batch_size']}"
+                      f"{' × TTA fold ' + str(probe['tta_fold']) if probe.get('tta_fold', 1) > 1 else ''}"
                       f"{', compiled' if probe['compiled'] else ''})")
         lines.append(measured_row(f"predict {name}{detail}", r))
     for stage in DOWNSTREAM:
@@ -685,7 +695,7 @@ NOTES = (
     "few objects).",
     "Predict, per model: model load + the warm-up predict of the smallest crop (torch.compile and cuDNN "
     "autotuning) + tiles × seconds per tile in the steady state (one large box: 256³ for 3D models, 32 × 512² "
-    "for 2D, TTA 8, the run's batch, the channels of the largest crops) + channel-voxels × the measured store "
+    "for 2D, TTA 8 folded as `cellseg predict` does, the run's batch, the channels of the largest crops) + channel-voxels × the measured store "
     "write cost. Tiles are counted per column as `predict_run` cuts each real crop for its scored channels, "
     "context included. The JSON's `seconds_at_synthetic_rate` prices the same tiles at the rate measured on the "
     "synthetic crops (mostly context and part-filled batches).",
@@ -693,7 +703,7 @@ NOTES = (
     "the smallest crop ensembled alone, the rest of its time per channel-voxel (model-resolution voxels × the "
     "crop's scored channels). Post-processing: both fitted to the seconds it records per crop (per channel-voxel). Submission and validation: per array from the smallest crop "
     "alone, per submitted voxel (each label's crop grid) from a probe, the largest crop resubmitted on a "
-    f"{PROBE_VOXEL_NM:g} nm grid with the labels {', '.join(PROBE_LABELS)}.",
+    f"{PROBE_VOXEL_NM:g} nm grid with up to {PROBE_LABELS} of its labels, instance and semantic alternating.",
     "Every stage is assumed to keep its measured rates at any crop size (streaming block by block: a 32 nm crop "
     "of 1000³ voxels is 4000³ = 64 G voxels × 58 channels at 8 nm).",
     "Synthetic voxel sizes: each dataset's EM s0 is its finest real crop's voxel size; coarser crops sit at "

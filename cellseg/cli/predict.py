@@ -36,7 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint", default="best", metavar="best|last|PATH",
                         help="which checkpoint of the run (default best)")
     parser.add_argument("--batch-size", type=int, default=None, metavar="N",
-                        help="tiles per forward pass (default: the run's training micro-batch)")
+                        help="tiles per sliding-window batch (default: the run's training micro-batch)")
+    parser.add_argument("--tta-fold", type=int, default=None, metavar="N",
+                        help="TTA passes per forward, batched together: the model sees N × batch tiles at once "
+                             "(default: on CUDA the fewest that make 8 Mi tile voxels per forward, so small "
+                             "forwards are not bound by kernel launches; 1 on CPU)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: CUDA if present")
     parser.add_argument("--axes-2d", default="z", choices=("z", "zyx"),
                         help="2D models: slice across z only, or across z, y and x and average (isotropic voxels)")
@@ -66,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
                           batch_size=args.batch_size, device=args.device, uint8=args.uint8,
                           overwrite=args.overwrite, data_root=args.data_root, axes_2d=args.axes_2d,
                           block_vox=args.block, channels=args.channels, compile=args.compile,
-                          progress=sys.stderr.isatty() and not args.quiet)
+                          tta_fold=args.tta_fold, progress=sys.stderr.isatty() and not args.quiet)
     predict_run(args.run_dir, args.crops, args.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

@@ -15,6 +15,7 @@ Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spa
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -42,17 +43,28 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
     return torch.from_numpy(data)[None]
 
 
+# Inductor's freezing: at the first call the weights become constants, so BatchNorm folds into the convolutions
+# and inductor may pick channels-last layouts for the whole graph. Measured on an H200 (bench/forward_probe.py):
+# 1.24-1.39x on the 3D models, whose compiled graphs otherwise spend ~30 % of their time in cuDNN's
+# NCHW <-> NHWC conversion kernels. Inference only: the model must not change after the first call.
+FREEZE = {"freezing": True}
+# Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
+# vit_2d runs 16 tiles of 256² (1 M voxels) at 3.6 ms of GPU work in 8.8 ms, and 64 tiles at 2.5x the
+# throughput per tile (H200, bench/forward_probe.py). `tta_fold` runs that many TTA passes as one batch.
+MIN_FORWARD_VOX = 8 * 2**20
+
+
 class CompiledModel:
-    """A model under torch.compile that falls back to eager, with one warning, when its first call (where
-    compilation happens) fails. Calls keep one input shape (`make_forward` pads the last batch), so it compiles
-    once per shape."""
+    """A model under torch.compile (static shapes, inductor freezing: `FREEZE`) that falls back to eager, with one
+    warning, when its first call (where compilation happens) fails. Calls keep one input shape (`make_forward`
+    pads the last batch), so it compiles once per shape."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.eager = model
         self.compiled_ok = False
         try:
             # static shapes: tiles always have the patch's shape and batches are padded to one size
-            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
+            self.module: torch.nn.Module | None = compile_module(model, dynamic=False, inductor_options=FREEZE)
         except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None
@@ -90,11 +102,21 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
             image = torch.cat([image, image[-1:].expand(batch_size - n, *image.shape[1:])])
         with runtime.autocast(device, precision):
             logits = (compiled or model)(image)[:n]
-        if index is not None:
-            logits = logits.index_select(1, index)
+        if index is not None:  # channels first, then a plain copy of the kept ones (a channels-last index_select
+            logits = logits.contiguous().index_select(1, index)  # is a gather: 7 ms per 8 × 58 × 128³ on an H200)
         return torch.sigmoid(logits.float())
 
     return forward
+
+
+def tta_fold(batch_size: int, patch_vox: Sequence[int], num_transforms: int, device: torch.device) -> int:
+    """TTA passes per forward (a power of two dividing `num_transforms`): the fewest that give a forward
+    `MIN_FORWARD_VOX` tile voxels; 1 on CPU (no launch overhead to hide, and memory grows with it)."""
+    fold, tile = 1, math.prod(patch_vox)
+    while (device.type == "cuda" and batch_size * fold * tile < MIN_FORWARD_VOX
+           and num_transforms % (2 * fold) == 0):
+        fold *= 2
+    return fold
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +133,7 @@ class Window:
     channels_last: bool = False  # channels_last(_3d) tiles (CUDA only)
     pad_value: int = 0  # uint8 EM value outside the volume
     compiled: CompiledModel | None = None  # the model under torch.compile (`make_forward`)
+    tta_fold: int = 1  # TTA passes per forward (`tta_fold`): the model sees batch_size × tta_fold tiles
 
     @property
     def is_2d(self) -> bool:
@@ -157,10 +180,10 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
     image_CZYX = image_CZYX.to(working_device(window.device, image_CZYX.numel()))
     forward = make_forward(model, device=window.device, precision=window.precision, keep=keep,
                            channels_last=window.channels_last and window.device.type == "cuda",
-                           compiled=window.compiled, batch_size=window.batch_size)
+                           compiled=window.compiled, batch_size=window.batch_size * window.tta_fold)
 
     def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
-        out = tta.tta_predict(forward, tiles_BCS, tfms)
+        out = tta.tta_predict(forward, tiles_BCS, tfms, fold=window.tta_fold)
         if on_tiles is not None:
             on_tiles(tiles_BCS.shape[0])
         return out
@@ -174,8 +197,16 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
     for z0, slab in slabs:
         lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
         if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
-            part = slab[:, lo - z0:hi - z0][crop].to(dtype).cpu().movedim(1, 1 + a)
-            yield lo - lead, part.numpy()
+            yield lo - lead, _to_host(slab[:, lo - z0:hi - z0][crop].to(dtype)).movedim(1, 1 + a).numpy()
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` in host memory; from a GPU through pinned memory (torch's caching host allocator reuses it): a copy to
+    pageable memory ran at ~2 GB/s on an H200 host, a third of a 2D model's streaming time."""
+    if not t.is_cuda:
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t)
 
 
 @torch.inference_mode()
@@ -184,7 +215,8 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                    batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
                    slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
                    on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
-                   keep: Sequence[int] | None = None, compiled: CompiledModel | None = None) -> np.ndarray:
+                   keep: Sequence[int] | None = None, compiled: CompiledModel | None = None,
+                   tta_fold: int = 1) -> np.ndarray:
     """(K, Z, Y, X) probabilities of every output channel on `grid`: the slabs of `predict_slabs` (see there
     and `Window` for the arguments) put together; a 2D model sliced across several axes averages them.
 
@@ -194,7 +226,7 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
     """
     window = Window(patch_vox=tuple(patch_vox), device=device, precision=precision, overlap=overlap,  # type: ignore[arg-type]
                     batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
-                    channels_last=channels_last, pad_value=pad_value, compiled=compiled)
+                    channels_last=channels_last, pad_value=pad_value, compiled=compiled, tta_fold=tta_fold)
     axes = list(slice_axes) if window.is_2d else ["z"]
     k = num_outputs if keep is None else len(keep)
     total = torch.zeros((k, *grid.shape_vox), dtype=torch.float32 if len(axes) > 1 else dtype)

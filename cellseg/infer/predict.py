@@ -45,7 +45,7 @@ from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.classes import is_instance
 from cellseg.data.targets import CropSource, Grid
 from cellseg.infer import tta
-from cellseg.infer.engine import CompiledModel, Window, predict_slabs, predict_volume
+from cellseg.infer.engine import CompiledModel, Window, predict_slabs, predict_volume, tta_fold
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore, quantise
 from cellseg.infer.tiling import (
@@ -200,6 +200,7 @@ class PredictOptions:
     channels: str = "scored"  # "scored": a test crop gets only the channels it is scored on; "all"
     block_vox: int | None = None  # largest column edge in y, x (2D over z, y, x: block edge); None: as memory allows
     compile: str = "auto"  # torch.compile the model: "auto" (CUDA only), "on", "off"
+    tta_fold: int | None = None  # TTA passes per forward; None: `engine.tta_fold` (CUDA: enough for 8 Mi voxels)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -209,6 +210,8 @@ class PredictOptions:
             raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.tta_fold is not None and (self.tta_fold < 1 or self.tta % self.tta_fold):
+            raise ValueError(f"--tta-fold {self.tta_fold}: must divide --tta {self.tta}")
         if self.blend not in ("gaussian", "constant"):
             raise ValueError(f"blend {self.blend!r}: choose 'gaussian' or 'constant'")
         if self.block_vox is not None and self.block_vox < 1:
@@ -321,13 +324,14 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         patch = run.cfg.data.patch_shape_vox
         compiled = CompiledModel(run.model) if opts.compile == "on" or (
             opts.compile == "auto" and d.device.type == "cuda") else None
+        fold = opts.tta_fold or tta_fold(batch, patch, len(tfms), d.device)
         summaries = []
         with tqdm(total=len(mine), desc=f"predict (rank {d.rank})" if d.distributed else "predict", unit="crop",
                   disable=not (opts.progress and d.is_main)) as crop_bar:
             for target in mine:
                 summaries.append(_predict_one(run, target, store, opts, tfms=tfms, axes=axes, precision=precision,
                                               batch=batch, patch=patch, rank=d.rank, progress=not crop_bar.disable,
-                                              compiled=compiled))
+                                              compiled=compiled, fold=fold))
                 crop_bar.write(summaries[-1]["line"])
                 crop_bar.update(1)
         runtime.barrier(d)
@@ -338,7 +342,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
 
 def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: PredictOptions, *,
                  tfms: Sequence[tta.Transform], axes: Sequence[str], precision: runtime.Precision, batch: int,
-                 patch: Sequence[int], rank: int, progress: bool, compiled: CompiledModel | None
+                 patch: Sequence[int], rank: int, progress: bool, compiled: CompiledModel | None, fold: int = 1
                  ) -> dict[str, Any]:
     """Predict one crop into the store, block by block (`cellseg.infer.tiling`): one column or a few, each
     streamed along z and written a chunk of planes at a time (a 2D model over z, y and x: cubic blocks, each
@@ -354,7 +358,7 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
     keep = [run.channels.index(c) for c in channels]
     window = Window(patch_vox=tuple(patch), device=run.device, precision=precision, overlap=opts.overlap,  # type: ignore[arg-type]
                     batch_size=batch, blend=opts.blend, transforms=tuple(tfms), channels_last=True,
-                    pad_value=cfg.data.em_pad_value, compiled=compiled)
+                    pad_value=cfg.data.em_pad_value, compiled=compiled, tta_fold=fold)
     plan = plan_crop(grid.shape_vox, len(channels), patch, axes, run.device, opts.block_vox)
     streamed, edge, blocks, flush = plan.streamed, plan.edge, plan.blocks, plan.flush
     writer = store.crop_writer(target.name, grid, key=f"{'column' if streamed else 'block'}{edge}",
@@ -378,7 +382,7 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
                                                  batch_size=batch, blend=opts.blend, transforms=tfms, slice_axes=axes,
                                                  channels_last=True, pad_value=cfg.data.em_pad_value,
                                                  on_tiles=bar.update, dtype=torch.float16, keep=keep,
-                                                 compiled=compiled))])
+                                                 compiled=compiled, tta_fold=fold))])
             for z0, planes in _chunked(slabs, shape[0], flush, z_done):
                 writer.write_all({c: quantise(planes[k]) if opts.uint8 else planes[k] for k, c in enumerate(channels)},
                                  (offset[0] + z0, offset[1], offset[2]))
@@ -398,6 +402,7 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
             f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {len(blocks)} {kind}, "
             f"{num_tiles} tiles × {len(tfms)} TTA, {seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
     return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds, "tiles": num_tiles, "batch": batch,
+            "tta_fold": fold,
             "mvox_per_s": mvox / seconds, "blocks": len(blocks), "block_vox": edge, "line": line}
 
 

@@ -113,31 +113,45 @@ def transforms(spatial_dims: int, allowed_axes: Sequence[str], n: int = 8, *,
     return candidates[:n]
 
 
-def tta_predict(predict_fn: PredictFn, batch: torch.Tensor, tfms: Sequence[Transform]) -> torch.Tensor:
+def tta_predict(predict_fn: PredictFn, batch: torch.Tensor, tfms: Sequence[Transform], *,
+                fold: int = 1) -> torch.Tensor:
     """Mean over `tfms` of `invert(predict_fn(apply(batch)))`, in float32.
 
-    Transforms run one after another, so memory stays that of one forward pass plus a few partial sums.
-    The sum is pairwise (a binary counter of partial sums): for 2^k transforms whose outputs agree it is
-    exact, so TTA over an equivariant model returns the single-pass result bit for bit.
+    Transforms run `fold` at a time: their inputs concatenated into one call of `predict_fn` (bigger forwards for
+    models whose small ones are launch-bound), so memory is that of `fold` forward passes plus a few partial
+    sums. The sum is pairwise (a binary counter of partial sums), in transform order whatever `fold` is: for 2^k
+    transforms whose outputs agree it is exact, so TTA over an equivariant model returns the single-pass result
+    bit for bit.
 
     Args:
         predict_fn: maps `(B, C, *S)` to `(B, K, *S)` (e.g. sigmoid probabilities).
         batch: `(B, C, *S)` input tiles.
         tfms: the transforms (at least one; `[identity]` is a plain pass).
+        fold: transforms per call of `predict_fn` (those whose outputs keep the batch's shape; a transpose of
+            non-square tiles runs alone).
     """
     if not tfms:
         raise ValueError("tta_predict needs at least one transform (the identity for no TTA)")
+    if fold < 1:
+        raise ValueError(f"fold must be at least 1, got {fold}")
     partials: list[torch.Tensor | None] = []  # partials[i]: the sum of 2^i outputs, or None
-    for t in tfms:
-        carry = t.invert(predict_fn(t.apply(batch))).float()
-        level = 0
-        while level < len(partials) and partials[level] is not None:
-            carry = partials[level] + carry  # a new tensor: outputs are never modified in place
-            partials[level] = None
-            level += 1
-        if level == len(partials):
-            partials.append(None)
-        partials[level] = carry
+    for start in range(0, len(tfms), fold):
+        group = tfms[start:start + fold]
+        inputs = [t.apply(batch) for t in group]
+        if len(group) > 1 and all(x.shape == batch.shape for x in inputs):
+            outputs = predict_fn(torch.cat(inputs)).split(batch.shape[0])
+        else:
+            outputs = tuple(predict_fn(x) for x in inputs)
+        for t, out in zip(group, outputs, strict=True):
+            carry = t.invert(out).float()
+            level = 0
+            while level < len(partials) and partials[level] is not None:
+                carry = partials[level] + carry  # a new tensor: outputs are never modified in place
+                partials[level] = None
+                level += 1
+            if level == len(partials):
+                partials.append(None)
+            partials[level] = carry
     present = [p for p in partials if p is not None]
     total = present[0]
     for p in present[1:]:

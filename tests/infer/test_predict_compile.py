@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from cellseg.infer.engine import tta_fold
 from cellseg.infer.predict import PredictOptions, predict_run
 from cellseg.infer.store import PredictionStore
 
@@ -53,3 +54,39 @@ def test_a_failing_compiler_falls_back_to_eager(tiny_run, crop, tmp_path, monkey
         fallback = _predict(tiny_run, crop, tmp_path / "fallback.zarr", compile="on")
     assert "torch.compile failed" in caplog.text and "predicting eagerly" in caplog.text
     _assert_same(eager, fallback)
+
+
+def test_tta_folded_into_the_batch_gives_the_same_prediction(tiny_run, crop, tmp_path, monkeypatch):
+    # --tta-fold 2: two TTA passes per forward (the compiled shape is 2 × batch, the last batch padded)
+    monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    one = _predict(tiny_run, crop, tmp_path / "one.zarr", compile="on", tta_fold=1)
+    two = _predict(tiny_run, crop, tmp_path / "two.zarr", compile="on", tta_fold=2)
+    for c in one.completed():
+        for channel in one.crop_channels(c):  # fp32 convolutions of 3 or 6 tiles: equal to float16 rounding
+            np.testing.assert_allclose(two.read(c, channel), one.read(c, channel), atol=1e-3, err_msg=channel)
+    with pytest.raises(ValueError, match="--tta-fold 3"):
+        PredictOptions(tta=8, tta_fold=3)
+
+
+def test_tta_fold_policy():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert tta_fold(16, (1, 256, 256), 8, cuda) == 8  # 1 Mi voxels per pass: launch-bound, fold all 8
+    assert tta_fold(32, (1, 256, 256), 8, cuda) == 4
+    assert tta_fold(2, (128, 128, 128), 8, cuda) == 2
+    assert tta_fold(8, (128, 128, 128), 8, cuda) == 1  # 16 Mi voxels: already GPU-bound
+    assert tta_fold(16, (1, 256, 256), 1, cuda) == 1  # no TTA: nothing to fold
+    assert tta_fold(16, (1, 256, 256), 8, cpu) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_inductor_frozen_prediction_matches_eager_on_cuda(tiny_run, crop, tmp_path, monkeypatch):
+    # the default backend (inductor) with freezing and folded TTA vs eager, both bf16 on the GPU
+    monkeypatch.delenv("CELLSEG_COMPILE_BACKEND", raising=False)
+    torch._dynamo.reset()
+    eager = _predict(tiny_run, crop, tmp_path / "eager.zarr", compile="off", device="cuda", tta_fold=1)
+    compiled = _predict(tiny_run, crop, tmp_path / "compiled.zarr", compile="on", device="cuda")
+    for c in eager.completed():
+        for channel in eager.crop_channels(c):
+            np.testing.assert_allclose(compiled.read(c, channel), eager.read(c, channel), atol=0.03, err_msg=channel)

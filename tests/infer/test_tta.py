@@ -118,6 +118,28 @@ def test_non_equivariant_model_is_averaged_over_the_inverted_outputs():
     assert not torch.allclose(got, model(x))
 
 
+@pytest.mark.parametrize("dims", [2, 3])
+def test_folded_passes_equal_one_pass_at_a_time(dims):
+    # `fold` transforms share one call of the model: same sums in the same order, so bit for bit the same
+    x = _input(dims)
+    ramp = torch.linspace(-1, 2, x.shape[-1])
+    calls: list[int] = []
+
+    def model(b):  # position-dependent (not equivariant), and each tile's output depends on that tile only
+        calls.append(b.shape[0])
+        return torch.sigmoid(b * ramp + b.roll(1, -2))
+
+    axes = ("z", "y", "x") if dims == 3 else ("y", "x")
+    tfms = transforms(dims, axes, 8, transpose_axes=() if dims == 3 else ("y", "x"))
+    one = tta_predict(model, x, tfms)
+    for fold in (2, 4, 8):
+        calls.clear()
+        assert torch.equal(tta_predict(model, x, tfms, fold=fold), one), fold
+        assert calls == [fold * x.shape[0]] * (8 // fold)
+    with pytest.raises(ValueError, match="fold"):
+        tta_predict(model, x, tfms, fold=0)
+
+
 @pytest.mark.parametrize("blend", ["gaussian", "constant"])
 @pytest.mark.parametrize("value", [0.0, 0.3, 0.71875, 1.0])
 def test_blending_a_constant_returns_it_exactly(blend, value):
