@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--box", type=int, default=256, help="engine box edge in voxels (default 256)")
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per setting (default 10)")
     parser.add_argument("--settings", nargs="+", default=["eager", "compiled", "frozen", "wide", "encoder", "engine"])
+    parser.add_argument("--fold", type=int, default=None, help="engine TTA fold (default: as `cellseg predict`)")
     parser.add_argument("--profile", action="store_true", help="top CUDA kernels of one compiled forward")
     parser.add_argument("--profile-engine", action="store_true",
                         help="CPU and CUDA time of one engine run (torch.profiler): top ops of each")
@@ -95,6 +96,20 @@ def compiled(module: torch.nn.Module, *, freezing: bool = False, graphs: bool = 
     torch._dynamo.reset()  # architectures share code: keep one model's shapes from making another's dynamic
     options = {"freezing": freezing, "triton.cudagraphs": graphs}
     return torch.compile(module, backend=compile_backend(), dynamic=False, options=options)
+
+
+def frozen_by_patch(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Freezing set by patching inductor's config around every call instead of through `options`."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    net = torch.compile(module, backend=compile_backend(), dynamic=False)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        with inductor_config.patch(freezing=True):
+            return net(x)
+
+    return call
 
 
 def kernel_table(fn: Callable[[], object], top: int = 12) -> dict:
@@ -145,6 +160,7 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
         "eager": lambda: timed(model, batch),
         "compiled": lambda: timed(compiled(model), batch),
         "frozen": lambda: timed(compiled(model, freezing=True), batch),
+        "frozen_patch": lambda: timed(frozen_by_patch(model), batch),
         "wide": lambda: timed(compiled(model), batch * args.wide),
         "frozen_wide": lambda: timed(compiled(model, freezing=True), batch * args.wide),
         "graphs": lambda: timed(compiled(model, freezing=True, graphs=True), batch),
@@ -158,6 +174,20 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
                 enc, x = compiled(model.encoder), image(batch)
                 with torch.inference_mode(), runtime.autocast(device, precision):
                     row["ms_per_tile"]["encoder"] = median_ms(partial(enc, x), device, args.repeats) / batch
+            elif setting.startswith("engine_"):  # an engine variant: engine_nofreeze, engine_gather
+                from cellseg.infer import engine as eng
+
+                saved = eng.FREEZE, eng.select_channels
+                if setting == "engine_nofreeze":
+                    eng.FREEZE = {}
+                elif setting == "engine_gather":
+                    eng.select_channels = lambda logits, index: logits.index_select(1, index)
+                try:
+                    torch._dynamo.reset()
+                    result = engine(model, args, device, patch, outputs, batch, precision)
+                finally:
+                    eng.FREEZE, eng.select_channels = saved
+                row["ms_per_tile"][setting] = result["ms_per_tile"] / result["tta"]
             elif setting == "engine":
                 row["engine"] = engine(model, args, device, patch, outputs, batch, precision)
                 row["ms_per_tile"]["engine_per_forward"] = row["engine"]["ms_per_tile"] / row["engine"]["tta"]
@@ -190,21 +220,26 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
         if spec.spatial_dims == 2:  # 32 slices of box²: the 2D steady-state probe of bench/test_set.py
             grid = Grid(translation_nm=grid.translation_nm, shape_vox=(32, size, size), voxel_size_nm=grid.voxel_size_nm)
         tiles = [0]
+        from cellseg.infer.engine import tta_fold
+
         net = CompiledModel(model)
+        fold = tta_fold(batch, patch, len(tfms), device) if args.fold is None else args.fold
         patch3 = (1, *patch) if spec.spatial_dims == 2 else patch
 
         def run() -> object:
             return predict_volume(model, em, grid, patch_vox=patch3, num_outputs=outputs, device=device,
                                   precision=precision, overlap=0.25, batch_size=batch, transforms=tfms,
                                   channels_last=True, dtype=torch.float16, keep=list(range(args.keep)),
-                                  compiled=net, on_tiles=lambda n: tiles.__setitem__(0, tiles[0] + n))
+                                  compiled=net, tta_fold=fold,
+                                  on_tiles=lambda n: tiles.__setitem__(0, tiles[0] + n))
 
         run()  # warm-up: compilation and autotuning
         tiles[0] = 0
         start = time.perf_counter()
         run()
         seconds = time.perf_counter() - start
-        result = {"ms_per_tile": seconds * 1e3 / tiles[0], "tiles": tiles[0], "tta": len(tfms), "seconds": seconds}
+        result = {"ms_per_tile": seconds * 1e3 / tiles[0], "tiles": tiles[0], "tta": len(tfms), "seconds": seconds,
+                  "tta_fold": fold}
         if args.profile_engine and device.type == "cuda":
             result["profile"] = engine_profile(run)
     return result
@@ -228,8 +263,8 @@ def engine_profile(run: Callable[[], object], top: int = 15) -> dict:
 
 
 def markdown(report: dict) -> str:
-    settings = ["eager", "compiled", "frozen", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
-                "engine_per_forward"]
+    settings = ["eager", "compiled", "frozen", "frozen_patch", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
+                "engine_per_forward", "engine_nofreeze", "engine_gather"]
     lines = [f"Forward probe: {report['environment']['device']}, torch {report['environment']['torch']}, "
              f"{report['environment']['date']}; bf16 matmul peak {report['peak_tflops']:.0f} TFLOP/s.", "",
              "| model | batch | GFLOP/tile | " + " | ".join(f"{s} ms/tile" for s in settings) + " | MFU compiled |",

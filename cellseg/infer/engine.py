@@ -102,11 +102,17 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
             image = torch.cat([image, image[-1:].expand(batch_size - n, *image.shape[1:])])
         with runtime.autocast(device, precision):
             logits = (compiled or model)(image)[:n]
-        if index is not None:  # channels first, then a plain copy of the kept ones (a channels-last index_select
-            logits = logits.contiguous().index_select(1, index)  # is a gather: 7 ms per 8 × 58 × 128³ on an H200)
+        if index is not None:
+            logits = select_channels(logits, index)
         return torch.sigmoid(logits.float())
 
     return forward
+
+
+def select_channels(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`logits[:, index]`: made channels-first, then a plain copy of the kept channels (a channels-last
+    index_select is a gather: 7 ms per 8 × 58 × 128³ bf16 on an H200)."""
+    return logits.contiguous().index_select(1, index)
 
 
 def tta_fold(batch_size: int, patch_vox: Sequence[int], num_transforms: int, device: torch.device) -> int:
