@@ -14,8 +14,10 @@ Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ from cellseg.infer import tta
 from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.tiling import AXIS_INDEX, context_margin, stream_bytes, working_device
 from cellseg.train import runtime
-from cellseg.train.compile import compile_module
+from cellseg.train.compile import compile_backend, compile_module
 
 log = logging.getLogger(__name__)
 EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
@@ -44,9 +46,9 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
 
 
 # Inductor's freezing: at the first call the weights become constants, so BatchNorm folds into the convolutions
-# and inductor may pick channels-last layouts for the whole graph. Measured on an H200 (bench/forward_probe.py):
-# 1.24-1.39x on the 3D models, whose compiled graphs otherwise spend ~30 % of their time in cuDNN's
-# NCHW <-> NHWC conversion kernels. Inference only: the model must not change after the first call.
+# and inductor may pick channels-last layouts for the whole graph. Inference only: the model must not change after
+# the first call. Measured on an H200 (bench/forward_probe.py), unet_3d forward 6.85 -> 5.60 ms per tile when the
+# config is patched around the calls, as here; passed as torch.compile(options=...) it changed nothing (6.84 ms).
 FREEZE = {"freezing": True}
 # Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
 # vit_2d runs 16 tiles of 256² (1 M voxels) at 3.6 ms of GPU work in 8.8 ms, and 64 tiles at 2.5x the
@@ -64,7 +66,7 @@ class CompiledModel:
         self.compiled_ok = False
         try:
             # static shapes: tiles always have the patch's shape and batches are padded to one size
-            self.module: torch.nn.Module | None = compile_module(model, dynamic=False, inductor_options=FREEZE)
+            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
         except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None
@@ -73,15 +75,27 @@ class CompiledModel:
         if self.module is None:
             return self.eager(image)
         if self.compiled_ok:
-            return self.module(image)
+            with _frozen():
+                return self.module(image)
         try:
-            out = self.module(image)
+            with _frozen(), warnings.catch_warnings():  # freezing goes through torch.jit, deprecated in torch 2.11
+                warnings.filterwarnings("ignore", message=".*torch.jit", category=DeprecationWarning)
+                out = self.module(image)
         except Exception as err:  # any compiler failure: eager instead, as in training
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None
             return self.eager(image)
         self.compiled_ok = True
         return out
+
+
+def _frozen() -> contextlib.AbstractContextManager:
+    """Inductor's config with `FREEZE` (inductor backend only)."""
+    if compile_backend() != "inductor" or not FREEZE:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(FREEZE)
 
 
 def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,
@@ -110,9 +124,9 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
 
 
 def select_channels(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`logits[:, index]`: made channels-first, then a plain copy of the kept channels (a channels-last
-    index_select is a gather: 7 ms per 8 × 58 × 128³ bf16 on an H200)."""
-    return logits.contiguous().index_select(1, index)
+    """`logits[:, index]`. Made channels-first first, it was slower: 8.7 vs 7.4 ms per unet_3d tile pass (H200,
+    bench/forward_probe.py `engine_gather`)."""
+    return logits.index_select(1, index)
 
 
 def tta_fold(batch_size: int, patch_vox: Sequence[int], num_transforms: int, device: torch.device) -> int:
