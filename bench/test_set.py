@@ -739,6 +739,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "costs per channel-voxel (measured on a large crop)")
     parser.add_argument("--reproject", type=Path, metavar="JSON",
                         help="run nothing: recompute the projection of this report (e.g. with --rates) into --out")
+    parser.add_argument("--steady", type=Path, nargs="+", metavar="JSON",
+                        help="with --reproject: bench/forward_probe.py reports whose engine seconds per tile (measured "
+                             "at the projection's overlap 0.25) replace the models' steady-state probes")
     parser.add_argument("--quick", action="store_true",
                         help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
     args = parser.parse_args(argv)
@@ -876,6 +879,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = json.loads(args.rates.read_text()) if args.rates else None
     if args.reproject:
         report = json.loads(args.reproject.read_text())
+        for path in args.steady or []:
+            for row in json.loads(path.read_text())["rows"]:
+                engine = row["engine"]
+                report["stages"]["predict"][row["model"]]["steady"].update(
+                    seconds_per_tile=engine["ms_per_tile"] / 1e3, tta_fold=engine["tta_fold"],
+                    source=f"{path.name}: bench/forward_probe.py engine, overlap {row.get('overlap', 0.25)}")
         report["projection"] = project(report["stages"], Catalog.official().test("2026"), rates)
         report["rates"] = rates
         write_report(report, args.out)

@@ -36,19 +36,14 @@ def compile_backend() -> str:
 
 
 def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default",
-                   dynamic: bool | None = None, inductor_options: dict[str, Any] | None = None) -> torch.nn.Module:
+                   dynamic: bool | None = None) -> torch.nn.Module:
     """`torch.compile(module)` with `compile_backend()`, `mode` and `dynamic` (None: torch's automatic dynamic
-    shapes after a recompile; False: one static graph per input shape). `inductor_options` (inductor config,
-    e.g. {"freezing": True}) apply only when the backend is inductor, in "default" mode (torch takes one or the
-    other); other backends ignore them.
+    shapes after a recompile; False: one static graph per input shape).
 
     Compilation is lazy: errors (an unknown backend aside) surface at the first call.
     """
-    backend = compile_backend()
-    if inductor_options and backend == "inductor" and mode == "default":
-        return torch.compile(module, backend=backend, dynamic=dynamic, options=inductor_options)
     # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
-    return torch.compile(module, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
+    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=dynamic)
 
 
 def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision) -> float:
