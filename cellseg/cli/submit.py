@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 ORDER = 61
@@ -30,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
     parser.add_argument("--threshold", type=float, default=0.5, help="threshold for float probabilities (0.5)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
                              "CPU cores, at most 8); the zip is the same for any N")
     parser.set_defaults(func=run)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 ORDER = 62
 
@@ -27,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--truth", help="a ground-truth store: check against its crops and count its objects")
     parser.add_argument("--no-data", action="store_true", help="skip the checks that read array values")
     parser.add_argument("--all", action="store_true", help="also print info lines")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads reading arrays, at most N arrays in memory at a time (default: CPU cores, at "
                              "most 8); the issues are the same for any N")
     parser.set_defaults(func=run)
