@@ -7,7 +7,11 @@ full challenge output channels of which ``--keep`` are kept), in bf16 autocast, 
 * ``eager``: one forward of a batch;
 * ``compiled``: the same under ``torch.compile`` (static shapes), as ``cellseg predict --compile on``;
 * ``frozen``: compiled with inductor's ``freezing`` (weights become constants: BatchNorm folded into the
-  convolutions, constant folding; inference only);
+  convolutions, constant folding; inference only), the config patched around the calls as ``CompiledModel``
+  does; ``frozen_options``: the same flag passed as ``torch.compile(options=...)``, which has no effect (the
+  ``*_run2*`` / ``*_run3*`` results' ``frozen``, ``frozen_wide`` and ``graphs*`` rows were measured that way;
+  ``*_run1*``'s ``frozen`` with the patch);
+* ``graphs``: frozen + CUDA graphs (inductor's ``triton.cudagraphs``);
 * ``wide``: compiled at ``--wide`` × the batch (what folding the 8 TTA passes into one batch would give);
 * ``encoder``: compiled encoder alone (ViT / Swin), to split encoder from decoder;
 * ``engine``: ``predict_volume`` with TTA 8 over a ``--box`` volume (3D: box³, 2D: 32 × box²), compiled,
@@ -48,6 +52,7 @@ from cellseg.models.summary import count_flops  # noqa: E402
 from cellseg.train import runtime  # noqa: E402
 from cellseg.train.compile import compile_backend  # noqa: E402
 
+ENGINE_OVERLAP = 0.25  # the test-set projection's policy (`cellseg predict --overlap 0.25`)
 KERNEL_KINDS = {  # substring of a CUDA kernel name -> kind (first match wins)
     "flash": "attention", "fmha": "attention", "attention": "attention", "efficient": "attention",
     "conv": "conv", "dgrad": "conv", "wgrad": "conv", "implicit": "conv", "cudnn": "conv", "xmma": "conv",
@@ -90,23 +95,18 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> f
     return statistics.median(times)
 
 
-def compiled(module: torch.nn.Module, *, freezing: bool = False, graphs: bool = False
-             ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module` under torch.compile (static shapes), optionally with inductor's freezing and CUDA graphs."""
-    torch._dynamo.reset()  # architectures share code: keep one model's shapes from making another's dynamic
-    options = {"freezing": freezing, "triton.cudagraphs": graphs}
-    return torch.compile(module, backend=compile_backend(), dynamic=False, options=options)
-
-
-def frozen_by_patch(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Freezing set by patching inductor's config around every call instead of through `options`."""
+def compiled(module: torch.nn.Module, *, freezing: bool = False, graphs: bool = False,
+             freezing_option: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`module` under torch.compile (static shapes), optionally with inductor's freezing (config patched around
+    every call, as `CompiledModel`; or, `freezing_option`, passed in `options`) and CUDA graphs."""
     import torch._inductor.config as inductor_config
 
-    torch._dynamo.reset()
-    net = torch.compile(module, backend=compile_backend(), dynamic=False)
+    torch._dynamo.reset()  # architectures share code: keep one model's shapes from making another's dynamic
+    options = {"freezing": freezing_option, "triton.cudagraphs": graphs}
+    net = torch.compile(module, backend=compile_backend(), dynamic=False, options=options)
 
     def call(x: torch.Tensor) -> torch.Tensor:
-        with inductor_config.patch(freezing=True):
+        with inductor_config.patch(freezing=freezing):
             return net(x)
 
     return call
@@ -160,7 +160,7 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
         "eager": lambda: timed(model, batch),
         "compiled": lambda: timed(compiled(model), batch),
         "frozen": lambda: timed(compiled(model, freezing=True), batch),
-        "frozen_patch": lambda: timed(frozen_by_patch(model), batch),
+        "frozen_options": lambda: timed(compiled(model, freezing_option=True), batch),
         "wide": lambda: timed(compiled(model), batch * args.wide),
         "frozen_wide": lambda: timed(compiled(model, freezing=True), batch * args.wide),
         "graphs": lambda: timed(compiled(model, freezing=True, graphs=True), batch),
@@ -228,7 +228,7 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
 
         def run() -> object:
             return predict_volume(model, em, grid, patch_vox=patch3, num_outputs=outputs, device=device,
-                                  precision=precision, overlap=0.25, batch_size=batch, transforms=tfms,
+                                  precision=precision, overlap=ENGINE_OVERLAP, batch_size=batch, transforms=tfms,
                                   channels_last=True, dtype=torch.float16, keep=list(range(args.keep)),
                                   compiled=net, tta_fold=fold,
                                   on_tiles=lambda n: tiles.__setitem__(0, tiles[0] + n))
@@ -239,7 +239,7 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
         run()
         seconds = time.perf_counter() - start
         result = {"ms_per_tile": seconds * 1e3 / tiles[0], "tiles": tiles[0], "tta": len(tfms), "seconds": seconds,
-                  "tta_fold": fold}
+                  "tta_fold": fold, "overlap": ENGINE_OVERLAP}
         if args.profile_engine and device.type == "cuda":
             result["profile"] = engine_profile(run)
     return result
@@ -263,7 +263,7 @@ def engine_profile(run: Callable[[], object], top: int = 15) -> dict:
 
 
 def markdown(report: dict) -> str:
-    settings = ["eager", "compiled", "frozen", "frozen_patch", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
+    settings = ["eager", "compiled", "frozen", "frozen_options", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
                 "engine_per_forward", "engine_nofreeze", "engine_gather"]
     lines = [f"Forward probe: {report['environment']['device']}, torch {report['environment']['torch']}, "
              f"{report['environment']['date']}; bf16 matmul peak {report['peak_tflops']:.0f} TFLOP/s.", "",

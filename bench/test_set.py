@@ -884,7 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 engine = row["engine"]
                 report["stages"]["predict"][row["model"]]["steady"].update(
                     seconds_per_tile=engine["ms_per_tile"] / 1e3, tta_fold=engine["tta_fold"],
-                    source=f"{path.name}: bench/forward_probe.py engine, overlap {row.get('overlap', 0.25)}")
+                    source=f"{path.name}: bench/forward_probe.py engine, overlap {engine.get('overlap', 0.25)}")
         report["projection"] = project(report["stages"], Catalog.official().test("2026"), rates)
         report["rates"] = rates
         write_report(report, args.out)
