@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cellseg.infer.predict import PredictOptions
 
 ORDER = 50
 
@@ -25,10 +29,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: cellseg predict runs/unet_3d --crops val --out preds/unet_3d_val.zarr",
     )
     parser.add_argument("run_dir", help="a `cellseg train` run directory")
+    parser.add_argument("--out", required=True, metavar="PRED.zarr", help="prediction store to write")
+    add_predict_options(parser)
+    parser.set_defaults(func=run)
+
+
+def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True) -> None:
+    """The options `predict` shares with `predict-ensemble`: crops, TTA, window, device, compile and output."""
     parser.add_argument("--crops", required=True, metavar="val|test|IDS",
                         help="val: the run's validation crops (run_dir/datasplit.csv); test: the data root's test "
                              "crops (their boxes); or comma-separated crop ids, e.g. 12,34")
-    parser.add_argument("--out", required=True, metavar="PRED.zarr", help="prediction store to write")
     parser.add_argument("--tta", type=int, default=8, choices=(1, 8),
                         help="test-time transforms averaged per tile (default 8; 1 = none)")
     parser.add_argument("--overlap", type=float, default=0.5,
@@ -42,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: on CUDA the fewest that make 8 Mi tile voxels per forward, so small "
                              "forwards are not bound by kernel launches; 1 on CPU)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: CUDA if present")
-    parser.add_argument("--axes-2d", default="z", choices=("z", "zyx"),
-                        help="2D models: slice across z only, or across z, y and x and average (isotropic voxels)")
+    if axes_2d:
+        parser.add_argument("--axes-2d", default="z", choices=("z", "zyx"),
+                            help="2D models: slice across z only, or across z, y and x and average (isotropic voxels)")
     parser.add_argument("--channels", default="scored", choices=("scored", "all"),
                         help="scored (default): a test crop gets only the classes it is scored on (in either metric "
                              "era) and their boundary channels; all: every output channel for every crop")
@@ -57,19 +68,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "cached across runs by the inductor cache)")
     parser.add_argument("--uint8", action="store_true", help="store round(255 p) as uint8 instead of float16")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace PRED.zarr entirely (default: add the missing crops to it)")
+                        help="replace the output store entirely (default: add the missing crops to it)")
     parser.add_argument("--data-root", metavar="DIR", help="data root to read from instead of the run's data.root")
-    parser.set_defaults(func=run)
+
+
+def predict_options(args: argparse.Namespace, *, progress: bool) -> PredictOptions:
+    """`PredictOptions` from the parsed `add_predict_options` arguments."""
+    from cellseg.infer.predict import PredictOptions
+
+    return PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
+                          batch_size=args.batch_size, device=args.device, uint8=args.uint8,
+                          overwrite=args.overwrite, data_root=args.data_root, axes_2d=getattr(args, "axes_2d", "z"),
+                          block_vox=args.block, channels=args.channels, compile=args.compile,
+                          tta_fold=args.tta_fold, progress=progress)
 
 
 def run(args: argparse.Namespace) -> int:
     """Predict; one summary line per crop is printed."""
-    from cellseg.infer.predict import PredictOptions, predict_run
+    from cellseg.infer.predict import predict_run
 
-    opts = PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
-                          batch_size=args.batch_size, device=args.device, uint8=args.uint8,
-                          overwrite=args.overwrite, data_root=args.data_root, axes_2d=args.axes_2d,
-                          block_vox=args.block, channels=args.channels, compile=args.compile,
-                          tta_fold=args.tta_fold, progress=sys.stderr.isatty() and not args.quiet)
+    opts = predict_options(args, progress=sys.stderr.isatty() and not args.quiet)
     predict_run(args.run_dir, args.crops, args.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

@@ -163,7 +163,8 @@ class Window:
 @torch.inference_mode()  # also across a generator's suspensions
 def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
                   axis: str = "z", keep: Sequence[int] | None = None, start: int = 0, dtype: torch.dtype = torch.float16,
-                  on_tiles: Callable[[int], None] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                  on_tiles: Callable[[int], None] | None = None, host: bool = True
+                  ) -> Iterator[tuple[int, np.ndarray]] | Iterator[tuple[int, torch.Tensor]]:
     """Probabilities over `grid`, streamed in slabs along `axis` as the sliding window completes them.
 
     Args:
@@ -178,6 +179,8 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
             skipped, and the planes returned equal those of a run from 0 (a resumed crop).
         dtype: of the slabs (float16: what the store keeps; float32 for exact sums across axes).
         on_tiles: called with the number of tiles after every batch (progress bars).
+        host: yield numpy arrays in host memory; False: tensors where the sums live (the GPU, normally), for a
+            caller that keeps working on them there (`cellseg.infer.fused`).
 
     Yields:
         (offset along `axis` in the grid, (K, *grid with `axis` cut to the slab) array), in order, covering
@@ -217,10 +220,11 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
     for z0, slab in slabs:
         lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
         if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
-            yield lo - lead, _to_host(slab[:, lo - z0:hi - z0][crop].to(dtype)).movedim(1, 1 + a).numpy()
+            out = slab[:, lo - z0:hi - z0][crop].to(dtype)
+            yield lo - lead, (to_host(out).movedim(1, 1 + a).numpy() if host else out.movedim(1, 1 + a))
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
+def to_host(t: torch.Tensor) -> torch.Tensor:
     """`t` in host memory; from a GPU through pinned memory (torch's caching host allocator reuses it): a copy to
     pageable memory ran at ~2 GB/s on an H200 host, a third of a 2D model's streaming time."""
     if not t.is_cuda:

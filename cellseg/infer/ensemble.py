@@ -213,7 +213,8 @@ def weighted_mean(members: Iterable[tuple[np.ndarray, float]], *, where: str) ->
         ValueError: voxels that no member with a positive weight covers (`where` names the crop/channel).
     """
     acc: np.ndarray | None = None
-    total: np.ndarray | float = 0.0  # a scalar while every member covers every voxel (the usual case)
+    # a float32 scalar while every member covers every voxel (the usual case); float32 as `cellseg.infer.fused`
+    total: np.ndarray | np.float32 = np.float32(0.0)
     for probs_ZYX, weight in members:
         if weight <= 0:
             continue

@@ -245,7 +245,7 @@ def run_transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
     return tta.transforms(run.spatial_dims, flip, n, transpose_axes=swap)
 
 
-def _provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transform], axes: Sequence[str],
+def run_provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transform], axes: Sequence[str],
                 precision: str) -> dict[str, Any]:
     return {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(run.checkpoint.resolve()),
             "checkpoint_step": run.step, "weights": run.weights, "model": run.cfg.model.name,
@@ -282,7 +282,7 @@ def open_store(out: str | Path, run: LoadedRun, provenance: dict[str, Any], *, o
                                   provenance=provenance, overwrite=overwrite)
 
 
-def _shard(targets: Sequence[CropTarget], rank: int, world: int) -> list[CropTarget]:
+def shard_crops(targets: Sequence[CropTarget], rank: int, world: int) -> list[CropTarget]:
     """Largest crops first, each to the least loaded rank (the same answer on every rank)."""
     load = [0.0] * world
     mine = []
@@ -308,7 +308,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
         axes, tfms = _slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
-        provenance = _provenance(run, opts, tfms, axes, precision)
+        provenance = run_provenance(run, opts, tfms, axes, precision)
         todo: list[CropTarget] | None = None
         if d.is_main:
             store = open_store(out, run, provenance, overwrite=opts.overwrite)
@@ -319,7 +319,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
                       + ("" if todo else " (nothing to do; --overwrite to redo them)"))
         todo = runtime.broadcast_object(todo, d)  # also the barrier: the store exists from here on
         store = PredictionStore.open(out)
-        mine = _shard(todo or [], d.rank, d.world_size)
+        mine = shard_crops(todo or [], d.rank, d.world_size)
         batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
         patch = run.cfg.data.patch_shape_vox
         compiled = CompiledModel(run.model) if opts.compile == "on" or (
@@ -363,8 +363,8 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
     streamed, edge, blocks, flush = plan.streamed, plan.edge, plan.blocks, plan.flush
     writer = store.crop_writer(target.name, grid, key=f"{'column' if streamed else 'block'}{edge}",
                                overwrite=opts.overwrite, channels=channels)
-    resume = _resume_planes(writer.done)
-    todo = [(o, n, resume.get(_block_id(o), 0)) for o, n in blocks if resume.get(_block_id(o), 0) < n[0]]
+    resume = resume_planes(writer.done)
+    todo = [(o, n, resume.get(block_id(o), 0)) for o, n in blocks if resume.get(block_id(o), 0) < n[0]]
     if len(todo) < len(blocks) or any(z for *_, z in todo):
         log.info("%s: resuming, %d of %d blocks already written, %d partly", target.name,
                  len(blocks) - len(todo), len(blocks), sum(1 for *_, z in todo if z))
@@ -383,10 +383,10 @@ def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opt
                                                  channels_last=True, pad_value=cfg.data.em_pad_value,
                                                  on_tiles=bar.update, dtype=torch.float16, keep=keep,
                                                  compiled=compiled, tta_fold=fold))])
-            for z0, planes in _chunked(slabs, shape[0], flush, z_done):
+            for z0, planes in chunked_slabs(slabs, shape[0], flush, z_done):
                 writer.write_all({c: quantise(planes[k]) if opts.uint8 else planes[k] for k, c in enumerate(channels)},
                                  (offset[0] + z0, offset[1], offset[2]))
-                writer.mark_done(f"{_block_id(offset)}:{z0 + planes.shape[1]}")
+                writer.mark_done(f"{block_id(offset)}:{z0 + planes.shape[1]}")
     seconds = time.perf_counter() - started
     mvox = math.prod(grid.shape_vox) / 1e6
     attrs = {"dataset": target.dataset, "split": target.split, "em_url": target.em_url,
@@ -429,7 +429,7 @@ def plan_crop(shape_vox: Sequence[int], num_channels: int, patch: Sequence[int],
     return CropPlan(False, edge, plan_blocks(shape_vox, edge), edge)
 
 
-def _chunked(slabs: Iterator[tuple[int, np.ndarray]], depth: int, flush: int, start: int
+def chunked_slabs(slabs: Iterator[tuple[int, np.ndarray]], depth: int, flush: int, start: int
              ) -> Iterator[tuple[int, np.ndarray]]:
     """Regroup slabs (offset, (K, dz, Y, X)) along z into pieces ending on multiples of `flush` (or at `depth`),
     so that every write but the last covers whole store chunks and marks a point to resume from."""
@@ -447,7 +447,7 @@ def _chunked(slabs: Iterator[tuple[int, np.ndarray]], depth: int, flush: int, st
             pending, begin = ([joined[:, cut - begin:]] if end > cut else []), cut
 
 
-def _resume_planes(done: Iterable[str]) -> dict[str, int]:
+def resume_planes(done: Iterable[str]) -> dict[str, int]:
     """Block id → planes already written (the units `_predict_one` marks: "<block id>:<planes>")."""
     planes: dict[str, int] = {}
     for unit in done:
@@ -466,5 +466,5 @@ def scored_channels(channels: Sequence[str], labels: Sequence[str]) -> tuple[str
     return tuple(c for c in channels if c in wanted or c.removesuffix(BOUNDARY_SUFFIX) in wanted)
 
 
-def _block_id(offset: Sequence[int]) -> str:
+def block_id(offset: Sequence[int]) -> str:
     return "_".join(str(o) for o in offset)

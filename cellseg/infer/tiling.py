@@ -23,6 +23,10 @@ from cellseg.infer.sliding_window import tile_starts, window_tiles
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
 GPU_ACCUMULATE_FRACTION = 0.5  # blend on the GPU when image + sums need at most this share of its free memory
 GPU_BLOCK_FRACTION = 0.4  # automatic blocks: image + sums of a block need at most this share of the GPU's memory
+# An ensemble predicted in one pass: the sums of all its members at most this share; the rest holds one member's
+# slab being finished, the slabs others are ahead by, and the activations. The 8-model ensemble's four 3D members
+# need 68 GB for a 1000² column of 25 channels: 0.46 of an H200, so such a crop stays one column there.
+GPU_FUSED_FRACTION = 0.5
 HOST_BLOCK_BYTES = 16 * 2**30  # a block's float16 probabilities in host memory: at most 16 GiB
 MAX_BLOCK_VOX = 1024  # largest cubic block edge (voxels) the automatic choice considers
 MAX_COLUMN_VOX = 4096  # largest column edge in y and x (voxels) the automatic choice considers
@@ -88,16 +92,26 @@ def auto_column_vox(num_outputs: int, patch_vox: Sequence[int], margin: Sequence
     planes waiting for a whole chunk (one chunk plus one tile depth of K float16 planes) fit `HOST_BLOCK_BYTES`,
     and the sums fit the GPU's share. Depends only on the GPU model (`gpu_bytes`: its memory, default the
     device's), so a re-run resumes."""
+    return fused_column_vox([(num_outputs, patch_vox, margin)], num_outputs, device, gpu_bytes,
+                            gpu_fraction=GPU_BLOCK_FRACTION)
+
+
+def fused_column_vox(streams: Sequence[tuple[int, Sequence[int], Sequence[int]]], num_outputs: int,
+                     device: torch.device, gpu_bytes: int | None = None, *,
+                     gpu_fraction: float = GPU_FUSED_FRACTION) -> int:
+    """`auto_column_vox` for several sliding windows streaming the same column at once (an ensemble predicted
+    in one pass, `cellseg.infer.fused`), each given as (its K, patch, context margin): their sums together fit
+    `gpu_fraction` of the GPU; `num_outputs` channels wait on the host for a whole chunk."""
     on_gpu = device.type == "cuda"
     if on_gpu and gpu_bytes is None:
         gpu_bytes = torch.cuda.get_device_properties(device).total_memory
     gpu_bytes = gpu_bytes or 0
+    depth = max((patch[0] for _, patch, _ in streams), default=1)
     best = DEFAULT_CHUNK
     for edge in range(DEFAULT_CHUNK, MAX_COLUMN_VOX + 1, DEFAULT_CHUNK):
-        plane = [edge + 2 * m for m in margin[1:]]
-        sums = stream_bytes(num_outputs, patch_vox, plane)
-        host = num_outputs * (DEFAULT_CHUNK + patch_vox[0]) * edge ** 2 * 2 + (0 if on_gpu else sums)
-        if host > HOST_BLOCK_BYTES or (on_gpu and sums > GPU_BLOCK_FRACTION * gpu_bytes):
+        sums = sum(stream_bytes(k, patch, [edge + 2 * m for m in margin[1:]]) for k, patch, margin in streams)
+        host = num_outputs * (DEFAULT_CHUNK + depth) * edge ** 2 * 2 + (0 if on_gpu else sums)
+        if host > HOST_BLOCK_BYTES or (on_gpu and sums > gpu_fraction * gpu_bytes):
             break
         best = edge
     return best
