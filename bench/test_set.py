@@ -368,6 +368,74 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     return record
 
 
+def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: str, warm_crop: str,
+                steady: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`predict_ensemble` of every built run over the test crops (uniform weights, TTA 8, as `cellseg
+    predict-ensemble`), after a warm-up on the smallest crop (loading and compiling every member); then the
+    largest crop's channels written again into a fresh store, for the write cost per channel-voxel."""
+    import torch
+
+    from cellseg.infer.fused import predict_ensemble
+    from cellseg.infer.predict import PredictOptions
+    from cellseg.infer.store import PredictionStore
+
+    runs = [Path(b["run_dir"]) for b in builds.values()]
+    opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
+    record: dict[str, Any] = {"members": {n: {"patch_shape_vox": b["patch_shape_vox"], "channels": b["channel_names"],
+                                              "batch_size": b["batch_size"], **({"steady": steady[n]} if n in steady else {})}
+                                          for n, b in builds.items()}}
+    if device == "cuda":
+        with timed(record, "warmup_seconds"):
+            predict_ensemble(runs, warm_crop, work / "warmup" / "fused.zarr", opts=opts)
+        torch.cuda.reset_peak_memory_stats()
+    out = work / "fused.zarr"
+    with timed(record):
+        summaries = predict_ensemble(runs, "test", out, opts=opts)
+    compute = sum(s["seconds"] for s in summaries)
+    store = PredictionStore.open(out)
+    record.update(crops=len(summaries), tiles=sum(s["tiles"] for s in summaries), compute_seconds=compute,
+                  load_seconds=max(0.0, record["seconds"] - compute), voxels=store_voxels(out),
+                  channel_voxels=store_channel_voxels(out), bytes=disk_bytes(out), overlap=opts.overlap, tta=TTA,
+                  device=device, crop_seconds={s["crop"]: s["seconds"] for s in summaries})
+    if device == "cuda":
+        record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        record["gpu_total_bytes"] = torch.cuda.get_device_properties().total_memory
+    # The write probe: the largest crop's ensemble channels repeated to fill the steady box (its values, so its
+    # compressibility), written as `predict-ensemble` writes a crop; the synthetic crops are too small to time.
+    import numpy as np
+
+    from cellseg.data.targets import Grid
+
+    largest = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox) * len(store.crop_channels(c)))
+    channels = store.crop_channels(largest)
+    shape = QUICK_STEADY if device == "cpu" else STEADY_BOX
+    arrays = {c: np.resize(store.read(largest, c).astype(np.float16), shape) for c in channels}
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=shape, voxel_size_nm=(8.0, 8.0, 8.0))  # type: ignore[arg-type]
+    again = PredictionStore.create(work / "rewrite.zarr", kind="probabilities", channels=store.channels,
+                                   instance_channels=store.instance_channels, provenance={})
+    with timed(record, "write_seconds"):
+        writer = again.crop_writer(largest, grid, channels=channels)
+        writer.write_all(arrays)
+        writer.commit()
+    record.update(write_probe={"crop": largest, "channels": len(channels), "shape_vox": list(shape)},
+                  write_seconds_per_channel_voxel=record["write_seconds"] / (len(channels) * math.prod(shape)))
+    shutil.rmtree(work / "rewrite.zarr", ignore_errors=True)
+    return record
+
+
+def steady_rates(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
+    """Per model, the engine seconds per tile of `bench/forward_probe.py` reports (measured at overlap 0.25)."""
+    rates = {}
+    for path in paths:
+        for row in json.loads(path.read_text())["rows"]:
+            engine = row["engine"]
+            rates[row["model"]] = {"seconds_per_tile": engine["ms_per_tile"] / 1e3, "tta_fold": engine["tta_fold"],
+                                   "batch_size": row["batch"],
+                                   "source": f"{path.name}: bench/forward_probe.py engine, overlap "
+                                             f"{engine.get('overlap', LOW_OVERLAP)}"}
+    return rates
+
+
 def cost_model(record: dict[str, Any], *, per_item: float, items: int, key: str) -> dict[str, Any]:
     """Add a stage's cost model: `per_item` seconds per crop or array, the rest of its time per `key` voxel."""
     rest = max(0.0, record["seconds"] - per_item * items)
@@ -506,6 +574,29 @@ def project_predict(measured: Mapping[str, Any], real: Mapping[int, Crop], polic
             "bytes": measured["bytes"] * channel_voxels / max(1, measured.get("channel_voxels", measured["voxels"]))}
 
 
+def project_fused(measured: Mapping[str, Any], real: Mapping[int, Crop], policy: str) -> dict[str, Any] | None:
+    """`predict_ensemble` over the real test crops: its load and warm-up + every member's tiles × its steady-state
+    seconds per tile + the ensemble's channel-voxels written once × the measured write cost. None while a member
+    has no steady-state rate (`--steady`)."""
+    members = measured["members"]
+    if any("steady" not in m for m in members.values()):
+        return None
+    union = list(dict.fromkeys(c for m in members.values() for c in m["channels"]))
+    volumes = real_volumes(real, policy)
+    crops = [(v["shape_vox"], scored_count(union, real[k])) for k, v in volumes.items()]
+    channel_voxels = sum(math.prod(shape) * k for shape, k in crops)
+    overlap = LOW_OVERLAP if policy == "max8_ov25" else measured["overlap"]
+    gpu_bytes = measured.get("gpu_total_bytes", H200_BYTES if measured["device"] == "cuda" else None)
+    rows = {}
+    for name, m in members.items():
+        tiles = count_model_tiles(crops, m["patch_shape_vox"], overlap, measured["device"], gpu_bytes)
+        rows[name] = {"tiles": tiles, "seconds": tiles * m["steady"]["seconds_per_tile"]}
+    write = channel_voxels * measured["write_seconds_per_channel_voxel"]
+    seconds = measured["load_seconds"] + measured.get("warmup_seconds", 0.0) + sum(r["seconds"] for r in rows.values()) + write
+    return {"channel_voxels": channel_voxels, "members": rows, "write_seconds": write, "seconds": seconds,
+            "bytes": measured["bytes"] * channel_voxels / max(1, measured["channel_voxels"])}
+
+
 def probe_channels(real: Mapping[int, Crop], channels: Sequence[str]) -> int:
     """Channels for the steady-state probe: the most any crop holding ≥ `BIG_CROP_SHARE` of the max8 voxels is
     scored on (the 1000³ crops dominate the predict time)."""
@@ -530,13 +621,18 @@ def project(stages: Mapping[str, Any], real: Mapping[int, Crop], rates: Mapping[
     with the one measured on a large crop; their cost per crop stays this run's."""
     out = {}
     submitted, arrays = submitted_voxels(real), num_arrays(real)
-    channels = next((m["channels"] for m in stages.get("predict", {}).values() if m.get("status") == "ok"), None)
+    channels = next((m["channels"] for m in [*stages.get("predict", {}).values(),
+                                             *stages.get("predict_ensemble", {}).get("members", {}).values()]
+                     if m.get("status", "ok") == "ok"), None)
     for policy, description in POLICIES.items():
         volumes = real_volumes(real, policy)
         voxels = sum(v["voxels"] for v in volumes.values())
         channel_voxels = sum(v["voxels"] * scored_count(channels, real[k]) for k, v in volumes.items()) if channels else 0
         rows: dict[str, Any] = {"predict": {name: project_predict(m, real, policy)
                                             for name, m in stages.get("predict", {}).items() if m.get("status") == "ok"}}
+        fused = stages.get("predict_ensemble", {})
+        if fused.get("status") == "ok" and (row := project_fused(fused, real, policy)):
+            rows["predict_ensemble"] = row
         for stage, key, units, items in (("ensemble", "channel_voxels", channel_voxels, len(real)),
                                          ("postprocess", "channel_voxels", channel_voxels, len(real)),
                                          ("submit", "submitted_voxels", submitted, arrays),
@@ -546,13 +642,14 @@ def project(stages: Mapping[str, Any], real: Mapping[int, Crop], rates: Mapping[
                 if rates and f"{stage}_seconds_per_channel_voxel" in rates:
                     measured["per_voxel_seconds"] = rates[f"{stage}_seconds_per_channel_voxel"]
                 rows[stage] = project_stage(measured, units, items, key)
-        predict_s = sum(r["seconds"] for r in rows["predict"].values())
+        predict_s = sum(r["seconds"] for r in rows["predict"].values()) + rows.get("predict_ensemble", {}).get("seconds", 0)
         total_s = predict_s + sum(rows[s]["seconds"] for s in DOWNSTREAM if s in rows)
+        needed = [s for s in DOWNSTREAM if not (s == "ensemble" and "predict_ensemble" in rows)]
         out[policy] = {"description": description, "model_voxels": voxels, "channel_voxels": channel_voxels,
                        "submitted_voxels": submitted,
                        "crops": {str(k): v for k, v in real_volumes(real, policy).items()}, "stages": rows,
                        "predict_minutes": predict_s / 60, "total_minutes": total_s / 60, "goal_minutes": GOAL_MINUTES,
-                       "complete": bool(rows["predict"]) and all(s in rows for s in DOWNSTREAM),
+                       "complete": bool(rows["predict"] or "predict_ensemble" in rows) and all(s in rows for s in needed),
                        "meets_goal": total_s / 60 <= GOAL_MINUTES}
     return out
 
@@ -626,7 +723,15 @@ def measured_table(report: Mapping[str, Any]) -> list[str]:
                       f"{' × TTA fold ' + str(probe['tta_fold']) if probe.get('tta_fold', 1) > 1 else ''}"
                       f"{', compiled' if probe['compiled'] else ''})")
         lines.append(measured_row(f"predict {name}{detail}", r))
+    if "predict_ensemble" in st:
+        r = st["predict_ensemble"]
+        detail = (f" ({len(r['members'])} members, TTA {r['tta']}; load {r['load_seconds']:.1f} s, warm-up incl. "
+                  f"compile {r.get('warmup_seconds', 0.0):.1f} s, compute {r['compute_seconds']:.1f} s, {r['tiles']} "
+                  f"tiles; write probe {r['write_seconds']:.2f} s)") if r.get("status") == "ok" else ""
+        lines.append(measured_row(f"predict-ensemble{detail}", r))
     for stage in DOWNSTREAM:
+        if stage not in st and "predict_ensemble" in st:
+            continue
         r = st.get(stage, {})
         key = "voxels" if stage in ("ensemble", "postprocess") else "submitted_voxels"
         where = f" ({r['device']})" if "device" in r else ""
@@ -649,9 +754,17 @@ def projection_table(report: Mapping[str, Any]) -> list[str]:
 
     for name in report["stages"].get("predict", {}):
         row(f"predict {name}", lambda s, n=name: s["predict"].get(n))
-    lines.append("| **predict, all models** | " + " | ".join(f"**{proj[p]['predict_minutes']:,.1f}** | "
-                                                          for p in POLICIES) + " |")
+    fused = report["stages"].get("predict_ensemble", {})
+    for name in fused.get("members", {}):
+        row(f"predict-ensemble: {name} tiles", lambda s, n=name: (s.get("predict_ensemble") or {}).get("members", {}).get(n))
+    if fused:
+        row("predict-ensemble: ensemble written once", lambda s: {"seconds": s["predict_ensemble"]["write_seconds"]}
+            if "predict_ensemble" in s else None)
+    label = "predict-ensemble, load + compile + all members + write" if fused else "predict, all models"
+    lines.append(f"| **{label}** | " + " | ".join(f"**{proj[p]['predict_minutes']:,.1f}** | " for p in POLICIES) + " |")
     for stage in DOWNSTREAM:
+        if fused and stage == "ensemble":
+            continue
         row(stage, lambda s, st=stage: s.get(st))
     cells = []
     for p in POLICIES:
@@ -679,6 +792,14 @@ def markdown(report: Mapping[str, Any]) -> str:
              "## Projected to the real 16 test crops", "", *projection_table(report), "",
              "Policies: " + "; ".join(f"**{p}**: {d}" for p, d in POLICIES.items()) + ".", "",
              *[f"- {note}" for note in report["notes"]]]
+    if report["stages"].get("predict_ensemble"):
+        lines.append("- Predict-ensemble (`cellseg predict-ensemble`, no member stores, no `cellseg ensemble`): its "
+                     "model loads and warm-up (every member compiled on the smallest crop) + each member's tiles × "
+                     "that member's engine seconds per tile (`--steady`: bench/forward_probe.py, TTA 8 folded, "
+                     "overlap 0.25, one model per process on the GPU) + the ensemble's channel-voxels written "
+                     "once × the write probe's cost (the largest synthetic crop's ensemble values repeated to "
+                     f"{STEADY_BOX[0]}³). Members' tiles are counted as `cellseg predict` cuts each crop; on an "
+                     "H200 the fused run cuts the 1000³ crops into the same single column.")
     rates = report.get("rates")
     if rates:
         lines.append(f"- Ensemble and post-processing are projected with the costs per channel-voxel of "
@@ -740,8 +861,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reproject", type=Path, metavar="JSON",
                         help="run nothing: recompute the projection of this report (e.g. with --rates) into --out")
     parser.add_argument("--steady", type=Path, nargs="+", metavar="JSON",
-                        help="with --reproject: bench/forward_probe.py reports whose engine seconds per tile (measured "
-                             "at the projection's overlap 0.25) replace the models' steady-state probes")
+                        help="bench/forward_probe.py reports whose engine seconds per tile (measured at the "
+                             "projection's overlap 0.25) replace the models' steady-state probes (--reproject) or "
+                             "price the members of --fused")
+    parser.add_argument("--fused", action="store_true",
+                        help="predict the ensemble in one pass (`cellseg predict-ensemble`) instead of a store per "
+                             "model + `cellseg ensemble`; members are projected with the --steady rates")
     parser.add_argument("--quick", action="store_true",
                         help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
     args = parser.parse_args(argv)
@@ -821,15 +946,19 @@ def run_downstream(work: Path, device: str, crop_id: int, stages: dict[str, Any]
     """Ensemble → post-process → submit → validate, saving the report after each; a stage runs only when the
     one before it succeeded. `crop_id`: the smallest test crop, timed alone for each stage's cost per crop."""
     manifest = work / "data" / "test_crop_manifest.csv"
-    members = [Path(r.get("store", work / "predictions" / f"{n}.zarr")) for n, r in stages["predict"].items()
+    members = [Path(r.get("store", work / "predictions" / f"{n}.zarr")) for n, r in stages.get("predict", {}).items()
                if r.get("status") == "ok"]
     seg, zip_path = work / "segmentation.zarr", work / "submission.zip"
-    steps = {"ensemble": lambda: ensemble_stage(members, work / "ensemble.zarr", f"crop{crop_id}"),
-             "postprocess": lambda: postprocess_stage(work / "ensemble.zarr", seg, "auto" if device == "cuda" else "cpu"),
+    fused = stages.get("predict_ensemble", {}).get("status") == "ok"  # the ensemble is already written
+    probs = work / ("fused.zarr" if fused else "ensemble.zarr")
+    steps = {"ensemble": lambda: ensemble_stage(members, probs, f"crop{crop_id}"),
+             "postprocess": lambda: postprocess_stage(probs, seg, "auto" if device == "cuda" else "cpu"),
              "submit": lambda: submit_stage(seg, manifest, zip_path, crop_id),
              "validate": lambda: validate_stage(zip_path, seg, manifest, crop_id)}
-    ok = bool(members)
+    ok = bool(members) or fused
     for stage in DOWNSTREAM:
+        if fused and stage == "ensemble":
+            continue
         stages[stage] = {"status": "skipped"}
         if ok:
             print(f"==> {stage}", flush=True)
@@ -879,12 +1008,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = json.loads(args.rates.read_text()) if args.rates else None
     if args.reproject:
         report = json.loads(args.reproject.read_text())
-        for path in args.steady or []:
-            for row in json.loads(path.read_text())["rows"]:
-                engine = row["engine"]
-                report["stages"]["predict"][row["model"]]["steady"].update(
-                    seconds_per_tile=engine["ms_per_tile"] / 1e3, tta_fold=engine["tta_fold"],
-                    source=f"{path.name}: bench/forward_probe.py engine, overlap {engine.get('overlap', 0.25)}")
+        for name, rate in steady_rates(args.steady or []).items():
+            if name in report["stages"].get("predict", {}):
+                report["stages"]["predict"][name]["steady"].update(rate)
+            if name in report["stages"].get("predict_ensemble", {}).get("members", {}):
+                report["stages"]["predict_ensemble"]["members"][name]["steady"] = rate
         report["projection"] = project(report["stages"], Catalog.official().test("2026"), rates)
         report["rates"] = rates
         write_report(report, args.out)
@@ -919,7 +1047,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             stages["generate"], report["synthetic"] = make_data(args, work / "data", real)
             save()
             smallest = min(report["synthetic"]["crops"], key=lambda c: c["model_voxels"])["synthetic_id"]
-            run_models(args, names, work, device, str(smallest), stages, save, real)
+            if args.fused:
+                builds = stages.setdefault("build_runs", {})
+                for name in names:
+                    builds[name] = {}
+                    with timed(builds[name]):
+                        attempt(builds[name], lambda n=name: build_run(n, root=work / "data", run_dir=work / "runs" / n,
+                                                                      device=device, quick=args.quick))
+                save()
+                print("==> predict-ensemble", flush=True)
+                ok = {n: b for n, b in builds.items() if b.get("status") == "ok"}
+                stages["predict_ensemble"] = {}
+                attempt(stages["predict_ensemble"], lambda: fused_stage(
+                    ok, work, device=device, warm_crop=str(smallest), steady=steady_rates(args.steady or [])))
+                save()
+            else:
+                run_models(args, names, work, device, str(smallest), stages, save, real)
         if not args.predict_only:
             run_downstream(work, device, smallest, stages, save)
     finally:

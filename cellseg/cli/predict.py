@@ -49,7 +49,7 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
                         help="tiles per sliding-window batch (default: the run's training micro-batch)")
     parser.add_argument("--tta-fold", type=int, default=None, metavar="N",
                         help="TTA passes per forward, batched together: the model sees N × batch tiles at once "
-                             "(default: on CUDA the fewest that make 8 Mi tile voxels per forward, so small "
+                             "(default: on CUDA the fewest that make 16 Mi tile voxels per forward, so small "
                              "forwards are not bound by kernel launches; 1 on CPU)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: CUDA if present")
     if axes_2d:

@@ -52,8 +52,10 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
 FREEZE = {"freezing": True}
 # Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
 # vit_2d runs 16 tiles of 256² (1 M voxels) at 3.6 ms of GPU work in 8.8 ms, and 64 tiles at 2.5x the
-# throughput per tile (H200, bench/forward_probe.py). `tta_fold` runs that many TTA passes as one batch.
-MIN_FORWARD_VOX = 8 * 2**20
+# throughput per tile. Engine ms per tile pass at 2, 4, 8 passes per forward (H200, bench/forward_probe.py,
+# session 6): vit_3d 5.76 / 5.65 / 5.31, unet_2d 0.158 / 0.153 / -, swin_2d - / 0.383 / 0.380; wider never lost.
+# `tta_fold` runs that many TTA passes as one batch.
+MIN_FORWARD_VOX = 16 * 2**20
 
 
 class CompiledModel:

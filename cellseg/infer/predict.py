@@ -200,7 +200,7 @@ class PredictOptions:
     channels: str = "scored"  # "scored": a test crop gets only the channels it is scored on; "all"
     block_vox: int | None = None  # largest column edge in y, x (2D over z, y, x: block edge); None: as memory allows
     compile: str = "auto"  # torch.compile the model: "auto" (CUDA only), "on", "off"
-    tta_fold: int | None = None  # TTA passes per forward; None: `engine.tta_fold` (CUDA: enough for 8 Mi voxels)
+    tta_fold: int | None = None  # TTA passes per forward; None: `engine.tta_fold` (CUDA: enough for 16 Mi voxels)
     progress: bool = True
 
     def __post_init__(self) -> None:

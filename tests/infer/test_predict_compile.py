@@ -72,8 +72,9 @@ def test_tta_folded_into_the_batch_gives_the_same_prediction(tiny_run, crop, tmp
 def test_tta_fold_policy():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert tta_fold(16, (1, 256, 256), 8, cuda) == 8  # 1 Mi voxels per pass: launch-bound, fold all 8
-    assert tta_fold(32, (1, 256, 256), 8, cuda) == 4
-    assert tta_fold(2, (128, 128, 128), 8, cuda) == 2
+    assert tta_fold(64, (1, 256, 256), 8, cuda) == 4
+    assert tta_fold(48, (1, 256, 256), 8, cuda) == 8  # 3 Mi voxels: 4 passes make 12 Mi, not enough
+    assert tta_fold(2, (128, 128, 128), 8, cuda) == 4
     assert tta_fold(8, (128, 128, 128), 8, cuda) == 1  # 16 Mi voxels: already GPU-bound
     assert tta_fold(16, (1, 256, 256), 1, cuda) == 1  # no TTA: nothing to fold
     assert tta_fold(16, (1, 256, 256), 8, cpu) == 1
