@@ -8,9 +8,12 @@ scipy), any torch device ("cuda", "cuda:1") the torch path; both give the same a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,13 +22,17 @@ from typing import Any
 import numpy as np
 
 from cellseg.data.classes import is_instance
-from cellseg.infer.store import PredictionStore, boundary_channel
+from cellseg.data.targets import Grid
+from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel
 from cellseg.postprocess.instances import segment_instances
 from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet
 from cellseg.postprocess.semantic import segment_semantic
 
 log = logging.getLogger(__name__)
 ALGORITHM = "cellseg.postprocess/1"  # bump when a change alters any output voxel
+CLASS_MEMORY_BYTES = 32 * 2**30  # host memory the classes in flight may use (as the ensemble's channels)
+MAX_CLASS_THREADS = 8  # classes of a crop read, segmented and written at once
+_GPU_LOCK = threading.Lock()  # one class at a time on a GPU: its temporaries are several volumes of the crop
 
 
 def resolve(device: str) -> str:
@@ -119,13 +126,21 @@ def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, overwrit
 
 
 def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, params: ParamSet,
-                      device: str = "auto", overwrite: bool = False, progress: bool = True) -> PredictionStore:
+                      device: str = "auto", overwrite: bool = False, progress: bool = True,
+                      workers: int | None = None) -> PredictionStore:
     """Segment every crop of a probability store into a segmentation store (resuming finished crops).
 
+    The classes of a crop go through `workers` threads (default: as many as the cores and `CLASS_MEMORY_BYTES`
+    allow): each reads its probabilities, segments them and writes the result, so reading and writing (zarr
+    decompression and compression: most of the time) overlap across classes; the segmentation itself runs one
+    class at a time on a GPU (`_GPU_LOCK`). The result does not depend on `workers`.
+
     Raises:
-        ValueError: the parameters name classes the store lacks; `out` exists with other settings.
+        ValueError: the parameters name classes the store lacks; `out` exists with other settings; `workers` < 1.
     """
     from tqdm import tqdm
+
+    from cellseg.eval.submit import map_bounded
 
     params.check_classes(pred.classes, store=str(pred.path))
     crops = pred.completed()
@@ -139,20 +154,32 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
         grid = pred.grid(crop)
         classes = [c for c in pred.classes if c in pred.crop_channels(crop)]  # a test crop: its scored classes
         writer = seg.crop_writer(crop, grid, channels=classes)
-        objects = {}
-        for name in classes:  # one class in memory at a time: crops of any size
+
+        def one(name: str, writer: CropWriter = writer, crop: str = crop, grid: Grid = grid) -> int | None:
             prob, boundary = read_class(pred, crop, name)
-            labels = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
-                                   params=params.get(name), device=device)
-            if is_instance(name):
-                objects[name] = int(labels.max(initial=0))
+            with _GPU_LOCK if device != "cpu" else contextlib.nullcontext():
+                labels = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
+                                       params=params.get(name), device=device)
+            del prob, boundary
             writer.write(name, labels)
+            return int(labels.max(initial=0)) if is_instance(name) else None
+
+        threads = workers or class_workers(math.prod(grid.shape_vox))
+        counts = map_bounded(one, classes, threads)
+        objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
         seconds = time.perf_counter() - start
         attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k != "grid"}
         attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device}
         writer.commit(attrs)
         summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
-        log.info("%s: %d classes on %s in %.2f s (objects: %s)", crop, len(classes), device, seconds, summary)
+        log.info("%s: %d classes on %s in %.2f s, %d threads (objects: %s)", crop, len(classes), device, seconds,
+                 threads, summary)
     if len(todo) < len(crops):
         log.info("%d crops were already written", len(crops) - len(todo))
     return seg
+
+
+def class_workers(voxels: int) -> int:
+    """Threads `postprocess_store` gives a crop of `voxels`: the cores (at most 8), fewer when their classes in
+    flight (float32 probability and boundary, uint32 ids: 12 bytes a voxel each) would pass `CLASS_MEMORY_BYTES`."""
+    return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, 12 * voxels)))
