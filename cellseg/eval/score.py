@@ -9,36 +9,22 @@ A task whose own estimate exceeds the budget is refused and scored as missing, w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import multiprocessing
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cellseg.eval.aggregate import combine
 from cellseg.eval.io import ArrayInfo, CropListing, Source, list_crop, open_source
 from cellseg.eval.layout import Layout, discover
+from cellseg.eval.pool import DEFAULT_BUDGET_FRACTION, available_memory_bytes, map_bounded
 from cellseg.eval.rules import ERAS, MASK_SUFFIX, Era
 from cellseg.eval.safezip import ZipLimits
 from cellseg.eval.tasks import Task, TaskResult, missing_scores, run_task
 
 log = logging.getLogger(__name__)
-DEFAULT_BUDGET_FRACTION = 0.8  # of the memory available when scoring starts
-
-
-def available_memory_bytes() -> int:
-    """Memory available now (Linux `/proc/meminfo`), or 8 GiB when it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 1024**3
 
 
 @dataclass(kw_only=True)
@@ -129,57 +115,16 @@ def _failed(task: Task, reason: str) -> TaskResult:
                       official_failure="the official evaluator fails on this array")
 
 
-def _run_parallel(tasks: list[Task], truth: Source, submission: Source, *, workers: int, budget: int,
-                  on_done: Callable[[TaskResult], None]) -> None:
-    pending = sorted(tasks, key=lambda t: t.estimate_bytes(), reverse=True)
-    context = multiprocessing.get_context("spawn")
-    running: dict[Future[TaskResult], tuple[Task, int]] = {}
-    used = 0
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    try:
-        while pending or running:
-            for task in list(pending):
-                need = min(task.estimate_bytes(), budget)
-                if len(running) >= workers or (running and used + need > budget):
-                    continue
-                pending.remove(task)
-                running[pool.submit(run_task, task, truth, submission)] = (task, need)
-                used += need
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                task, need = running.pop(future)
-                used -= need
-                try:
-                    on_done(future.result())
-                except BrokenProcessPool:
-                    on_done(_failed(task, "the scoring worker died (out of memory?)"))
-                    pool.shutdown(cancel_futures=True)
-                    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-                    pending += [t for t, _ in running.values()]
-                    running.clear()
-                    used = 0
-                    break
-    finally:
-        pool.shutdown(cancel_futures=True)
-
-
 def run_tasks(tasks: list[Task], truth: Source, submission: Source, *, workers: int, budget: int,
               progress: bool = False) -> list[TaskResult]:
-    """Run tasks (in-process for one worker) and return their results in task order."""
+    """Run tasks (in-process for one worker, else in spawned processes within `budget`) in task order."""
     from tqdm import tqdm
 
-    results: dict[tuple[str, str], TaskResult] = {}
+    score = functools.partial(run_task, truth_source=truth, submission=submission)
     with tqdm(total=len(tasks), desc="scoring", unit="label", disable=not progress, leave=False) as bar:
-        def on_done(result: TaskResult) -> None:
-            results[(result.crop, result.label)] = result
-            bar.update(1)
-
-        if workers <= 1 or len(tasks) <= 1:
-            for task in sorted(tasks, key=lambda t: t.estimate_bytes(), reverse=True):
-                on_done(run_task(task, truth, submission))
-        else:
-            _run_parallel(tasks, truth, submission, workers=workers, budget=budget, on_done=on_done)
-    return [results[(t.crop, t.label)] for t in tasks]
+        return map_bounded(score, tasks, workers if workers > 1 and len(tasks) > 1 else 1, processes=True,
+                           cost=Task.estimate_bytes, budget=budget, done=bar.update,
+                           died=lambda task: _failed(task, "the scoring worker died (out of memory?)"))
 
 
 def _collect(results: Iterable[TaskResult], missing: dict[str, Any], evaluation_notes: list[str]

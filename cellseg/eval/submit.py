@@ -29,67 +29,28 @@ finished store in sorted order.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import numpy as np
 
 from cellseg.data import resample as grid
 from cellseg.data.crops import Catalog, Crop, Geometry
+from cellseg.eval.pool import map_bounded
 from cellseg.eval.rules import is_scored_as_instance
 
 log = logging.getLogger(__name__)
 TRAIN_HEADER = "crop_name,dataset,class_label,voxel_size,translation,shape\n"
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 def default_workers() -> int:
     """Threads used by `write_submission` and `validate_submission` by default: the CPU cores, at most 8."""
     return min(8, os.cpu_count() or 1)
-
-
-def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *,
-                done: Callable[[], Any] | None = None) -> list[R]:
-    """`[fn(item) for item in items]` on `workers` threads, never more than `workers` items in flight.
-
-    Results are in the order of `items`; `done` is called in this thread as each item finishes (progress).
-    `workers=1` runs in this thread without a pool. The first error (in item order among those finishing
-    together) is raised once the items already running have finished; no further item is started.
-
-    Raises:
-        ValueError: `workers` < 1.
-    """
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    results: list[Any] = [None] * len(items)
-    if workers == 1:
-        for i, item in enumerate(items):
-            results[i] = fn(item)
-            if done is not None:
-                done()
-        return results
-    todo = iter(enumerate(items))
-    in_flight: dict[Future[R], int] = {}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        while True:
-            for i, item in itertools.islice(todo, workers - len(in_flight)):
-                in_flight[pool.submit(fn, item)] = i
-            if not in_flight:
-                return results
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in sorted(finished, key=in_flight.__getitem__):
-                results[in_flight.pop(future)] = future.result()
-                if done is not None:
-                    done()
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Mapping[int, Crop]:

@@ -9,17 +9,18 @@ evaluator's resampling, snapping and cropping (coverage, the 2025 copy-length bu
 limit); and, reading the data, NaNs, float or wrapped instance ids and the number of 26-connected
 objects against the instance-count cutoffs.
 
-The data checks run on a pool of threads (`workers`; decompression and numpy release the GIL on large
-arrays, cc3d's connected components do not), at most `workers` arrays at a time so that peak memory stays
-about `workers` times the largest array; the issues come back in the same order for any number of workers.
+The data checks run on `workers` threads (decompression and numpy release the GIL on large arrays), or,
+from `PROCESS_MIN_INSTANCE_VOXELS` instance voxels on, on `workers` spawned processes (cc3d's connected
+components hold the GIL), largest array first within a memory budget (`pool.map_bounded`); at most
+`workers` arrays are in memory at a time, and a process that dies (out of memory) is reported as an error
+of its array. The issues come back in the same order for any number of workers and either pool.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from cellseg.data.crops import Crop, Geometry
 from cellseg.eval.io import ArrayInfo, CropListing, Source, open_source, read_array
 from cellseg.eval.layout import discover
+from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.resample import (
     BadAttributes,
     Target,
@@ -42,7 +44,7 @@ from cellseg.eval.rules import (
     is_scored_as_instance,
     ratio_cutoff_2026,
 )
-from cellseg.eval.submit import default_workers, map_bounded
+from cellseg.eval.submit import default_workers
 
 BOTH: tuple[str, ...] = ERAS
 
@@ -187,35 +189,52 @@ def data_issues(where: str, data: np.ndarray, instance: bool, truth: np.ndarray 
     return issues
 
 
-def _truth_for(truth: Source | None, crop: Crop, label: str, max_bytes: int) -> np.ndarray | None:
-    if truth is None or not is_scored_as_instance(label):
-        return None
-    from cellseg.eval.io import list_crop
+@dataclass(frozen=True)
+class DataCheck:
+    """One array whose values are to be read (picklable: it may run in another process)."""
 
-    info = list_crop(truth, crop.name).arrays.get(label)
-    return read_array(truth, info, max_bytes=max_bytes) if info else None
+    source: Source
+    info: ArrayInfo
+    where: str
+    instance: bool
+    max_bytes: int
+    truth: Source | None = None
+    truth_info: ArrayInfo | None = None  # the true array of an instance label, checked against
+
+    def estimate_bytes(self) -> int:
+        """Peak memory of `_data_check`: the array, cc3d's labels and union-find table, the truth and its ids."""
+        voxels = self.info.num_voxels
+        peak = self.info.nbytes + (voxels if self.info.dtype.kind == "f" else 0) + (8 * voxels if self.instance else 0)
+        return peak + (2 * self.truth_info.nbytes if self.truth_info is not None else 0)
 
 
-DataCheck = Callable[[], list[Issue]]
-
-
-def _data_check(source: Source, info: ArrayInfo, where: str, instance: bool, truth: Source | None, crop: Crop,
-                label: str, max_bytes: int) -> list[Issue]:
+def _data_check(check: DataCheck) -> list[Issue]:
     """Read one array (and its truth) and return `data_issues`, or the error that makes it unreadable."""
     try:
-        data = read_array(source, info, max_bytes=max_bytes)
-        return data_issues(where, data, instance, _truth_for(truth, crop, label, max_bytes))
+        data = read_array(check.source, check.info, max_bytes=check.max_bytes)
+        truth = None if check.truth is None or check.truth_info is None else read_array(
+            check.truth, check.truth_info, max_bytes=check.max_bytes)
+        return data_issues(check.where, data, check.instance, truth)
     except ValueError as err:
-        return [Issue("error", where, f"{err} (scored as missing)")]
+        return [Issue("error", check.where, f"{err} (scored as missing)")]
+    except MemoryError:
+        return [Issue("error", check.where, f"values not checked: out of memory reading {check.info.nbytes / 2**30:.1f} "
+                      "GiB")]
+
+
+def _died(check: DataCheck) -> list[Issue]:
+    return [Issue("error", check.where, "values not checked: the process reading them died (out of memory?)")]
 
 
 def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, read_data: bool,
                  max_bytes: int, truth: Source | None) -> list[Issue | DataCheck]:
     """The crop's issues in order, with a deferred `DataCheck` where an array's values are to be read."""
     from cellseg.data.classes import get_class
+    from cellseg.eval.io import list_crop
 
     if listing is None:
         return [Issue("error", crop.name, f"crop missing: all {len(crop.labels)} labels score 0")]
+    true_arrays = list_crop(truth, crop.name).arrays if truth is not None and read_data else {}
     issues: list[Issue | DataCheck] = []
     for label, geometry in sorted(crop.labels.items()):
         where = f"{crop.name}/{label}"
@@ -231,8 +250,8 @@ def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, rea
             continue
         issues += placement_issues(where, info, _target(geometry), instance)
         if read_data:
-            issues.append(functools.partial(_data_check, source, info, where, instance, truth, crop, label,
-                                            max_bytes))
+            true = true_arrays.get(label) if instance else None
+            issues.append(DataCheck(source, info, where, instance, max_bytes, truth if true is not None else None, true))
     for label in sorted(set(listing.arrays) - set(crop.labels)):
         try:
             get_class(label.removesuffix("_mask"))
@@ -266,13 +285,27 @@ def crops_from_truth(truth: Source) -> dict[int, Crop]:
     return crops
 
 
+# Instance voxels from which the data checks run in spawned processes rather than threads: cc3d's connected
+# components hold the GIL, so threads count objects one array at a time, while a process costs ~0.4 s to
+# start and import zarr/cc3d (measured on 2 cores). 2**27 voxels (128 Mi: 512 MiB of uint32 ids) take
+# ~0.5 s of cc3d (~280 Mvox/s on one core), about what the second process saves from there on; smaller
+# submissions (a few crops, the tests) keep the threads.
+PROCESS_MIN_INSTANCE_VOXELS = 2**27
+
+
+def uses_processes(instance_voxels: int, workers: int) -> bool:
+    """True when `validate_submission` checks the data in processes: several workers, enough instance voxels."""
+    return workers > 1 and instance_voxels >= PROCESS_MIN_INSTANCE_VOXELS
+
+
 def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
                         max_bytes: int = 8 * 1024**3, truth: Source | None = None,
                         workers: int | None = None) -> list[Issue]:
     """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
 
     With `truth` (a ground-truth source), instance counts are checked against the true objects. `workers`
-    threads (default `default_workers()`) read the arrays, at most `workers` at a time.
+    (default `default_workers()`) threads, or processes when `uses_processes`, read the arrays, at most
+    `workers` at a time; the issues are the same either way.
 
     Raises:
         ValueError: `workers` < 1.
@@ -297,5 +330,10 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
         issues += _crop_issues(source, crop, layout.crops.get(crop.name), read_data=read_data, max_bytes=max_bytes,
                                truth=truth)
     checks = [i for i in issues if not isinstance(i, Issue)]
-    results = iter(map_bounded(lambda check: check(), checks, workers))  # in order, spliced back in place
+    if uses_processes(sum(c.info.num_voxels for c in checks if c.instance), workers):
+        found = map_bounded(_data_check, checks, workers, processes=True, cost=DataCheck.estimate_bytes,
+                            budget=default_budget(), died=_died)
+    else:
+        found = map_bounded(_data_check, checks, workers)
+    results = iter(found)  # in order, spliced back in place
     return [j for i in issues for j in ([i] if isinstance(i, Issue) else next(results))]

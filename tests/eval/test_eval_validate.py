@@ -1,13 +1,16 @@
 """`validate_submission` lists every problem the evaluators would meet, per era, without scoring."""
 
+import pickle
 import shutil
 
 import numpy as np
+from eval_helpers import THREE_BALLS, balls
 
 from cellseg.data.crops import Crop, Geometry
 from cellseg.data.write import write_array, write_multiscale
-from cellseg.eval import validate_submission
-from cellseg.eval.io import open_source
+from cellseg.eval import validate, validate_submission
+from cellseg.eval.io import list_crop, open_source
+from cellseg.eval.rules import is_scored_as_instance
 
 G = Geometry(voxel_size_nm=(8.0, 8.0, 8.0), translation_nm=(0.0, 0.0, 0.0), shape_vox=(32, 32, 32))
 LABELS = ("mito", "nuc", "er", "pm", "ld", "golgi_mem", "cell", "golgi", "endo")
@@ -74,6 +77,48 @@ def test_workers_give_the_same_issues_in_the_same_order(tmp_path, stores):
             _find(issues, "crop2/er", "cannot read")
             _find(issues, "crop1/golgi", "NaN")
             _find(issues, "crop1/ld", "too many instances" if kwargs else "4096 objects")
+
+
+def test_a_process_pool_gives_the_same_issues(tmp_path, stores, monkeypatch):
+    """From PROCESS_MIN_INSTANCE_VOXELS on (lowered here), `workers` spawned processes check the data: the same
+    issues, in the same order, as one thread or a pool of threads, errors of unreadable arrays included."""
+    sub = _problem_submission(tmp_path / "s.zarr")
+    many = np.zeros((32, 32, 32), np.uint16)
+    many[::2, ::2, ::2] = 1  # 4096 objects for 1 true one: too many instances
+    write_array(sub / "crop1" / "ld", many, attrs=ATTRS, overwrite=True)
+    write_array(sub / "crop1" / "endo", balls((32, 32, 32), THREE_BALLS).astype(np.uint32), attrs=ATTRS)
+    write_array(sub / "crop2" / "er", np.ones((32, 32, 32), np.uint8), attrs=ATTRS)
+    (sub / "crop2" / "er" / "0" / "0" / "0").write_bytes(b"not blosc")  # unreadable: an error from the data check
+    truth = open_source(stores.truth({"crop1": {"ld": np.ones((32, 32, 32), np.uint16),
+                                                "endo": balls((32, 32, 32), THREE_BALLS)}}))
+    runs = [(sub, {"truth": truth}), (stores.zip(sub), {"truth": truth}), (sub, {})]
+    serial = [validate_submission(path, CROPS, workers=1, **kwargs) for path, kwargs in runs]
+    assert [validate_submission(path, CROPS, workers=2, **kwargs) for path, kwargs in runs] == serial  # threads
+    monkeypatch.setattr(validate, "PROCESS_MIN_INSTANCE_VOXELS", 32**3)
+    assert validate.uses_processes(5 * 32**3, 2) and not validate.uses_processes(5 * 32**3, 1)
+    assert [validate_submission(path, CROPS, workers=2, **kwargs) for path, kwargs in runs] == serial
+    for issues in serial:
+        _find(issues, "crop2/er", "cannot read")
+        _find(issues, "crop1/golgi", "NaN")
+    _find(serial[0], "crop1/ld", "too many instances", eras=["2025"])
+    _find(serial[1], "crop1/ld", "too many instances", eras=["2026"])
+    _find(serial[2], "crop1/ld", "4096 objects")
+    source = open_source(sub)  # a check that loses its process names its array
+    check = validate.DataCheck(source, list_crop(source, "crop1").arrays["ld"], "crop1/ld", True, 2**30)
+    assert pickle.loads(pickle.dumps(check)) == check
+    assert [str(i) for i in validate._died(check)] == [
+        "error   crop1/ld: values not checked: the process reading them died (out of memory?) [both eras]"]
+
+
+def test_small_submissions_keep_the_threads(tmp_path):
+    """Processes pay for themselves only on large submissions: a few small crops, or one worker, use threads."""
+    sub = open_source(_problem_submission(tmp_path / "s.zarr"))
+    voxels = sum(info.num_voxels for crop in CROPS.values() for label, info in list_crop(sub, crop.name).arrays.items()
+                 if label in crop.labels and is_scored_as_instance(label))
+    assert 0 < voxels < validate.PROCESS_MIN_INSTANCE_VOXELS
+    assert not validate.uses_processes(voxels, 8)
+    assert validate.uses_processes(validate.PROCESS_MIN_INSTANCE_VOXELS, 2)
+    assert not validate.uses_processes(10 * validate.PROCESS_MIN_INSTANCE_VOXELS, 1)
 
 
 def test_too_many_instances_against_the_truth(tmp_path, stores):

@@ -1,8 +1,10 @@
-"""`write_submission` on a thread pool: the same zip as the sequential run, bounded, errors named."""
+"""`write_submission` on a thread pool: the same zip as the sequential run, bounded, errors named; `map_bounded`."""
 
+import os
 import threading
 import time
 import zipfile
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
@@ -110,3 +112,37 @@ def test_map_bounded_stops_at_the_first_error():
     assert len(started) < 10
     with pytest.raises(ValueError, match="at least 1"):
         map_bounded(fail_at_3, range(3), 0)
+
+
+def test_map_bounded_keeps_the_bytes_budget():
+    """With `cost`, the largest items start first and the costs in flight stay within the budget; an item over
+    the budget runs alone."""
+    lock, flight, seen = threading.Lock(), [], []
+
+    def work(size):
+        with lock:
+            flight.append(size)
+            seen.append(list(flight))
+        time.sleep(0.002 * size)
+        with lock:
+            flight.remove(size)
+        return -size
+
+    sizes = [5, 1, 3, 8, 2, 2, 12, 1, 4]
+    assert map_bounded(work, sizes, 3, cost=lambda s: s, budget=8) == [-s for s in sizes]
+    assert seen[:2] == [[12], [8]] and all(len(f) <= 3 and sum(f) <= 8 for f in seen[1:])
+    assert max(len(f) for f in seen) >= 2  # the small ones do run together
+
+
+def _square_unless_3(i):
+    if i == 3:
+        os._exit(1)  # the process dies, as when the kernel kills it for memory
+    return i * i
+
+
+def test_map_bounded_processes_survive_a_dead_worker():
+    """A dead process fails the item it ran (`died`); the items then in flight run again and succeed."""
+    results = map_bounded(_square_unless_3, range(6), 2, processes=True, died=lambda i: f"item {i} died")
+    assert results == [0, 1, 4, "item 3 died", 16, 25]
+    with pytest.raises(BrokenProcessPool):
+        map_bounded(_square_unless_3, [1, 3], 2, processes=True)

@@ -1,0 +1,121 @@
+"""`map_bounded`: independent jobs on a pool of threads or spawned processes, in order, with bounded memory.
+
+Threads suit work that releases the GIL (zarr's codecs, numpy on large arrays: `write_submission`);
+processes suit work that holds it (cc3d's connected components, the scoring: `evaluate`, and
+`validate_submission` on large submissions). Processes are started with `spawn` (no inherited locks or
+zarr handles); each opens its own stores from the picklable `Source`.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+DEFAULT_BUDGET_FRACTION = 0.8  # of the memory available when a pool starts
+
+
+def available_memory_bytes() -> int:
+    """Memory available now (Linux `/proc/meminfo`), or 8 GiB when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3
+
+
+def default_budget() -> int:
+    """The memory budget of a pool: `DEFAULT_BUDGET_FRACTION` of the memory available now."""
+    return int(DEFAULT_BUDGET_FRACTION * available_memory_bytes())
+
+
+def _succeeded(future: Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *, done: Callable[[], Any] | None = None,
+                processes: bool = False, cost: Callable[[T], int] | None = None, budget: int | None = None,
+                died: Callable[[T], R] | None = None) -> list[R]:
+    """`[fn(item) for item in items]` on `workers` threads (or processes), never more than `workers` items in flight.
+
+    Results are in the order of `items`; `done` is called in this thread as each item finishes (progress).
+    `workers=1` runs in this thread without a pool. With `cost` (an item's peak bytes), items start largest
+    first and only while the costs in flight sum to at most `budget`; an item costing more runs alone. The
+    first error (in item order among those finishing together) is raised once the items already running
+    have finished; no further item is started.
+
+    With `processes` (spawned; `fn` and the items must pickle), a process that dies (killed for memory)
+    breaks the pool: the items then in flight run again in a fresh pool, one at a time, and an item whose
+    process dies while it runs alone gets `died(item)` as its result (without `died`, `BrokenProcessPool`
+    is raised).
+
+    Raises:
+        ValueError: `workers` < 1.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    results: list[Any] = [None] * len(items)
+
+    def finish(i: int, result: Any) -> None:
+        results[i] = result
+        if done is not None:
+            done()
+
+    if workers == 1:
+        for i, item in enumerate(items):
+            finish(i, fn(item))
+        return results
+    costs = [0] * len(items) if cost is None else [cost(item) for item in items]
+    limit = float("inf") if budget is None else budget
+    need = [min(c, limit) for c in costs]
+    pending = sorted(range(len(items)), key=lambda i: -costs[i])  # stable: item order among equals
+    alone: set[int] = set()  # in flight when a process died: run again one at a time
+    running: dict[Future[Any], int] = {}
+    used = 0
+    new_pool = functools.partial(ProcessPoolExecutor, mp_context=multiprocessing.get_context("spawn")) \
+        if processes else ThreadPoolExecutor
+    pool = new_pool(max_workers=workers)
+    try:
+        while pending or running:
+            for i in list(pending):
+                if len(running) >= workers or not alone.isdisjoint(running.values()):
+                    break
+                if running and (i in alone or used + need[i] > limit):
+                    continue
+                pending.remove(i)
+                running[pool.submit(fn, items[i])] = i
+                used += need[i]
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=running.__getitem__):
+                i = running.pop(future)
+                used -= need[i]
+                try:
+                    finish(i, future.result())
+                except BrokenProcessPool:
+                    pool.shutdown(cancel_futures=True)  # every future of a broken pool is settled
+                    victims = sorted([i, *(j for f, j in running.items() if not _succeeded(f))])
+                    for f, j in running.items():
+                        if _succeeded(f):
+                            finish(j, f.result())
+                    running.clear()
+                    used = 0
+                    if victims == [i]:  # it ran alone (or was the only one not to finish): its process died
+                        if died is None:
+                            raise
+                        finish(i, died(items[i]))
+                    else:
+                        alone.update(victims)
+                        pending = victims + pending
+                    pool = new_pool(max_workers=workers)
+                    break
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return results
