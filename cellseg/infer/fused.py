@@ -48,7 +48,7 @@ import torch
 import cellseg
 from cellseg.data.classes import is_instance
 from cellseg.data.write import DEFAULT_CHUNK
-from cellseg.infer.engine import CompiledModel, Window, predict_slabs, to_host, tta_fold
+from cellseg.infer.engine import CompiledModel, Window, predict_slabs, to_host
 from cellseg.infer.ensemble import (
     WEIGHTS_FILE,
     ChannelPlan,
@@ -67,8 +67,10 @@ from cellseg.infer.predict import (
     box_grid,
     chunked_slabs,
     load_run,
+    pending_crops,
     resume_planes,
     run_provenance,
+    run_settings,
     run_transforms,
     scored_channels,
     shard_crops,
@@ -272,19 +274,12 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
         targets = _targets(runs, crops, opts.data_root)
         provenance = _ensemble_provenance(runs, views, plan, chosen, opts, precision)
-        todo: list[CropTarget] | None = None
-        if d.is_main:
-            store = _open_store(out, plan, chosen, provenance, views, overwrite=opts.overwrite)
-            done = set(store.completed())
-            todo = [t for t in targets if t.name not in done]
-            if len(todo) < len(targets):
-                print(f"{out}: {len(targets) - len(todo)} of {len(targets)} crops already complete, skipped"
-                      + ("" if todo else " (nothing to do; --overwrite to redo them)"))
-        todo = runtime.broadcast_object(todo, d)  # also the barrier: the store exists from here on
+        todo = pending_crops(lambda: _open_store(out, plan, chosen, provenance, views, overwrite=opts.overwrite),
+                             targets, out, d)
         store = PredictionStore.open(out)
-        members = [_member(r, opts, d.device) for r in runs]
+        members = [_member(r, opts) for r in runs]
         summaries = []
-        mine = shard_crops(todo or [], d.rank, d.world_size)
+        mine = shard_crops(todo, d.rank, d.world_size)
         with tqdm(total=len(mine), desc="predict-ensemble", unit="crop",
                   disable=not (opts.progress and d.is_main)) as crop_bar:
             for target in mine:
@@ -298,12 +293,9 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         runtime.shutdown_distributed()
 
 
-def _member(run: LoadedRun, opts: PredictOptions, device: torch.device) -> Member:
+def _member(run: LoadedRun, opts: PredictOptions) -> Member:
     tfms = tuple(run_transforms(run, opts.tta))
-    batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
-    compiled = CompiledModel(run.model) if opts.compile == "on" or (
-        opts.compile == "auto" and device.type == "cuda") else None
-    fold = opts.tta_fold or tta_fold(batch, run.cfg.data.patch_shape_vox, len(tfms), device)
+    batch, compiled, fold = run_settings(run, opts, len(tfms))
     return Member(run=run, transforms=tfms, batch=batch, fold=fold, compiled=compiled)
 
 

@@ -30,7 +30,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,6 +282,30 @@ def open_store(out: str | Path, run: LoadedRun, provenance: dict[str, Any], *, o
                                   provenance=provenance, overwrite=overwrite)
 
 
+def pending_crops(open_out: Callable[[], PredictionStore], targets: Sequence[CropTarget], out: str | Path,
+                  d: runtime.Dist) -> list[CropTarget]:
+    """The targets not yet complete in the output store, on every rank: rank 0 opens (or creates) it with
+    `open_out` and says how many crops it skips. Also the barrier after which the store exists."""
+    todo: list[CropTarget] | None = None
+    if d.is_main:
+        done = set(open_out().completed())
+        todo = [t for t in targets if t.name not in done]
+        if len(todo) < len(targets):
+            print(f"{out}: {len(targets) - len(todo)} of {len(targets)} crops already complete, skipped"
+                  + ("" if todo else " (nothing to do; --overwrite to redo them)"))
+    return runtime.broadcast_object(todo, d) or []  # type: ignore[return-value]
+
+
+def run_settings(run: LoadedRun, opts: PredictOptions, num_transforms: int
+                 ) -> tuple[int, CompiledModel | None, int]:
+    """(tiles per batch, the model under torch.compile or None, TTA passes per forward) of a run on its device."""
+    batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
+    compiled = CompiledModel(run.model) if opts.compile == "on" or (
+        opts.compile == "auto" and run.device.type == "cuda") else None
+    fold = opts.tta_fold or tta_fold(batch, run.cfg.data.patch_shape_vox, num_transforms, run.device)
+    return batch, compiled, fold
+
+
 def shard_crops(targets: Sequence[CropTarget], rank: int, world: int) -> list[CropTarget]:
     """Largest crops first, each to the least loaded rank (the same answer on every rank)."""
     load = [0.0] * world
@@ -309,22 +333,11 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         axes, tfms = _slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = run_provenance(run, opts, tfms, axes, precision)
-        todo: list[CropTarget] | None = None
-        if d.is_main:
-            store = open_store(out, run, provenance, overwrite=opts.overwrite)
-            done = set(store.completed())
-            todo = [t for t in targets if t.name not in done]
-            if len(todo) < len(targets):
-                print(f"{out}: {len(targets) - len(todo)} of {len(targets)} crops already complete, skipped"
-                      + ("" if todo else " (nothing to do; --overwrite to redo them)"))
-        todo = runtime.broadcast_object(todo, d)  # also the barrier: the store exists from here on
+        todo = pending_crops(lambda: open_store(out, run, provenance, overwrite=opts.overwrite), targets, out, d)
         store = PredictionStore.open(out)
-        mine = shard_crops(todo or [], d.rank, d.world_size)
-        batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
+        mine = shard_crops(todo, d.rank, d.world_size)
         patch = run.cfg.data.patch_shape_vox
-        compiled = CompiledModel(run.model) if opts.compile == "on" or (
-            opts.compile == "auto" and d.device.type == "cuda") else None
-        fold = opts.tta_fold or tta_fold(batch, patch, len(tfms), d.device)
+        batch, compiled, fold = run_settings(run, opts, len(tfms))
         summaries = []
         with tqdm(total=len(mine), desc=f"predict (rank {d.rank})" if d.distributed else "predict", unit="crop",
                   disable=not (opts.progress and d.is_main)) as crop_bar:
