@@ -66,3 +66,30 @@ def test_quick_run_writes_every_stage_and_both_projections(tmp_path: Path) -> No
     assert report["projection"]["8nm"]["model_voxels"] > 50 * report["projection"]["max8"]["model_voxels"]
     table = out.with_name("test_set.md").read_text()
     assert "| 515 | 983 | jrc_zf-cardiac-1 |" in table and "| **total** |" in table
+
+
+def test_quick_fused_run_projects_the_members_at_their_steady_rates(tmp_path: Path) -> None:
+    """`--fused`: one predict-ensemble stage instead of a store per model + ensemble; the projection prices each
+    member's tiles at the engine rate of a forward_probe report (written here as that bench writes it)."""
+    bench = load_bench()
+    rates = {"unet_3d": 2.0, "unet_2d": 0.5}  # ms per tile pass
+    steady = tmp_path / "steady.json"
+    steady.write_text(json.dumps({"rows": [{"model": m, "batch": 2, "engine": {"ms_per_tile": ms, "tta_fold": 1,
+                                                                              "overlap": 0.25}}
+                                           for m, ms in rates.items()]}))
+    out = tmp_path / "fused"
+    assert bench.main(["--quick", "--fused", "--out", str(out), "--work", str(tmp_path / "work"),
+                       "--steady", str(steady)]) == 0
+    report = json.loads(out.with_name("fused.json").read_text())
+    stages = report["stages"]
+    fused = stages["predict_ensemble"]
+    assert fused["status"] == "ok" and fused["crops"] == 16 and fused["tiles"] > 0
+    assert "predict" not in stages and "ensemble" not in stages
+    assert all(stages[s]["status"] == "ok" for s in ("postprocess", "submit", "validate"))
+    projected = report["projection"]["max8_ov25"]
+    row = projected["stages"]["predict_ensemble"]
+    members = sum(r["tiles"] * rates[m] / 1e3 for m, r in row["members"].items())
+    assert set(row["members"]) == set(rates) and all(r["tiles"] > 0 for r in row["members"].values())
+    assert row["seconds"] > members + row["write_seconds"] > members > 0
+    assert projected["complete"]
+    assert "predict-ensemble" in out.with_name("fused.md").read_text()
