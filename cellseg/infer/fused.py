@@ -68,6 +68,7 @@ from cellseg.infer.predict import (
     chunked_slabs,
     load_run,
     pending_crops,
+    predict_crops,
     resume_planes,
     run_provenance,
     run_settings,
@@ -252,7 +253,6 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
             classes, bad weights, crops that differ between the members' runs.
         FileNotFoundError: a run directory without its files or checkpoint.
     """
-    from tqdm import tqdm
 
     opts = opts or PredictOptions()
     if len(run_dirs) < 2:
@@ -278,17 +278,9 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
                              targets, out, d)
         store = PredictionStore.open(out)
         members = [_member(r, opts) for r in runs]
-        summaries = []
-        mine = shard_crops(todo, d.rank, d.world_size)
-        with tqdm(total=len(mine), desc="predict-ensemble", unit="crop",
-                  disable=not (opts.progress and d.is_main)) as crop_bar:
-            for target in mine:
-                summaries.append(_predict_crop(members, target, store, plan, chosen, opts, voxel_size=voxel_size,
-                                               precision=precision, progress=not crop_bar.disable, rank=d.rank))
-                crop_bar.write(summaries[-1]["line"])
-                crop_bar.update(1)
-        runtime.barrier(d)
-        return summaries
+        return predict_crops(shard_crops(todo, d.rank, d.world_size), lambda target, progress: _predict_crop(
+            members, target, store, plan, chosen, opts, voxel_size=voxel_size, precision=precision,
+            progress=progress, rank=d.rank), desc="predict-ensemble", opts=opts, d=d)
     finally:
         runtime.shutdown_distributed()
 

@@ -282,6 +282,23 @@ def open_store(out: str | Path, run: LoadedRun, provenance: dict[str, Any], *, o
                                   provenance=provenance, overwrite=overwrite)
 
 
+def predict_crops(crops: Sequence[CropTarget], predict_one: Callable[[CropTarget, bool], dict[str, Any]], *,
+                  desc: str, opts: PredictOptions, d: runtime.Dist) -> list[dict[str, Any]]:
+    """`predict_one(crop, show tile progress)` for this rank's crops under a crop progress bar (rank 0), printing
+    each summary's line; then wait for every rank. Returns the summaries."""
+    from tqdm import tqdm
+
+    summaries = []
+    with tqdm(total=len(crops), desc=f"{desc} (rank {d.rank})" if d.distributed else desc, unit="crop",
+              disable=not (opts.progress and d.is_main)) as crop_bar:
+        for target in crops:
+            summaries.append(predict_one(target, not crop_bar.disable))
+            crop_bar.write(summaries[-1]["line"])
+            crop_bar.update(1)
+    runtime.barrier(d)
+    return summaries
+
+
 def pending_crops(open_out: Callable[[], PredictionStore], targets: Sequence[CropTarget], out: str | Path,
                   d: runtime.Dist) -> list[CropTarget]:
     """The targets not yet complete in the output store, on every rank: rank 0 opens (or creates) it with
@@ -322,7 +339,6 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
                 ) -> list[dict[str, Any]]:
     """Predict `crops` ("val", "test" or ids) of a run into the store `out`; returns one summary per crop
     this rank wrote (crops already in the store are skipped). Works the same under torchrun."""
-    from tqdm import tqdm
 
     opts = opts or PredictOptions()
     d = runtime.init_distributed(opts.device)
@@ -338,17 +354,9 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         mine = shard_crops(todo, d.rank, d.world_size)
         patch = run.cfg.data.patch_shape_vox
         batch, compiled, fold = run_settings(run, opts, len(tfms))
-        summaries = []
-        with tqdm(total=len(mine), desc=f"predict (rank {d.rank})" if d.distributed else "predict", unit="crop",
-                  disable=not (opts.progress and d.is_main)) as crop_bar:
-            for target in mine:
-                summaries.append(_predict_one(run, target, store, opts, tfms=tfms, axes=axes, precision=precision,
-                                              batch=batch, patch=patch, rank=d.rank, progress=not crop_bar.disable,
-                                              compiled=compiled, fold=fold))
-                crop_bar.write(summaries[-1]["line"])
-                crop_bar.update(1)
-        runtime.barrier(d)
-        return summaries
+        return predict_crops(mine, lambda target, progress: _predict_one(
+            run, target, store, opts, tfms=tfms, axes=axes, precision=precision, batch=batch, patch=patch,
+            rank=d.rank, progress=progress, compiled=compiled, fold=fold), desc="predict", opts=opts, d=d)
     finally:
         runtime.shutdown_distributed()
 
