@@ -54,6 +54,7 @@ from cellseg.infer.ensemble import (
     ChannelPlan,
     Weights,
     explicit_weights,
+    member_summary,
     parse_weights,
     plan_channels,
     uniform_weights,
@@ -308,8 +309,7 @@ def _ensemble_provenance(runs: Sequence[LoadedRun], views: Sequence[RunChannels]
     """As `cellseg ensemble` records it, with each member's `cellseg predict` provenance."""
     member_prov = [run_provenance(r, opts, run_transforms(r, opts.tta), ("z",), precision) for r in runs]
     roots = {str(p["data_root"]) for p in member_prov if p.get("data_root")}
-    return {"ensemble": {"members": [{"path": str(v.path), "run_dir": v.provenance["run_dir"],
-                                      "channels": list(v.channels)} for v in views],
+    return {"ensemble": {"members": member_summary(views),  # type: ignore[arg-type]
                          "grid": "shared", "fused": True, "weights": weights.to_json(),
                          "members_of": {c: list(m) for c, m in plan.members_of.items()}},
             "member_provenance": member_prov, "members": [p["run_dir"] for p in member_prov],
@@ -336,8 +336,7 @@ def _open_store(out: str | Path, plan: ChannelPlan, weights: Weights, provenance
     store = PredictionStore.create(out, kind="probabilities", channels=plan.channels,
                                    instance_channels=plan.instance_channels, provenance=provenance,
                                    overwrite=overwrite)
-    doc = {**weights.to_json(), "members": [{"path": str(v.path), "run_dir": v.provenance["run_dir"],
-                                             "channels": list(v.channels)} for v in views], "grid": "shared"}
+    doc = {**weights.to_json(), "members": member_summary(views), "grid": "shared"}  # type: ignore[arg-type]
     tmp = store.path / f".{WEIGHTS_FILE}.tmp"
     tmp.write_text(json.dumps(doc, indent=2))
     tmp.replace(store.path / WEIGHTS_FILE)
