@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cellseg.cache import cache_root
 from cellseg.data.arrays import open_array
 from cellseg.data.write import write_array
 
@@ -42,8 +42,7 @@ CHUNK_VOX = 64  # spatial chunk edge of the cache arrays
 
 def default_cache_dir() -> Path:
     """`$CELLSEG_CACHE/boundaries`, else `~/.cache/cellseg/boundaries`."""
-    base = os.environ.get("CELLSEG_CACHE") or Path.home() / ".cache" / "cellseg"
-    return Path(base) / "boundaries"
+    return cache_root() / "boundaries"
 
 
 def resolve_cache_dir(setting: str | None) -> Path | None:

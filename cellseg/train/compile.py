@@ -4,7 +4,8 @@
 after warm-up, times eager and compiled the same way, and keeps the faster: compile is not always a win
 (a 2D UNet was slower compiled, performance.md §7.4). Probe steps leave the weights untouched (no
 optimizer step; BatchNorm buffers restored). Any compiler error becomes a warning and eager execution.
-`CELLSEG_COMPILE_BACKEND` picks the backend (default "inductor").
+`CELLSEG_COMPILE_BACKEND` picks the backend (default "inductor"). Compiled graphs and kernels are cached in
+`$CELLSEG_CACHE/inductor` (`cellseg.cache`), so a second job compiling the same shapes mostly loads them.
 
 `train.compile_mode` is torch.compile's mode for the model ("default", "reduce-overhead" = CUDA graphs,
 "max-autotune", "max-autotune-no-cudagraphs"); the loss always compiles in "default" mode. Both go through
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from cellseg.cache import use_compile_cache
 from cellseg.config.schema import CompileMode, RunConfig
 from cellseg.train import runtime
 
@@ -40,8 +42,10 @@ def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default",
     """`torch.compile(module)` with `compile_backend()`, `mode` and `dynamic` (None: torch's automatic dynamic
     shapes after a recompile; False: one static graph per input shape).
 
-    Compilation is lazy: errors (an unknown backend aside) surface at the first call.
+    Compilation is lazy: errors (an unknown backend aside) surface at the first call. The compiler's caches
+    go to cellseg's cache folder unless `TORCHINDUCTOR_CACHE_DIR` is set (`cellseg.cache.use_compile_cache`).
     """
+    use_compile_cache()
     # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
     return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=dynamic)
 

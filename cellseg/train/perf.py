@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
+from cellseg.cache import cache_root
 from cellseg.models import build_model
 from cellseg.models.summary import count_flops
 
 log = logging.getLogger(__name__)
-CACHE = Path(os.environ.get("CELLSEG_CACHE", Path.home() / ".cache" / "cellseg")) / "matmul_peak.json"
+CACHE = cache_root() / "matmul_peak.json"
 MATMUL_N = 8192
 
 
