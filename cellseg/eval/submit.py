@@ -20,7 +20,8 @@ folder is rejected by the 2025 one). Every array is single-scale, with `voxel_si
 `shape` attributes from the manifest. The zip is built under a temporary name and renamed when complete.
 
 Arrays are written by a pool of threads (`workers`; zarr's codecs and numpy release the GIL on large
-arrays), at most `workers` (crop, label) pairs at a time, so peak memory is about `workers` times that of
+arrays), or of spawned processes for large submissions (`PROCESS_MIN_VOXELS`), at most `workers` (crop,
+label) pairs at a time and within a memory budget, so peak memory is at most `workers` times that of
 the largest array (a resampled probability is interpolated in float64: float32 flips voxels lying within
 its rounding error of the threshold, so the mask would differ). The zip's members are the same, byte for
 byte, for any number of workers (only the file times differ, as between any two runs): it lists the
@@ -30,6 +31,7 @@ finished store in sorted order.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import zipfile
@@ -41,7 +43,7 @@ import numpy as np
 
 from cellseg.data import resample as grid
 from cellseg.data.crops import Catalog, Crop, Geometry
-from cellseg.eval.pool import map_bounded
+from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.rules import is_scored_as_instance
 
 log = logging.getLogger(__name__)
@@ -165,13 +167,60 @@ def _zip_store(store: Path, destination: Path) -> None:
                 archive.write(file, file.relative_to(store).as_posix())
 
 
+# Submitted voxels from which `write_submission` runs its arrays in spawned processes rather than threads: the
+# per-chunk work of zarr (Python) and the nearest-neighbour gathers hold the GIL often enough that threads scale
+# poorly, while a process costs ~0.5 s to start and import zarr. 2**30 voxels (1 Gi) take a few seconds of
+# threads; the tests' submissions stay far below it.
+PROCESS_MIN_VOXELS = 2**30
+# Peak bytes per submitted voxel while an array is written: a probability resampled in float64 (8) and its
+# uint8 mask (1), or instance ids read, checked and cast (at most 8 + 1); the memory budget's unit.
+BYTES_PER_VOXEL = 9
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One (crop, label) of the submission: read from `source`, written to `array` (picklable: it may run in
+    another process)."""
+
+    source: Path
+    array: Path
+    geometry: Geometry
+    threshold: float
+
+    @property
+    def where(self) -> str:
+        return f"{self.array.parent.name}/{self.array.name}"
+
+    def estimate_bytes(self) -> int:
+        return math.prod(self.geometry.shape_vox) * BYTES_PER_VOXEL
+
+
+def _write_job(job: _Job) -> bool:
+    """Write one array; False when the prediction store lacks it."""
+    from cellseg.data.write import write_array
+
+    if not job.source.exists():
+        return False
+    try:
+        data = prediction_on_grid(job.source, job.array.name, job.geometry, threshold=job.threshold)
+        write_array(job.array, data, attrs={"voxel_size": list(job.geometry.voxel_size_nm),
+                                            "translation": list(job.geometry.translation_nm),
+                                            "shape": list(job.geometry.shape_vox)})
+    except Exception as err:
+        err.add_note(f"while writing {job.where} of the submission")
+        raise
+    return True
+
+
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
-                     progress: bool = False, workers: int | None = None) -> SubmitReport:
+                     progress: bool = False, workers: int | None = None, processes: bool | None = None
+                     ) -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops` found in `predictions`.
 
-    `workers` threads (default `default_workers()`) write the arrays, at most `workers` at a time; the zip's
-    members and the report are the same for any number.
+    `workers` (default `default_workers()`) threads, or spawned processes, write the arrays, at most `workers`
+    at a time and within a memory budget; `processes` None picks processes from `PROCESS_MIN_VOXELS`
+    submitted voxels on. The zip's members and the report are the same either way and for any number.
 
     Raises:
         FileExistsError: `out` exists and `overwrite` is False.
@@ -181,13 +230,14 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     """
     from tqdm import tqdm
 
-    from cellseg.data.write import ensure_groups, write_array
+    from cellseg.data.write import ensure_groups
 
     out, predictions = Path(out), Path(predictions)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
     if not predictions.is_dir():
         raise FileNotFoundError(f"{predictions}: no prediction store here")
+    workers = default_workers() if workers is None else workers
     wanted = set(labels) if labels else None
     rows = [(c, label, g) for c in crops.values() for label, g in sorted(c.labels.items())
             if wanted is None or label in wanted]
@@ -195,25 +245,14 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent) as tmp:
         store = Path(tmp) / "submission.zarr"
         ensure_groups(store)
-
-        def write_one(row: tuple[Crop, str, Geometry]) -> bool:
-            crop, label, geometry = row
-            source = predictions / crop.name / label
-            if not source.exists():
-                return False
-            try:
-                data = prediction_on_grid(source, label, geometry, threshold=threshold)
-                write_array(store / crop.name / label, data, attrs={
-                    "voxel_size": list(geometry.voxel_size_nm), "translation": list(geometry.translation_nm),
-                    "shape": list(geometry.shape_vox)})
-            except Exception as err:
-                err.add_note(f"while writing {crop.name}/{label} of the submission")
-                raise
-            return True
-
+        for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
+            ensure_groups(store / name)
+        jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]
+        if processes is None:
+            processes = workers > 1 and sum(math.prod(j.geometry.shape_vox) for j in jobs) >= PROCESS_MIN_VOXELS
         with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
-            found = map_bounded(write_one, rows, default_workers() if workers is None else workers,
-                                done=bar.update)
+            found = map_bounded(_write_job, jobs, workers, done=bar.update, processes=processes,
+                                cost=_Job.estimate_bytes, budget=default_budget())
         partial = Path(tmp) / out.name
         _zip_store(store, partial)
         os.replace(partial, out)
