@@ -6,10 +6,16 @@ holding the `--channels` channels real test crop `--crop` is scored on (its labe
 as `cellseg predict --channels scored` writes them), filled with smooth random probability fields (blobs of
 about 16 voxels: they compress and segment like model output, unlike white noise), are combined with
 `cellseg.infer.ensemble.ensemble` (uniform weights) and segmented with `postprocess_store` (default
-parameters; CUDA when present), each timed. Writes `--out` (JSON) for `bench/test_set.py --rates`.
+parameters; CUDA when present), each timed; with `--members 1` the one store is segmented (what
+`cellseg predict-ensemble` leaves to post-process). The segmentation is then submitted on a `--submit-nm`
+grid over the crop's box, every label of crop `--crop` (as `cellseg submit`), and the zip validated with its
+data checks (as `cellseg validate-submission`), each timed: seconds per submitted voxel on arrays the size of
+the real 2-4 nm crops' (512³ at 4 nm), with objects as many and as compressible as the segmentation's. Writes
+`--out` (JSON) for `bench/test_set.py --rates`.
 
 Usage (GPU host):  PYTHONPATH=. python bench/ensemble_steady.py --out OUT/ensemble_steady.json
 Smoke (CPU):       PYTHONPATH=. python bench/ensemble_steady.py --shape 48 --members 2 --out /tmp/es.json
+Fused ensemble:    PYTHONPATH=. python bench/ensemble_steady.py --members 1 --out OUT/post_submit_steady.json
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 
 from cellseg.data.classes import is_instance  # noqa: E402
-from cellseg.data.crops import Catalog  # noqa: E402
+from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
 from cellseg.data.targets import Grid  # noqa: E402
 from cellseg.infer.predict import scored_channels  # noqa: E402
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
@@ -76,13 +82,48 @@ def write_members(root: Path, n: int, shape: int, channels: tuple[str, ...], eve
     return paths
 
 
+def submit_and_validate(work: Path, crop: Crop, shape: int, voxel_nm: float) -> dict:
+    """`write_submission` of `work/seg.zarr` (crop1) on a `voxel_nm` grid over its box, for every label of `crop`,
+    (threads, then the default pool), then `validate_submission` of the zip with its data checks; seconds of
+    each and per submitted voxel."""
+    from cellseg.eval.submit import write_submission
+    from cellseg.eval.validate import validate_submission
+
+    n = round(shape * VOXEL_NM / voxel_nm)
+    box = Geometry(voxel_size_nm=(voxel_nm,) * 3, translation_nm=(voxel_nm / 2,) * 3,  # voxel centres, box at 0
+                   shape_vox=(n,) * 3)
+    probe = {1: Crop(id=1, dataset="synthetic", labels={label: box for label in crop.labels})}
+    record: dict = {"submit_voxel_size_nm": voxel_nm, "submitted_arrays": len(crop.labels),
+                    "submitted_voxels": n**3 * len(crop.labels)}
+    start = time.perf_counter()
+    write_submission(work / "seg.zarr", probe, work / "threads.zip", processes=False)
+    record["submit_threads_seconds"] = time.perf_counter() - start  # the pool before processes, for comparison
+    start = time.perf_counter()
+    report = write_submission(work / "seg.zarr", probe, work / "submission.zip")
+    record["submit_seconds"] = time.perf_counter() - start
+    if report.missing:
+        raise SystemExit(f"the segmentation lacks {report.missing}")
+    start = time.perf_counter()
+    issues = validate_submission(work / "submission.zip", probe, read_data=True)
+    record["validate_seconds"] = time.perf_counter() - start
+    record.update(submission_bytes=(work / "submission.zip").stat().st_size,
+                  validate_errors=[str(i) for i in issues if i.severity == "error"][:10],
+                  submit_seconds_per_submitted_voxel=record["submit_seconds"] / record["submitted_voxels"],
+                  validate_seconds_per_submitted_voxel=record["validate_seconds"] / record["submitted_voxels"])
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the members, time the ensemble and the post-processing, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--members", type=int, default=8, help="member stores (default 8: the full ensemble)")
+    parser.add_argument("--members", type=int, default=8,
+                        help="member stores (default 8: the full ensemble; 1: no ensemble, the store is segmented)")
     parser.add_argument("--shape", type=int, default=256, help="crop edge in voxels (default 256)")
     parser.add_argument("--crop", type=int, default=983, help="real test crop whose scored channels are used")
+    parser.add_argument("--submit-nm", type=float, default=4.0,
+                        help="voxel size (nm) of the submission probe over the crop's box (default 4: 512³ arrays "
+                             "from a 256³ crop at 8 nm)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="post-processing device")
     parser.add_argument("--out", type=Path, required=True, help="JSON output")
     args = parser.parse_args(argv)
@@ -105,23 +146,29 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         members = write_members(work, args.members, args.shape, channels, every)
         record["write_members_seconds"] = time.perf_counter() - start
+        probabilities = members[0]
+        if args.members > 1:
+            start = time.perf_counter()
+            ensemble([str(m) for m in members], work / "ensemble.zarr", weights="uniform")
+            record["ensemble_seconds"] = time.perf_counter() - start
+            record["ensemble_seconds_per_channel_voxel"] = record["ensemble_seconds"] / channel_voxels
+            probabilities = work / "ensemble.zarr"
         start = time.perf_counter()
-        ensemble([str(m) for m in members], work / "ensemble.zarr", weights="uniform")
-        record["ensemble_seconds"] = time.perf_counter() - start
-        start = time.perf_counter()
-        postprocess_store(open_probabilities(work / "ensemble.zarr"), work / "seg.zarr", params=ParamSet(),
-                          device=device, progress=False)
+        postprocess_store(open_probabilities(probabilities), work / "seg.zarr", params=ParamSet(), device=device,
+                          progress=False)
         record["postprocess_seconds"] = time.perf_counter() - start
+        record["postprocess_seconds_per_channel_voxel"] = record["postprocess_seconds"] / channel_voxels
+        record.update(submit_and_validate(work, crop, args.shape, args.submit_nm))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    record["ensemble_seconds_per_channel_voxel"] = record["ensemble_seconds"] / channel_voxels
-    record["postprocess_seconds_per_channel_voxel"] = record["postprocess_seconds"] / channel_voxels
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(args.out)
-    print(f"{args.members} members × {len(channels)} channels × {args.shape}³: ensemble {record['ensemble_seconds']:.1f} s, "
-          f"post-processing ({device}) {record['postprocess_seconds']:.1f} s; wrote {args.out}")
+    print(f"{args.members} members × {len(channels)} channels × {args.shape}³: ensemble "
+          f"{record.get('ensemble_seconds', 0.0):.1f} s, post-processing ({device}) {record['postprocess_seconds']:.1f} s, "
+          f"submit {record['submit_seconds']:.1f} s (threads {record['submit_threads_seconds']:.1f} s) and validate {record['validate_seconds']:.1f} s of "
+          f"{record['submitted_voxels'] / 1e9:.2f} G voxels; wrote {args.out}")
     return 0
 
 

@@ -45,6 +45,7 @@ import math
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +59,7 @@ sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 # Only light modules at the top: the generator's forkserver workers import this file again, and torch would
 # cost each of them seconds. The inference stages import what they need inside their functions.
 import cellseg  # noqa: E402
+from cellseg.cache import INDUCTOR_ENV  # noqa: E402
 from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
 from cellseg.data.inspect import disk_bytes  # noqa: E402
 from cellseg.eval.rules import is_scored_as_instance  # noqa: E402
@@ -369,10 +371,14 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
 
 
 def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: str, warm_crop: str,
-                steady: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+                steady: Mapping[str, Mapping[str, Any]], previous_job: bool = False) -> dict[str, Any]:
     """`predict_ensemble` of every built run over the test crops (uniform weights, TTA 8, as `cellseg
     predict-ensemble`), after a warm-up on the smallest crop (loading and compiling every member); then the
-    largest crop's channels written again into a fresh store, for the write cost per channel-voxel."""
+    largest crop's channels written again into a fresh store, for the write cost per channel-voxel.
+
+    `previous_job`: before the warm-up, `cellseg predict-ensemble` of the smallest crop in a process of its own
+    (a validation job with the same members), which leaves its compiled graphs in the compile cache; the
+    warm-up then loads them as a test-set job would."""
     import torch
 
     from cellseg.infer.fused import predict_ensemble
@@ -385,8 +391,14 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
                                               "batch_size": b["batch_size"], **({"steady": steady[n]} if n in steady else {})}
                                           for n, b in builds.items()}}
     if device == "cuda":
+        if previous_job:
+            command = [sys.executable, "-m", "cellseg", "-q", "predict-ensemble", *map(str, runs), "--crops", warm_crop,
+                       "--out", str(work / "warmup" / "previous_job.zarr"), "--checkpoint", "last", "--tta", str(TTA)]
+            with timed(record, "previous_job_seconds"):
+                subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         with timed(record, "warmup_seconds"):
             predict_ensemble(runs, warm_crop, work / "warmup" / "fused.zarr", opts=opts)
+        record["compile_cache"] = "warm (a previous job)" if previous_job else "cold"
         torch.cuda.reset_peak_memory_stats()
     out = work / "fused.zarr"
     with timed(record):
@@ -617,8 +629,9 @@ def project_stage(measured: Mapping[str, Any], units: int, items: int, key: str)
 def project(stages: Mapping[str, Any], real: Mapping[int, Crop], rates: Mapping[str, Any] | None = None
             ) -> dict[str, Any]:
     """Minutes per stage and in total on the real test crops, for every policy. `rates` (a
-    `bench/ensemble_steady.py` report) replaces the ensemble's and post-processing's cost per channel-voxel
-    with the one measured on a large crop; their cost per crop stays this run's."""
+    `bench/ensemble_steady.py` report) replaces the ensemble's and post-processing's cost per channel-voxel,
+    and submit's and validate's per submitted voxel, with those measured on a large crop; their costs per crop
+    or array stay this run's."""
     out = {}
     submitted, arrays = submitted_voxels(real), num_arrays(real)
     channels = next((m["channels"] for m in [*stages.get("predict", {}).values(),
@@ -639,8 +652,8 @@ def project(stages: Mapping[str, Any], real: Mapping[int, Crop], rates: Mapping[
                                          ("validate", "submitted_voxels", submitted, arrays)):
             if stages.get(stage, {}).get("status") == "ok":
                 measured = dict(stages[stage])
-                if rates and f"{stage}_seconds_per_channel_voxel" in rates:
-                    measured["per_voxel_seconds"] = rates[f"{stage}_seconds_per_channel_voxel"]
+                if rates and f"{stage}_seconds_per_{key[:-1]}" in rates:  # e.g. submit_seconds_per_submitted_voxel
+                    measured["per_voxel_seconds"] = rates[f"{stage}_seconds_per_{key[:-1]}"]
                 rows[stage] = project_stage(measured, units, items, key)
         predict_s = sum(r["seconds"] for r in rows["predict"].values()) + rows.get("predict_ensemble", {}).get("seconds", 0)
         total_s = predict_s + sum(rows[s]["seconds"] for s in DOWNSTREAM if s in rows)
@@ -705,6 +718,13 @@ def measured_row(label: str, r: Mapping[str, Any], key: str = "voxels") -> str:
     return f"| {label} | ok | {r['seconds']:.1f} | {voxels} | {rate} | {fmt_bytes(r.get('bytes'))} |"
 
 
+def warm_note(r: Mapping[str, Any]) -> str:
+    """How warm the compile cache was for a predict-ensemble warm-up."""
+    if "previous_job_seconds" not in r:
+        return ""
+    return f" with the compile cache of a previous job (that job: {r['previous_job_seconds']:.1f} s, cold)"
+
+
 def measured_table(report: Mapping[str, Any]) -> list[str]:
     """Seconds, rate and output size of every stage measured so far."""
     st = report["stages"]
@@ -726,7 +746,7 @@ def measured_table(report: Mapping[str, Any]) -> list[str]:
     if "predict_ensemble" in st:
         r = st["predict_ensemble"]
         detail = (f" ({len(r['members'])} members, TTA {r['tta']}; load {r['load_seconds']:.1f} s, warm-up incl. "
-                  f"compile {r.get('warmup_seconds', 0.0):.1f} s, compute {r['compute_seconds']:.1f} s, {r['tiles']} "
+                  f"compile {r.get('warmup_seconds', 0.0):.1f} s{warm_note(r)}, compute {r['compute_seconds']:.1f} s, {r['tiles']} "
                   f"tiles; write probe {r['write_seconds']:.2f} s)") if r.get("status") == "ok" else ""
         lines.append(measured_row(f"predict-ensemble{detail}", r))
     for stage in DOWNSTREAM:
@@ -802,11 +822,17 @@ def markdown(report: Mapping[str, Any]) -> str:
                      "H200 the fused run cuts the 1000³ crops into the same single column.")
     rates = report.get("rates")
     if rates:
+        ensembled = f"ensemble {rates['ensemble_seconds']:.1f} s, " if "ensemble_seconds" in rates else ""
         lines.append(f"- Ensemble and post-processing are projected with the costs per channel-voxel of "
-                     f"`bench/ensemble_steady.py` ({rates['members']} members × {len(rates['channels'])} channels × "
-                     f"{rates['shape_vox'][0]}³: ensemble {rates['ensemble_seconds']:.1f} s, post-processing "
-                     f"({rates['device']}) {rates['postprocess_seconds']:.1f} s, {rates['date']}); their costs per "
-                     f"crop are this run's.")
+                     f"`bench/ensemble_steady.py` ({rates['members']} member(s) × {len(rates['channels'])} channels × "
+                     f"{rates['shape_vox'][0]}³: {ensembled}post-processing ({rates['device']}) "
+                     f"{rates['postprocess_seconds']:.1f} s, {rates['date']}); their costs per crop are this run's.")
+        if "submit_seconds_per_submitted_voxel" in rates:
+            lines.append(f"- Submit and validate are projected with the costs per submitted voxel of the same run: its "
+                         f"segmentation submitted on a {rates['submit_voxel_size_nm']:g} nm grid "
+                         f"({rates['submitted_arrays']} arrays, {rates['submitted_voxels'] / 1e9:.2f} G voxels: "
+                         f"submit {rates['submit_seconds']:.1f} s, validate with data checks "
+                         f"{rates['validate_seconds']:.1f} s); their costs per array are this run's.")
     return "\n".join(lines) + "\n"
 
 
@@ -867,6 +893,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fused", action="store_true",
                         help="predict the ensemble in one pass (`cellseg predict-ensemble`) instead of a store per "
                              "model + `cellseg ensemble`; members are projected with the --steady rates")
+    parser.add_argument("--warm-compile-cache", action="store_true",
+                        help="with --fused on a GPU: a `cellseg predict-ensemble` of the smallest crop in a process "
+                             "of its own first (a validation job: it fills the compile cache), so the warm-up "
+                             "measures a test-set job that loads its compiled members; without it the cache is cold")
     parser.add_argument("--quick", action="store_true",
                         help=f"CPU smoke run: scale {QUICK_SCALE:g}, {' and '.join(QUICK_MODELS)} from configs/smoke")
     args = parser.parse_args(argv)
@@ -1029,6 +1059,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.work and args.work.exists() and any(args.work.iterdir()):
         raise SystemExit(f"--work {args.work}: not empty (runs and stores are written fresh)")
     work = args.work or Path(tempfile.mkdtemp(prefix="cellseg-test-set-"))
+    os.environ[INDUCTOR_ENV] = str(work / "inductor")  # a compile cache of this run's own: cold at the start
     real = Catalog.official().test("2026")
     stages: dict[str, Any] = {}
     report = {"benchmark": "test_set", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -1059,7 +1090,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ok = {n: b for n, b in builds.items() if b.get("status") == "ok"}
                 stages["predict_ensemble"] = {}
                 attempt(stages["predict_ensemble"], lambda: fused_stage(
-                    ok, work, device=device, warm_crop=str(smallest), steady=steady_rates(args.steady or [])))
+                    ok, work, device=device, warm_crop=str(smallest), steady=steady_rates(args.steady or []),
+                    previous_job=args.warm_compile_cache))
                 save()
             else:
                 run_models(args, names, work, device, str(smallest), stages, save, real)
