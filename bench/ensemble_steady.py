@@ -84,8 +84,8 @@ def write_members(root: Path, n: int, shape: int, channels: tuple[str, ...], eve
 
 def submit_and_validate(work: Path, crop: Crop, shape: int, voxel_nm: float) -> dict:
     """`write_submission` of `work/seg.zarr` (crop1) on a `voxel_nm` grid over its box, for every label of `crop`,
-    (threads, then the default pool), then `validate_submission` of the zip with its data checks; seconds of
-    each and per submitted voxel."""
+    then `validate_submission` of the zip with its data checks, each on threads and then on the default pool;
+    seconds of each and per submitted voxel."""
     from cellseg.eval.submit import write_submission
     from cellseg.eval.validate import validate_submission
 
@@ -103,6 +103,9 @@ def submit_and_validate(work: Path, crop: Crop, shape: int, voxel_nm: float) -> 
     record["submit_seconds"] = time.perf_counter() - start
     if report.missing:
         raise SystemExit(f"the segmentation lacks {report.missing}")
+    start = time.perf_counter()
+    validate_submission(work / "submission.zip", probe, read_data=True, processes=False)
+    record["validate_threads_seconds"] = time.perf_counter() - start
     start = time.perf_counter()
     issues = validate_submission(work / "submission.zip", probe, read_data=True)
     record["validate_seconds"] = time.perf_counter() - start
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(args.out)
     print(f"{args.members} members × {len(channels)} channels × {args.shape}³: ensemble "
           f"{record.get('ensemble_seconds', 0.0):.1f} s, post-processing ({device}) {record['postprocess_seconds']:.1f} s, "
-          f"submit {record['submit_seconds']:.1f} s (threads {record['submit_threads_seconds']:.1f} s) and validate {record['validate_seconds']:.1f} s of "
+          f"submit {record['submit_seconds']:.1f} s (threads {record['submit_threads_seconds']:.1f} s) and validate {record['validate_seconds']:.1f} s (threads {record['validate_threads_seconds']:.1f} s) of "
           f"{record['submitted_voxels'] / 1e9:.2f} G voxels; wrote {args.out}")
     return 0
 

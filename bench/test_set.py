@@ -395,7 +395,8 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
             command = [sys.executable, "-m", "cellseg", "-q", "predict-ensemble", *map(str, runs), "--crops", warm_crop,
                        "--out", str(work / "warmup" / "previous_job.zarr"), "--checkpoint", "last", "--tta", str(TTA)]
             with timed(record, "previous_job_seconds"):
-                subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+                subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": path})
         with timed(record, "warmup_seconds"):
             predict_ensemble(runs, warm_crop, work / "warmup" / "fused.zarr", opts=opts)
         record["compile_cache"] = "warm (a previous job)" if previous_job else "cold"

@@ -300,12 +300,12 @@ def uses_processes(instance_voxels: int, workers: int) -> bool:
 
 def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
                         max_bytes: int = 8 * 1024**3, truth: Source | None = None,
-                        workers: int | None = None) -> list[Issue]:
+                        workers: int | None = None, processes: bool | None = None) -> list[Issue]:
     """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
 
     With `truth` (a ground-truth source), instance counts are checked against the true objects. `workers`
-    (default `default_workers()`) threads, or processes when `uses_processes`, read the arrays, at most
-    `workers` at a time; the issues are the same either way.
+    (default `default_workers()`) threads, or processes (`processes`; None: when `uses_processes`), read the
+    arrays, at most `workers` at a time; the issues are the same either way.
 
     Raises:
         ValueError: `workers` < 1.
@@ -330,7 +330,9 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
         issues += _crop_issues(source, crop, layout.crops.get(crop.name), read_data=read_data, max_bytes=max_bytes,
                                truth=truth)
     checks = [i for i in issues if not isinstance(i, Issue)]
-    if uses_processes(sum(c.info.num_voxels for c in checks if c.instance), workers):
+    if processes is None:
+        processes = uses_processes(sum(c.info.num_voxels for c in checks if c.instance), workers)
+    if processes:
         found = map_bounded(_data_check, checks, workers, processes=True, cost=DataCheck.estimate_bytes,
                             budget=default_budget(), died=_died)
     else:
