@@ -36,10 +36,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 
+# Only light modules at the top: the process pools of submit and validate spawn workers that import this file
+# again, and cellseg.infer.predict (torch, MONAI) would cost each of them seconds.
 from cellseg.data.classes import is_instance  # noqa: E402
 from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
 from cellseg.data.targets import Grid  # noqa: E402
-from cellseg.infer.predict import scored_channels  # noqa: E402
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
 
 VOXEL_NM = 8.0
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from cellseg.infer.ensemble import ensemble
+    from cellseg.infer.predict import scored_channels
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 

@@ -58,14 +58,25 @@ FREEZE = {"freezing": True}
 MIN_FORWARD_VOX = 16 * 2**20
 
 
+# Dynamo keeps the compiled graphs of a function in one cache per code object, and every model shares
+# `SegModel.forward`: each architecture and input shape compiled adds an entry. Past torch's limit (8 entries)
+# dynamo warns once and runs every further call *eagerly*: a member of `cellseg predict-ensemble` did (seen on
+# an H200, 8 members: "hit config.recompile_limit (8) ... rank mismatch"). Each `CompiledModel` raises the
+# limit by this many entries (one per batch shape: a 2D model along z, y and x sees up to three).
+SHAPES_PER_MODEL = 4
+
+
 class CompiledModel:
     """A model under torch.compile (static shapes, inductor freezing: `FREEZE`) that falls back to eager, with one
     warning, when its first call (where compilation happens) fails. Calls keep one input shape (`make_forward`
     pads the last batch), so it compiles once per shape."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        import torch._dynamo.config as dynamo_config
+
         self.eager = model
         self.compiled_ok = False
+        dynamo_config.recompile_limit += SHAPES_PER_MODEL  # this model's entries in the shared cache
         try:
             # static shapes: tiles always have the patch's shape and batches are padded to one size
             self.module: torch.nn.Module | None = compile_module(model, dynamic=False)

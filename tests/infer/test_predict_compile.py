@@ -91,3 +91,32 @@ def test_inductor_frozen_prediction_matches_eager_on_cuda(tiny_run, crop, tmp_pa
     for c in eager.completed():
         for channel in eager.crop_channels(c):
             np.testing.assert_allclose(compiled.read(c, channel), eager.read(c, channel), atol=0.03, err_msg=channel)
+
+
+class _Shared(torch.nn.Module):
+    """Models sharing one forward (one dynamo cache), as every SegModel shares `SegModel.forward`."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def test_more_compiled_models_than_dynamos_cache_limit_all_compile(monkeypatch):
+    # dynamo's default limit is 8 entries per code object: a 9th model (an 8-member ensemble and one more shape)
+    # ran eagerly, silently; each CompiledModel makes room for its own shapes
+    from torch._dynamo.utils import counters
+
+    from cellseg.infer.engine import CompiledModel
+
+    monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # torch's default, restored afterwards
+    torch._dynamo.reset()
+    counters.clear()
+    models = [CompiledModel(_Shared(float(i))) for i in range(12)]
+    for i, model in enumerate(models):  # static shapes: a new input shape is a new cache entry, as a new model is
+        x = torch.ones(2, 3 + i)
+        torch.testing.assert_close(model(x), x * i)
+    assert counters["stats"]["unique_graphs"] == 12  # every model traced: none fell back to eager
