@@ -7,7 +7,8 @@ crops and labels (including labels written as multiscale groups, which are never
 unexpected labels; array metadata (dtype, codecs, attributes); where each array lands after the
 evaluator's resampling, snapping and cropping (coverage, the 2025 copy-length bug, the 16³ size
 limit); and, reading the data, NaNs, float or wrapped instance ids and the number of 26-connected
-objects against the instance-count cutoffs.
+objects against the instance-count cutoffs (integer semantic masks are only decoded: every chunk must
+decode to its size).
 
 The data checks run on `workers` threads (decompression and numpy release the GIL on large arrays), or,
 from `PROCESS_MIN_INSTANCE_VOXELS` instance voxels on, on `workers` spawned processes (cc3d's connected
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellseg.data.crops import Crop, Geometry
-from cellseg.eval.io import ArrayInfo, CropListing, Source, open_source, read_array
+from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
 from cellseg.eval.layout import discover
 from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.resample import (
@@ -201,16 +202,28 @@ class DataCheck:
     truth: Source | None = None
     truth_info: ArrayInfo | None = None  # the true array of an instance label, checked against
 
+    @property
+    def values_needed(self) -> bool:
+        """False for an integer semantic mask: no value can be wrong, only a chunk that does not decode."""
+        return self.instance or self.info.dtype.kind == "f"
+
     def estimate_bytes(self) -> int:
-        """Peak memory of `_data_check`: the array, cc3d's labels and union-find table, the truth and its ids."""
+        """Peak memory of `_data_check`: the array, cc3d's labels and union-find table, the truth and its ids;
+        a chunk for an array whose values are not needed."""
+        if not self.values_needed:
+            return math.prod(self.info.chunks) * self.info.dtype.itemsize
         voxels = self.info.num_voxels
         peak = self.info.nbytes + (voxels if self.info.dtype.kind == "f" else 0) + (8 * voxels if self.instance else 0)
         return peak + (2 * self.truth_info.nbytes if self.truth_info is not None else 0)
 
 
 def _data_check(check: DataCheck) -> list[Issue]:
-    """Read one array (and its truth) and return `data_issues`, or the error that makes it unreadable."""
+    """Read one array (and its truth) and return `data_issues`, or the error that makes it unreadable; an
+    integer semantic mask is only decoded, chunk by chunk (`check_decodes`)."""
     try:
+        if not check.values_needed:
+            check_decodes(check.source, check.info)
+            return []
         data = read_array(check.source, check.info, max_bytes=check.max_bytes)
         truth = None if check.truth is None or check.truth_info is None else read_array(
             check.truth, check.truth_info, max_bytes=check.max_bytes)

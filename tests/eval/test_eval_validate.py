@@ -144,3 +144,23 @@ def test_layout_problems_name_the_era(tmp_path, stores):
     issues = validate_submission(nested, {2: CROPS[2]})
     _find(issues, "submission", "not at the root", eras=["2025"])
     assert not [i for i in issues if i.severity == "error" and "2026" in i.eras]
+
+
+def test_an_integer_mask_is_decoded_chunk_by_chunk(tmp_path, stores):
+    """Integer semantic masks are only decoded (no value can be wrong): a chunk that decodes to the wrong size,
+    or not at all, is an error naming the chunk; chunks never written read as the fill value and are fine."""
+    from numcodecs import Blosc
+
+    sub = tmp_path / "s.zarr"
+    mask = np.zeros((96, 32, 32), np.uint8)
+    mask[:40] = 1
+    write_array(sub / "crop2" / "er", mask, attrs=ATTRS, chunks=(32, 32, 32))
+    (sub / "crop2" / "er" / "2" / "0" / "0").unlink()  # an all-zero chunk not stored: fine
+    crops = {2: Crop(id=2, dataset="s", labels={"er": Geometry(voxel_size_nm=(8.0,) * 3, translation_nm=(0.0,) * 3,
+                                                               shape_vox=(96, 32, 32))})}
+    assert [i for i in validate_submission(sub, crops) if i.severity == "error"] == []
+    small = Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE).encode(np.ones((16, 32, 32), np.uint8))
+    (sub / "crop2" / "er" / "1" / "0" / "0").write_bytes(small)
+    for path in (sub, stores.zip(sub)):
+        errors = [str(i) for i in validate_submission(path, crops) if i.severity == "error"]
+        assert len(errors) == 1 and "crop2/er/1/0/0: decodes to 16384 bytes, not the 32768" in errors[0], errors
