@@ -147,22 +147,3 @@ def test_map_bounded_processes_survive_a_dead_worker():
     with pytest.raises(BrokenProcessPool):
         map_bounded(_square_unless_3, [1, 3], 2, processes=True)
 
-
-def test_processes_write_the_same_zip_and_report(tmp_path):
-    preds = tmp_path / "pred.zarr"
-    crops = _predictions(preds)
-    threads = write_submission(preds, crops, tmp_path / "threads.zip", workers=2, processes=False)
-    spawned = write_submission(preds, crops, tmp_path / "processes.zip", workers=2, processes=True)
-    assert threads == spawned
-    assert _members(tmp_path / "threads.zip") == _members(tmp_path / "processes.zip")
-
-
-def test_an_error_in_a_process_names_the_array_and_writes_nothing(tmp_path):
-    preds = tmp_path / "pred.zarr"
-    crops = _predictions(preds)
-    write_array(preds / "crop1" / "nuc", np.full(_geometry(1).shape_vox, 0.5, np.float32),
-                attrs={"voxel_size": [8, 8, 8], "translation": list(_geometry(1).translation_nm)}, overwrite=True)
-    with pytest.raises(ValueError, match="must be integers") as err:
-        write_submission(preds, crops, tmp_path / "s.zip", workers=2, processes=True)
-    assert any("crop1/nuc" in note for note in err.value.__notes__)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.zarr"]
