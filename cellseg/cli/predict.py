@@ -65,7 +65,8 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                         help="torch.compile the model (auto, the default: on CUDA; a compiler error falls back to "
                              "eager with a warning). The first batch pays the compile time (tens of seconds; "
-                             "cached across runs by the inductor cache)")
+                             "cached across jobs in $CELLSEG_CACHE/inductor, so predict the validation crops "
+                             "first)")
     parser.add_argument("--uint8", action="store_true", help="store round(255 p) as uint8 instead of float16")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the output store entirely (default: add the missing crops to it)")
