@@ -16,6 +16,8 @@ full challenge output channels of which ``--keep`` are kept), in bf16 autocast, 
 * ``encoder``: compiled encoder alone (ViT / Swin), to split encoder from decoder;
 * ``engine``: ``predict_volume`` with TTA 8 over a ``--box`` volume (3D: box³, 2D: 32 × box²), compiled,
   reported per tile and per forward, to compare with 8 × ``compiled`` (the engine's own overhead);
+  ``engine_nofreeze``: without inductor freezing; ``engine_eager_post``: the kept channels' sigmoid run
+  eagerly after the compiled model (``engine.COMPILE_PROBABILITIES`` off), as before session 7;
 * ``--profile``: the top CUDA kernels of one compiled forward (torch.profiler), grouped by kind.
 
 Times are milliseconds per tile (one forward of one tile), median of ``--repeats`` timed calls after warm-up,
@@ -174,19 +176,19 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
                 enc, x = compiled(model.encoder), image(batch)
                 with torch.inference_mode(), runtime.autocast(device, precision):
                     row["ms_per_tile"]["encoder"] = median_ms(partial(enc, x), device, args.repeats) / batch
-            elif setting.startswith("engine_"):  # an engine variant: engine_nofreeze, engine_gather
+            elif setting.startswith("engine_"):  # an engine variant: engine_nofreeze, engine_eager_post
                 from cellseg.infer import engine as eng
 
-                saved = eng.FREEZE, eng.select_channels
+                saved = eng.FREEZE, eng.COMPILE_PROBABILITIES
                 if setting == "engine_nofreeze":
                     eng.FREEZE = {}
-                elif setting == "engine_gather":
-                    eng.select_channels = lambda logits, index: logits.index_select(1, index)
+                elif setting == "engine_eager_post":
+                    eng.COMPILE_PROBABILITIES = False
                 try:
                     torch._dynamo.reset()
                     result = engine(model, args, device, patch, outputs, batch, precision)
                 finally:
-                    eng.FREEZE, eng.select_channels = saved
+                    eng.FREEZE, eng.COMPILE_PROBABILITIES = saved
                 row["ms_per_tile"][setting] = result["ms_per_tile"] / result["tta"]
             elif setting == "engine":
                 row["engine"] = engine(model, args, device, patch, outputs, batch, precision)
@@ -264,7 +266,7 @@ def engine_profile(run: Callable[[], object], top: int = 15) -> dict:
 
 def markdown(report: dict) -> str:
     settings = ["eager", "compiled", "frozen", "frozen_options", "wide", "frozen_wide", "graphs", "graphs_wide", "encoder",
-                "engine_per_forward", "engine_nofreeze", "engine_gather"]
+                "engine_per_forward", "engine_nofreeze", "engine_eager_post"]
     lines = [f"Forward probe: {report['environment']['device']}, torch {report['environment']['torch']}, "
              f"{report['environment']['date']}; bf16 matmul peak {report['peak_tflops']:.0f} TFLOP/s.", "",
              "| model | batch | GFLOP/tile | " + " | ".join(f"{s} ms/tile" for s in settings) + " | MFU compiled |",

@@ -15,6 +15,7 @@ Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import warnings
@@ -84,20 +85,20 @@ class CompiledModel:
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.module is None:
-            return self.eager(image)
+            return self.eager(*inputs)
         if self.compiled_ok:
             with _frozen():
-                return self.module(image)
+                return self.module(*inputs)
         try:
             with _frozen(), warnings.catch_warnings():  # freezing goes through torch.jit, deprecated in torch 2.11
                 warnings.filterwarnings("ignore", message=".*torch.jit", category=DeprecationWarning)
-                out = self.module(image)
+                out = self.module(*inputs)
         except Exception as err:  # any compiler failure: eager instead, as in training
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None
-            return self.eager(image)
+            return self.eager(*inputs)
         self.compiled_ok = True
         return out
 
@@ -117,9 +118,14 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     """uint8 EM tile batch (B, C, *S) → float32 sigmoid probabilities (B, K, *S) under autocast (K: the `keep`
     outputs). With `compiled`, batches run through it, the last one padded to `batch_size` tiles so that every
-    call has the shape it was compiled for."""
+    call has the shape it was compiled for, and the kept channels' probabilities are one compiled kernel
+    (`probabilities`)."""
     formats: dict[int, torch.memory_format] = {}
     index = None if keep is None else torch.tensor(list(keep), device=device)
+    post = compiled_probabilities(compile_backend()) if compiled is not None and index is not None \
+        and COMPILE_PROBABILITIES else probabilities
+    if index is not None and post is not probabilities:
+        torch._dynamo.mark_dynamic(index, 0)  # one graph for any number of kept channels
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
         fmt = formats.setdefault(batch.ndim, runtime.memory_format(batch.ndim - 2, channels_last))
@@ -129,17 +135,37 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
             image = torch.cat([image, image[-1:].expand(batch_size - n, *image.shape[1:])])
         with runtime.autocast(device, precision):
             logits = (compiled or model)(image)[:n]
-        if index is not None:
-            logits = select_channels(logits, index)
-        return torch.sigmoid(logits.float())
+        if index is None:
+            return torch.sigmoid(logits.float())
+        return post(logits, index)
 
     return forward
 
 
-def select_channels(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`logits[:, index]`. Made channels-first first, it was slower: 8.7 vs 7.4 ms per unet_3d tile pass (H200,
-    bench/forward_probe.py `engine_gather`)."""
-    return logits.index_select(1, index)
+def probabilities(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """float32 sigmoid of the `index` channels of the logits (B, K, *S) → (B, k, *S). Eagerly, three passes over
+    memory (a gather, a cast, the sigmoid): on a 2D model the gather alone was 8 % of the GPU time (H200
+    profile, `forward_probe_h200_s6_profile_2d.json`); compiled (`compiled_probabilities`), one kernel.
+    `index_select` on the channels-last logits: made channels-first first, it was slower (8.7 vs 7.4 ms per
+    unet_3d tile pass, H200, bench/forward_probe.py)."""
+    return torch.sigmoid(logits.index_select(1, index).float())
+
+
+class _Probabilities(torch.nn.Module):
+    def forward(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return probabilities(logits, index)
+
+
+# False: `make_forward` runs `probabilities` eagerly after a compiled model (bench/forward_probe.py compares).
+COMPILE_PROBABILITIES = True
+
+
+@functools.cache
+def compiled_probabilities(backend: str) -> CompiledModel:
+    """`probabilities` under torch.compile with `backend` (`compile_module` reads it), shared by every model of
+    the process: one graph per logits shape, the number of kept channels dynamic; eager, with a warning, if it
+    fails to compile."""
+    return CompiledModel(_Probabilities())
 
 
 def tta_fold(batch_size: int, patch_vox: Sequence[int], num_transforms: int, device: torch.device) -> int:

@@ -120,3 +120,25 @@ def test_more_compiled_models_than_dynamos_cache_limit_all_compile(monkeypatch):
         x = torch.ones(2, 3 + i)
         torch.testing.assert_close(model(x), x * i)
     assert counters["stats"]["unique_graphs"] == 12  # every model traced: none fell back to eager
+
+
+def test_compiled_probabilities_are_one_graph_for_any_kept_channels(monkeypatch):
+    # after a compiled model, the kept channels' sigmoid is one compiled kernel (inductor here, on the CPU): the
+    # number of kept channels is dynamic, so crops scored on different label sets share the graph
+    from torch._dynamo.utils import counters
+
+    from cellseg.infer.engine import compiled_probabilities, probabilities
+
+    monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", "inductor")
+    torch._dynamo.reset()
+    counters.clear()
+    post = compiled_probabilities("inductor")
+    logits = torch.randn(2, 9, 8, 8, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    for keep in ([4, 0, 7], [1, 2, 3, 5, 8], [6, 2]):
+        index = torch.tensor(keep)
+        torch._dynamo.mark_dynamic(index, 0)
+        torch.testing.assert_close(post(logits, index), probabilities(logits, index), rtol=0, atol=1e-6)
+    assert post.compiled_ok and counters["stats"]["unique_graphs"] == 1
+    one = torch.tensor([3])  # dynamo specialises a size of 1 (marked dynamic or not): one more graph, no error
+    torch._dynamo.mark_dynamic(one, 0)
+    torch.testing.assert_close(post(logits, one), probabilities(logits, one), rtol=0, atol=1e-6)
