@@ -15,6 +15,7 @@ compressors and filters are accepted (zarr's object codecs can run pickled code)
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -344,15 +345,14 @@ def open_zarr(source: Source, info: ArrayInfo, *, store: Any = None, max_bytes: 
 
 def check_decodes(source: Source, info: ArrayInfo, *, store: Any = None) -> None:
     """Decode every stored chunk of an array, without assembling the array: what reading it checks, for arrays
-    whose values need no check (integer masks). At the codecs' speed, which release the GIL: a 256³ uint8 mask
-    took 0.34 ns a voxel this way and 1.33 through zarr's read (one thread), which also holds the whole array.
+    whose values need no check (integer masks). At the codecs' speed, which release the GIL: decoding a 256³
+    uint8 mask's chunks took 0.34 ns a voxel and zarr's read of it 1.33 (one thread, 2-core VM), and zarr's
+    read also holds the whole array.
     Chunks not stored read as the fill value, as in zarr.
 
     Raises:
         ArrayRefused: the metadata is unusable, or a chunk does not decode to its size.
     """
-    import itertools
-
     array = open_zarr(source, info, store=store)
     meta = json.loads(array.store[f"{info.key}/.zarray"])  # through the store: a zip's index is parsed once
     separator = meta.get("dimension_separator") or "."
@@ -369,7 +369,7 @@ def check_decodes(source: Source, info: ArrayInfo, *, store: Any = None) -> None
                 data = array.compressor.decode(data)
             for codec in reversed(array.filters or []):
                 data = codec.decode(data)
-            size = np.asarray(data).nbytes
+            size = memoryview(data).nbytes
         except Exception as err:
             raise ArrayRefused(f"cannot read {key}: {type(err).__name__}: {err}") from None
         if size != expected:
