@@ -22,8 +22,8 @@ folder is rejected by the 2025 one). Every array is single-scale, with `voxel_si
 Arrays are written by a pool of threads (`workers`; zarr's codecs and numpy release the GIL on large
 arrays: spawned processes were no faster, 3.6 vs 3.4 s for 2.7 G voxels on a 16-core H200 host), at most
 `workers` (crop, label) pairs at a time and within a memory budget, so peak memory is at most `workers`
-times that of the largest array (a resampled probability is interpolated in float64: float32 flips voxels lying within
-its rounding error of the threshold, so the mask would differ). The zip's members are the same, byte for
+times that of the largest array (a resampled probability is interpolated in float64: float32 flips voxels
+lying within its rounding error of the threshold, so the mask would differ). The zip's members are the same, byte for
 byte, for any number of workers (only the file times differ, as between any two runs): it lists the
 finished store in sorted order.
 """

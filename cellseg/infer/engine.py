@@ -122,9 +122,9 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
     (`probabilities`)."""
     formats: dict[int, torch.memory_format] = {}
     index = None if keep is None else torch.tensor(list(keep), device=device)
-    post = compiled_probabilities(compile_backend()) if compiled is not None and index is not None \
-        and COMPILE_PROBABILITIES else probabilities
-    if index is not None and post is not probabilities:
+    compile_post = compiled is not None and index is not None and COMPILE_PROBABILITIES
+    post = compiled_probabilities(compile_backend()) if compile_post else probabilities
+    if compile_post:
         torch._dynamo.mark_dynamic(index, 0)  # one graph for any number of kept channels
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
