@@ -7,9 +7,9 @@
     python bench/ddp_scaling.py --mfu-report RUNS --out OUT   # OUT/mfu.md + mfu.json (bench/gpu/mfu.sh)
 
 Every rank runs the trainer's settings on its own random batch (per-GPU batch `--batch`): bf16 autocast,
-TF32, channels-last, `torch.compile` before the DDP wrap (through `cellseg.train.compile.compile_module`, as
+TF32, channels-last, `torch.compile` before the DDP wrap (through `cellseg.runtime.compile.compile_module`, as
 the trainer; `--compile-mode` is `train.compile_mode`, the loss keeps "default"), DDP with gradient-as-bucket-
-view, fused AdamW, masked BCE + Dice — the pieces `cellseg train` uses (cellseg/train/runtime.py). Without
+view, fused AdamW, masked BCE + Dice — the pieces `cellseg train` uses (cellseg/runtime/). Without
 torchrun it runs as one process. Timed steps end with a device synchronisation and a barrier, so a step is as
 slow as the slowest rank. Scaling efficiency = samples/s on N GPUs / (N × samples/s on 1 GPU), per-GPU batch
 fixed (weak scaling, as in training).
@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cellseg import runtime
 from cellseg.config.schema import COMPILE_MODES
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model
 from cellseg.models.summary import count_flops
-from cellseg.train import runtime
-from cellseg.train.checkpoint import versions
-from cellseg.train.compile import compile_module
+from cellseg.runtime.checkpoint import versions
+from cellseg.runtime.compile import compile_module
 from cellseg.train.perf import matmul_peak_tflops
 
 PROFILE_STEPS = 3

@@ -38,9 +38,9 @@ sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 
 # Only light modules at the top: the process pools of submit and validate spawn workers that import this file
 # again, and cellseg.infer.predict (torch, MONAI) would cost each of them seconds.
-from cellseg.data.classes import is_instance  # noqa: E402
+from cellseg.classes import is_instance  # noqa: E402
 from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
-from cellseg.data.targets import Grid  # noqa: E402
+from cellseg.data.grid import Grid  # noqa: E402
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
 
 VOXEL_NM = 8.0

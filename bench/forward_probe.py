@@ -47,12 +47,12 @@ sys.path.insert(0, str(REPO))
 
 from bench.inference import default_out_channels, write_volume  # noqa: E402
 from bench.models import load_preset, measure_matmul_peak  # noqa: E402
+from cellseg import runtime  # noqa: E402
 from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import CompiledModel, predict_volume  # noqa: E402
+from cellseg.infer.engine import predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
 from cellseg.models.summary import count_flops  # noqa: E402
-from cellseg.train import runtime  # noqa: E402
-from cellseg.train.compile import compile_backend  # noqa: E402
+from cellseg.runtime.compile import CompiledModel, compile_backend  # noqa: E402
 
 ENGINE_OVERLAP = 0.25  # the test-set projection's policy (`cellseg predict --overlap 0.25`)
 KERNEL_KINDS = {  # substring of a CUDA kernel name -> kind (first match wins)
@@ -178,17 +178,18 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
                     row["ms_per_tile"]["encoder"] = median_ms(partial(enc, x), device, args.repeats) / batch
             elif setting.startswith("engine_"):  # an engine variant: engine_nofreeze, engine_eager_post
                 from cellseg.infer import engine as eng
+                from cellseg.runtime import compile as rc
 
-                saved = eng.FREEZE, eng.COMPILE_PROBABILITIES
+                saved = rc.FREEZE, eng.COMPILE_PROBABILITIES
                 if setting == "engine_nofreeze":
-                    eng.FREEZE = {}
+                    rc.FREEZE = {}
                 elif setting == "engine_eager_post":
                     eng.COMPILE_PROBABILITIES = False
                 try:
                     torch._dynamo.reset()
                     result = engine(model, args, device, patch, outputs, batch, precision)
                 finally:
-                    eng.FREEZE, eng.COMPILE_PROBABILITIES = saved
+                    rc.FREEZE, eng.COMPILE_PROBABILITIES = saved
                 row["ms_per_tile"][setting] = result["ms_per_tile"] / result["tta"]
             elif setting == "engine":
                 row["engine"] = engine(model, args, device, patch, outputs, batch, precision)
@@ -212,7 +213,7 @@ def probe_model(name: str, args: argparse.Namespace, device: torch.device, outpu
 def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.device, patch: tuple[int, ...],
            outputs: int, batch: int, precision: str) -> dict:
     """`predict_volume` with TTA 8, compiled, over one box: ms per tile."""
-    from cellseg.data.targets import Grid
+    from cellseg.data.grid import Grid
 
     spec = model.spec
     tfms = tta.transforms(spec.spatial_dims, spec.tta_axes, 8, transpose_axes=spec.tta_transpose_axes)

@@ -39,13 +39,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 
+from cellseg import runtime  # noqa: E402
 from cellseg.data.arrays import MultiscaleImage  # noqa: E402
-from cellseg.data.targets import Grid  # noqa: E402
+from cellseg.data.grid import Grid  # noqa: E402
 from cellseg.data.write import write_multiscale  # noqa: E402
 from cellseg.infer import tta  # noqa: E402
 from cellseg.infer.predict import CompiledModel, predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.train import runtime  # noqa: E402
 
 VOXEL_SIZE_NM = (8.0, 8.0, 8.0)
 MONAI_OVERLAP = 0.25  # MONAI's default, as the baseline is specified

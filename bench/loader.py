@@ -64,7 +64,7 @@ def _proc_rss(pid: int) -> int:
 
 def classes_of(root: Path) -> tuple[str, ...]:
     """The tested classes annotated somewhere in the root's catalogue."""
-    from cellseg.data.classes import tested_classes
+    from cellseg.classes import tested_classes
     from cellseg.data.crops import Catalog
 
     present = {c for crop in Catalog.from_dir(root).train.values() for c in crop.labels}

@@ -59,7 +59,7 @@ def _perturb(truth, rng, radius_range):
 
 def make_crop(root: Path, size: int, seed: int = 0) -> tuple[Path, Path]:
     """Write truth.zarr and submission.zarr (crop1, all 48 tested classes) under `root`."""
-    from cellseg.data.classes import instance_classes, semantic_classes
+    from cellseg.classes import instance_classes, semantic_classes
     from cellseg.data.write import write_array
 
     rng = np.random.default_rng(seed)

@@ -286,7 +286,7 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     import torch
 
     from cellseg.data.arrays import MultiscaleImage
-    from cellseg.data.targets import Grid
+    from cellseg.data.grid import Grid
     from cellseg.data.write import write_multiscale
     from cellseg.infer.engine import tta_fold
     from cellseg.infer.predict import CompiledModel, load_run, predict_volume, run_transforms
@@ -337,10 +337,11 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     steady-state probe (`steady_probe`)."""
     import torch
 
-    from cellseg.infer.predict import PredictOptions, load_run, predict_run
+    from cellseg.config.inference import InferConfig
+    from cellseg.infer.predict import load_run, predict_run
     from cellseg.infer.store import PredictionStore
 
-    opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
+    opts = InferConfig(tta=TTA, checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {}
     if warmup is not None:  # torch.compile and cuDNN autotuning on the smallest crop, outside the timed run
         with timed(record, "warmup_seconds"):
@@ -381,12 +382,12 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
     warm-up then loads them as a test-set job would."""
     import torch
 
+    from cellseg.config.inference import InferConfig
     from cellseg.infer.fused import predict_ensemble
-    from cellseg.infer.predict import PredictOptions
     from cellseg.infer.store import PredictionStore
 
     runs = [Path(b["run_dir"]) for b in builds.values()]
-    opts = PredictOptions(tta=TTA, checkpoint="last", device=device, progress=False)
+    opts = InferConfig(tta=TTA, checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {"members": {n: {"patch_shape_vox": b["patch_shape_vox"], "channels": b["channel_names"],
                                               "batch_size": b["batch_size"], **({"steady": steady[n]} if n in steady else {})}
                                           for n, b in builds.items()}}
@@ -417,7 +418,7 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
     # compressibility), written as `predict-ensemble` writes a crop; the synthetic crops are too small to time.
     import numpy as np
 
-    from cellseg.data.targets import Grid
+    from cellseg.data.grid import Grid
 
     largest = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox) * len(store.crop_channels(c)))
     channels = store.crop_channels(largest)
@@ -912,7 +913,7 @@ def environment(device: str) -> dict[str, Any]:
     """Where and with what the benchmark ran."""
     import torch
 
-    from cellseg.train.checkpoint import git_commit
+    from cellseg.runtime.checkpoint import git_commit
 
     return {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda, "cellseg": cellseg.__version__,

@@ -1,4 +1,4 @@
-"""`cellseg fetch`: download the EM and ground truth of selected CellMap crops (see `cellseg.data.fetch`)."""
+"""`cellseg fetch`: download the EM and ground truth of selected CellMap crops (see `cellseg.fetch.download`)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `fetch` sub-command."""
-    from cellseg.data.fetch import DEFAULT_PADDING_VOX, DEFAULT_WORKERS
+    from cellseg.fetch.download import DEFAULT_PADDING_VOX, DEFAULT_WORKERS
 
     parser = subparsers.add_parser("fetch", help="download EM and ground truth of selected crops (resumable)",
                                    description=DESCRIPTION, epilog=EPILOG,
@@ -83,7 +83,7 @@ def _names(text: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, then download or size; print the summary."""
-    from cellseg.data.fetch import fetch, load_catalog
+    from cellseg.fetch.download import fetch, load_catalog
 
     try:
         result = fetch(load_catalog(args.catalog), args.dest, crops=args.crops, datasets=_names(args.datasets),

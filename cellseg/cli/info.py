@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _class_table() -> str:
-    from cellseg.data.classes import all_classes, members_of
+    from cellseg.classes import all_classes, members_of
 
     lines = [f"{'id':>3} {'name':<12} {'scored':<9} {'long name':<42} members"]
     for c in all_classes():
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a PATH, --catalog or --classes (see `cellseg info --help`)")
     parts = []
     if args.catalog:
-        from cellseg.data.classes import instance_classes, tested_classes
+        from cellseg.classes import instance_classes, tested_classes
         from cellseg.data.crops import Catalog
 
         parts.append(Catalog.official().summary())

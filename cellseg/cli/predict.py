@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cellseg.infer.predict import PredictOptions
+    from cellseg.config.inference import InferConfig
 
 ORDER = 50
 
@@ -73,11 +73,11 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
     parser.add_argument("--data-root", metavar="DIR", help="data root to read from instead of the run's data.root")
 
 
-def predict_options(args: argparse.Namespace, *, progress: bool) -> PredictOptions:
-    """`PredictOptions` from the parsed `add_predict_options` arguments."""
-    from cellseg.infer.predict import PredictOptions
+def predict_options(args: argparse.Namespace, *, progress: bool) -> InferConfig:
+    """`InferConfig` from the parsed `add_predict_options` arguments."""
+    from cellseg.config.inference import InferConfig
 
-    return PredictOptions(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
+    return InferConfig(tta=args.tta, overlap=args.overlap, checkpoint=args.checkpoint,
                           batch_size=args.batch_size, device=args.device, uint8=args.uint8,
                           overwrite=args.overwrite, data_root=args.data_root, axes_2d=getattr(args, "axes_2d", "z"),
                           block_vox=args.block, channels=args.channels, compile=args.compile,

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
         crops = Catalog.official().test(args.era)
     if args.labels:
-        from cellseg.data.classes import get_class
+        from cellseg.classes import get_class
 
         for label in args.labels:
             get_class(label)  # unknown names: a clear error with suggestions

@@ -114,7 +114,7 @@ class DataConfig:
     cache_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
-        from cellseg.data.classes import get_class
+        from cellseg.classes import get_class
 
         _check(len(self.classes) > 0, "data.classes must list at least one class")
         for name in self.classes:
@@ -129,7 +129,7 @@ class DataConfig:
     @property
     def boundary_classes(self) -> tuple[str, ...]:
         """Classes with an auxiliary boundary channel, in channel order."""
-        from cellseg.data.classes import is_instance
+        from cellseg.classes import is_instance
 
         return tuple(c for c in self.classes if is_instance(c)) if self.instance_boundaries else ()
 

@@ -33,7 +33,8 @@ from cellseg.data.arrays import open_array
 from cellseg.data.write import write_array
 
 if TYPE_CHECKING:
-    from cellseg.data.targets import CropSource, Grid
+    from cellseg.data.grid import Grid
+    from cellseg.data.targets import CropSource
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1  # bump when the bits' meaning changes: old cache files are then ignored
@@ -54,7 +55,7 @@ def resolve_cache_dir(setting: str | None) -> Path | None:
 
 def crop_lattice_grid(crop: CropSource, voxel_size_nm: tuple[float, float, float]) -> Grid:
     """The crop's annotated box on the EM lattice at `voxel_size_nm` (the lattice samples are snapped to)."""
-    from cellseg.data.targets import Grid
+    from cellseg.data.grid import Grid
 
     vs = np.asarray(voxel_size_nm, dtype=np.float64)
     start, stop = np.asarray(crop.start_nm), np.asarray(crop.stop_nm)

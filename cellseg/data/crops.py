@@ -1,6 +1,6 @@
 """The crop catalogue: which crops exist, where they live, and the geometry of each annotated class.
 
-The official manifests (packaged, see `cellseg/data/manifests/README.md`) describe 289 training crops in
+The official manifests (packaged, see `cellseg/manifests/README.md`) describe 289 training crops in
 22 datasets and 16 test crops, the latter in two versions: the 420-row one used while the challenge ran
 ("2025") and the 413-row one after PR #212 removed empty non-annotated rows ("2026"). A synthetic dataset
 written by `cellseg synth` carries manifests in the same formats, so both load through `Catalog`.
@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from cellseg.data.classes import MANIFEST_PACKAGE
+from cellseg.classes import MANIFEST_PACKAGE
 from cellseg.data.stores import Location, resolve
 
 Vec3 = tuple[float, float, float]
@@ -122,6 +122,16 @@ def crop_id(text: int | str) -> int:
 def crop_name(text: int | str) -> str:
     """`12`, `"12"` or `"crop12"` → `"crop12"` (the group name in stores and submissions; see `crop_id`)."""
     return f"crop{crop_id(text)}"
+
+
+def is_crop_name(text: str) -> bool:
+    """True for a group name of the form `crop<N>` (N digits only)."""
+    return text.startswith("crop") and text[4:].isdigit()
+
+
+def crop_sort_key(name: str) -> tuple[int, str]:
+    """Sort key putting `crop2` before `crop10` (names that are not `crop<N>` last, alphabetically)."""
+    return (int(name[4:]), name) if is_crop_name(name) else (2**63, name)
 
 
 def parse_vector(text: str) -> tuple[float, ...]:

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from cellseg.data.grid import Grid
 from cellseg.data.sampling import PatchSampler, PatchSpec
-from cellseg.data.targets import ALL_OUTSIDE, CropSource, Grid
+from cellseg.data.targets import ALL_OUTSIDE, CropSource
 
 
 def context_shape(patch_shape_vox: Sequence[int], factor: float, *, is_2d: bool) -> tuple[int, int, int]:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cellseg.data.classes import get_class
+from cellseg.classes import get_class
 from cellseg.data.crops import Catalog, Crop
 from cellseg.data.inspect import EM_PATH, GT_PATH
 

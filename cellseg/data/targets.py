@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cellseg.classes import all_classes, get_class, is_instance, mutually_exclusive
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.classes import all_classes, get_class, is_instance, mutually_exclusive
+from cellseg.data.grid import Grid, Vec3
 from cellseg.data.split import SplitEntry
 
 if TYPE_CHECKING:
@@ -42,21 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ALL_OUTSIDE = 255  # pad value of `all` reads: not a CellMap id, so "outside the crop" stays unknown
-Vec3 = tuple[float, float, float]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Grid:
-    """An output grid in world space: centre of voxel 0, shape and voxel size (z, y, x; nm)."""
-
-    translation_nm: Vec3
-    shape_vox: tuple[int, int, int]
-    voxel_size_nm: Vec3
-
-    def read_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for `MultiscaleImage.read`."""
-        return {"translation_nm": self.translation_nm, "shape_vox": self.shape_vox,
-                "voxel_size_nm": self.voxel_size_nm}
 
 
 @dataclass(frozen=True, kw_only=True)

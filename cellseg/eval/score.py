@@ -99,7 +99,7 @@ def build_tasks(truth_crops: dict[str, CropListing], layout: Layout, *, era: Era
 
 
 def _known(label: str) -> bool:
-    from cellseg.data.classes import get_class
+    from cellseg.classes import get_class
 
     try:
         get_class(label.removesuffix(MASK_SUFFIX))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cellseg.data.crops import Crop, Geometry
+from cellseg.data.crops import Crop, Geometry, crop_id, is_crop_name
 from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
 from cellseg.eval.layout import discover
 from cellseg.eval.pool import default_budget, map_bounded
@@ -242,7 +242,7 @@ def _died(check: DataCheck) -> list[Issue]:
 def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, read_data: bool,
                  max_bytes: int, truth: Source | None) -> list[Issue | DataCheck]:
     """The crop's issues in order, with a deferred `DataCheck` where an array's values are to be read."""
-    from cellseg.data.classes import get_class
+    from cellseg.classes import get_class
     from cellseg.eval.io import list_crop
 
     if listing is None:
@@ -281,7 +281,7 @@ def crops_from_truth(truth: Source) -> dict[int, Crop]:
 
     crops = {}
     for name in truth.subdirs(""):
-        if not name.startswith("crop") or not name[4:].isdigit():
+        if not is_crop_name(name):
             continue
         labels = {}
         for label, info in list_crop(truth, name).arrays.items():
@@ -292,7 +292,7 @@ def crops_from_truth(truth: Source) -> dict[int, Crop]:
             labels[label] = Geometry(voxel_size_nm=t.voxel_size_nm, translation_nm=t.translation_nm,  # type: ignore[arg-type]
                                      shape_vox=t.shape_vox)  # type: ignore[arg-type]
         if labels:
-            crops[int(name[4:])] = Crop(id=int(name[4:]), dataset="", labels=labels)
+            crops[crop_id(name)] = Crop(id=crop_id(name), dataset="", labels=labels)
     if not crops:
         raise ValueError(f"{truth.path}: no crop<N>/<label> arrays with voxel_size attributes")
     return crops

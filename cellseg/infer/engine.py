@@ -14,24 +14,22 @@ Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spa
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from cellseg import runtime
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.targets import Grid
+from cellseg.data.grid import Grid
 from cellseg.infer import tta
 from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.tiling import AXIS_INDEX, context_margin, stream_bytes, working_device
-from cellseg.train import runtime
-from cellseg.train.compile import compile_backend, compile_module
+from cellseg.runtime.compile import CompiledModel, compile_backend
 
 log = logging.getLogger(__name__)
 EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
@@ -46,70 +44,12 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
     return torch.from_numpy(data)[None]
 
 
-# Inductor's freezing: at the first call the weights become constants, so BatchNorm folds into the convolutions
-# and inductor may pick channels-last layouts for the whole graph. Inference only: the model must not change after
-# the first call. Measured on an H200 (bench/forward_probe.py), unet_3d forward 6.85 -> 5.60 ms per tile when the
-# config is patched around the calls, as here; passed as torch.compile(options=...) it changed nothing (6.84 ms).
-FREEZE = {"freezing": True}
 # Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
 # vit_2d runs 16 tiles of 256² (1 M voxels) at 3.6 ms of GPU work in 8.8 ms, and 64 tiles at 2.5x the
 # throughput per tile. Engine ms per tile pass at 2, 4, 8 passes per forward (H200, bench/forward_probe.py,
 # session 6): vit_3d 5.76 / 5.65 / 5.31, unet_2d 0.158 / 0.153 / -, swin_2d - / 0.383 / 0.380; wider never lost.
 # `tta_fold` runs that many TTA passes as one batch.
 MIN_FORWARD_VOX = 16 * 2**20
-
-
-# Dynamo keeps the compiled graphs of a function in one cache per code object, and every model shares
-# `SegModel.forward`: each architecture and input shape compiled adds an entry. Past torch's limit (8 entries)
-# dynamo warns once and runs every further call *eagerly*: a member of `cellseg predict-ensemble` did (seen on
-# an H200, 8 members: "hit config.recompile_limit (8) ... rank mismatch"). Each `CompiledModel` raises the
-# limit by this many entries (one per batch shape: a 2D model along z, y and x sees up to three).
-SHAPES_PER_MODEL = 4
-
-
-class CompiledModel:
-    """A model under torch.compile (static shapes, inductor freezing: `FREEZE`) that falls back to eager, with one
-    warning, when its first call (where compilation happens) fails. Calls keep one input shape (`make_forward`
-    pads the last batch), so it compiles once per shape."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        import torch._dynamo.config as dynamo_config
-
-        self.eager = model
-        self.compiled_ok = False
-        dynamo_config.recompile_limit += SHAPES_PER_MODEL  # this model's entries in the shared cache
-        try:
-            # static shapes: tiles always have the patch's shape and batches are padded to one size
-            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
-        except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
-            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
-            self.module = None
-
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if self.module is None:
-            return self.eager(*inputs)
-        if self.compiled_ok:
-            with _frozen():
-                return self.module(*inputs)
-        try:
-            with _frozen(), warnings.catch_warnings():  # freezing goes through torch.jit, deprecated in torch 2.11
-                warnings.filterwarnings("ignore", message=".*torch.jit", category=DeprecationWarning)
-                out = self.module(*inputs)
-        except Exception as err:  # any compiler failure: eager instead, as in training
-            log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
-            self.module = None
-            return self.eager(*inputs)
-        self.compiled_ok = True
-        return out
-
-
-def _frozen() -> contextlib.AbstractContextManager:
-    """Inductor's config with `FREEZE` (inductor backend only)."""
-    if compile_backend() != "inductor" or not FREEZE:
-        return contextlib.nullcontext()
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(FREEZE)
 
 
 def make_forward(model: torch.nn.Module, *, device: torch.device, precision: runtime.Precision,

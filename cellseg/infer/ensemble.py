@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from cellseg import __version__
-from cellseg.data.targets import Grid
+from cellseg.data.crops import crop_sort_key
+from cellseg.data.grid import Grid
 from cellseg.data.write import atomic_dir
 from cellseg.infer.store import (
     BOUNDARY_SUFFIX,
@@ -152,12 +152,6 @@ def plan_channels(stores: Sequence[PredictionStore], *, allow_partial: bool = Fa
     channels = (*union, *boundaries)
     instance = tuple(c for c in channels if any(c in s.instance_channels for s in stores))
     return ChannelPlan(channels=channels, members_of=members_of, instance_channels=instance)
-
-
-def crop_sort_key(name: str) -> tuple[int, str]:
-    """Sort key putting `crop2` before `crop10` (names that are not `crop<N>` last)."""
-    match = re.fullmatch(r"crop(\d+)", name)
-    return (int(match.group(1)), name) if match else (2**63, name)
 
 
 def common_crops(stores: Sequence[PredictionStore]) -> tuple[list[str], dict[str, list[str]]]:

@@ -53,9 +53,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cellseg.data.classes import get_class, is_instance
+from cellseg.classes import get_class, is_instance
+from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.targets import CropSource
 from cellseg.eval.aggregate import combine
 from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026

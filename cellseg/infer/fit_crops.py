@@ -8,9 +8,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from cellseg.data.crops import Catalog, crop_name
+from cellseg.data.crops import Catalog, crop_id, crop_name, crop_sort_key
 from cellseg.data.split import SplitEntry, read_datasplit
-from cellseg.infer.ensemble import crop_sort_key
 from cellseg.infer.store import PredictionStore
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Pa
 
 
 def _catalog_entry(catalog: Catalog, name: str, root: Path) -> SplitEntry:
-    crop = catalog.train.get(int(name.removeprefix("crop")))
+    crop = catalog.train.get(crop_id(name))
     if crop is None or not crop.crop_url:
         raise ValueError(f"{name}: not a training crop with labels in {root} (training crops: "
                          f"{[c.name for c in catalog.train.values()]})")

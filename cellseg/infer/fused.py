@@ -46,9 +46,11 @@ import numpy as np
 import torch
 
 import cellseg
-from cellseg.data.classes import is_instance
+from cellseg import runtime
+from cellseg.classes import is_instance
+from cellseg.config.inference import InferConfig
 from cellseg.data.write import DEFAULT_CHUNK
-from cellseg.infer.engine import CompiledModel, Window, predict_slabs, to_host
+from cellseg.infer.engine import Window, predict_slabs, to_host
 from cellseg.infer.ensemble import (
     WEIGHTS_FILE,
     ChannelPlan,
@@ -63,7 +65,6 @@ from cellseg.infer.ensemble import (
 from cellseg.infer.predict import (
     ISOTROPY_RTOL,
     LoadedRun,
-    PredictOptions,
     block_id,
     box_grid,
     chunked_slabs,
@@ -80,8 +81,7 @@ from cellseg.infer.predict import (
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, count_tiles, fused_column_vox, plan_blocks, sub_grid
-from cellseg.train import runtime
-from cellseg.train.setup import resolve_precision
+from cellseg.runtime.compile import CompiledModel
 
 log = logging.getLogger(__name__)
 AVERAGE_PLANES = 16  # planes averaged and copied to the host at a time: bounds the float32 sums of the mean
@@ -237,7 +237,7 @@ def averaged_slabs(streams: Sequence[Iterator[tuple[int, torch.Tensor]]], parts:
 
 def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path, *,
                      weights: str | Sequence[float] = "uniform", allow_partial: bool = False,
-                     opts: PredictOptions | None = None) -> list[dict[str, Any]]:
+                     opts: InferConfig | None = None) -> list[dict[str, Any]]:
     """Predict `crops` ("val", "test" or ids) with every run and write their weighted mean into the store `out`;
     returns one summary per crop this rank wrote. Crops already in `out` are skipped (a re-run resumes, a partly
     written crop after its last written planes); under torchrun the crops are shared among the ranks.
@@ -255,7 +255,7 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         FileNotFoundError: a run directory without its files or checkpoint.
     """
 
-    opts = opts or PredictOptions()
+    opts = opts or InferConfig()
     if len(run_dirs) < 2:
         raise ValueError(f"an ensemble needs at least 2 runs, got {len(run_dirs)}: {[str(r) for r in run_dirs]}")
     resolved = [Path(r).resolve() for r in run_dirs]
@@ -271,7 +271,7 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         views = [RunChannels.of(r) for r in runs]
         plan = plan_channels(views, allow_partial=allow_partial)  # type: ignore[arg-type]
         chosen = choose_weights(weights, plan, views)
-        precision = resolve_precision("auto", d.device)
+        precision = runtime.resolve_precision("auto", d.device)
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
         targets = _targets(runs, crops, opts.data_root)
         provenance = _ensemble_provenance(runs, views, plan, chosen, opts, precision)
@@ -286,7 +286,7 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         runtime.shutdown_distributed()
 
 
-def _member(run: LoadedRun, opts: PredictOptions) -> Member:
+def _member(run: LoadedRun, opts: InferConfig) -> Member:
     tfms = tuple(run_transforms(run, opts.tta))
     batch, compiled, fold = run_settings(run, opts, len(tfms))
     return Member(run=run, transforms=tfms, batch=batch, fold=fold, compiled=compiled)
@@ -305,7 +305,7 @@ def _targets(runs: Sequence[LoadedRun], crops: str, data_root: str | None) -> li
 
 
 def _ensemble_provenance(runs: Sequence[LoadedRun], views: Sequence[RunChannels], plan: ChannelPlan,
-                         weights: Weights, opts: PredictOptions, precision: str) -> dict[str, Any]:
+                         weights: Weights, opts: InferConfig, precision: str) -> dict[str, Any]:
     """As `cellseg ensemble` records it, with each member's `cellseg predict` provenance."""
     member_prov = [run_provenance(r, opts, run_transforms(r, opts.tta), ("z",), precision) for r in runs]
     roots = {str(p["data_root"]) for p in member_prov if p.get("data_root")}
@@ -371,7 +371,7 @@ def weight_totals(channels: Sequence[str], weights: Weights) -> np.ndarray:
 
 
 def _predict_crop(members: Sequence[Member], target: CropTarget, store: PredictionStore, plan: ChannelPlan,
-                  weights: Weights, opts: PredictOptions, *, voxel_size: Sequence[float], precision: runtime.Precision,
+                  weights: Weights, opts: InferConfig, *, voxel_size: Sequence[float], precision: runtime.Precision,
                   progress: bool, rank: int) -> dict[str, Any]:
     """One crop: column by column, every member in lockstep (module docstring), written a chunk of planes at a
     time; a partial crop left by a killed run with the same settings resumes where it stopped."""
@@ -425,7 +425,7 @@ def _predict_crop(members: Sequence[Member], target: CropTarget, store: Predicti
             "line": line}
 
 
-def _window(member: Member, opts: PredictOptions, precision: runtime.Precision) -> Window:
+def _window(member: Member, opts: InferConfig, precision: runtime.Precision) -> Window:
     return Window(patch_vox=member.patch, device=member.run.device, precision=precision, overlap=opts.overlap,
                   batch_size=member.batch, blend=opts.blend, transforms=member.transforms, channels_last=True,
                   pad_value=member.run.cfg.data.em_pad_value, compiled=member.compiled, tta_fold=member.fold)

@@ -39,13 +39,16 @@ import numpy as np
 import torch
 
 import cellseg
+from cellseg import runtime
+from cellseg.classes import is_instance
 from cellseg.config import load_run_config
+from cellseg.config.inference import InferConfig
 from cellseg.config.schema import RunConfig
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.classes import is_instance
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.grid import Grid
+from cellseg.data.targets import CropSource
 from cellseg.infer import tta
-from cellseg.infer.engine import CompiledModel, Window, predict_slabs, predict_volume, tta_fold
+from cellseg.infer.engine import Window, predict_slabs, predict_volume, tta_fold
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore, quantise
 from cellseg.infer.tiling import (
@@ -58,9 +61,8 @@ from cellseg.infer.tiling import (
     sub_grid,
 )
 from cellseg.models import build_model
-from cellseg.train import runtime
-from cellseg.train.checkpoint import load as load_checkpoint
-from cellseg.train.setup import resolve_precision
+from cellseg.runtime.checkpoint import load as load_checkpoint
+from cellseg.runtime.compile import CompiledModel
 
 log = logging.getLogger(__name__)
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
@@ -183,48 +185,6 @@ def crop_grid(crop: CropSource | CropTarget, voxel_size_nm: Sequence[float]) -> 
 # ----------------------------------------------------------------------------------------------- the command
 
 
-@dataclass(frozen=True, kw_only=True)
-class PredictOptions:
-    """What `predict_run` does besides choosing the run and the crops (the CLI's options)."""
-
-    tta: int = 8
-    overlap: float = 0.5
-    blend: str = "gaussian"
-    checkpoint: str = "best"
-    batch_size: int | None = None  # default: the run's training micro-batch (fits: inference keeps no grads)
-    device: str = "auto"
-    uint8: bool = False
-    overwrite: bool = False
-    data_root: str | None = None
-    axes_2d: str = "z"
-    channels: str = "scored"  # "scored": a test crop gets only the channels it is scored on; "all"
-    block_vox: int | None = None  # largest column edge in y, x (2D over z, y, x: block edge); None: as memory allows
-    compile: str = "auto"  # torch.compile the model: "auto" (CUDA only), "on", "off"
-    tta_fold: int | None = None  # TTA passes per forward; None: `engine.tta_fold` (CUDA: enough for 16 Mi voxels)
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.tta < 1:
-            raise ValueError(f"--tta {self.tta}: need at least 1 (1 = no test-time augmentation)")
-        if not 0 <= self.overlap < 1:
-            raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"--batch-size {self.batch_size}: must be at least 1")
-        if self.tta_fold is not None and (self.tta_fold < 1 or self.tta % self.tta_fold):
-            raise ValueError(f"--tta-fold {self.tta_fold}: must divide --tta {self.tta}")
-        if self.blend not in ("gaussian", "constant"):
-            raise ValueError(f"blend {self.blend!r}: choose 'gaussian' or 'constant'")
-        if self.block_vox is not None and self.block_vox < 1:
-            raise ValueError(f"--block {self.block_vox}: must be a positive number of voxels (multiples of "
-                             f"{DEFAULT_CHUNK}, the store's chunk, write whole chunks)")
-        if self.channels not in ("scored", "all"):
-            raise ValueError(f"--channels {self.channels!r}: choose 'scored' or 'all'")
-        if self.compile not in ("auto", "on", "off"):
-            raise ValueError(f"--compile {self.compile!r}: choose 'auto', 'on' or 'off'")
-        if self.axes_2d not in ("z", "zyx"):
-            raise ValueError(f"--axes-2d {self.axes_2d!r}: choose 'z' or 'zyx'")
-
-
 def _slice_axes(run: LoadedRun, axes_2d: str) -> tuple[str, ...]:
     if run.spatial_dims == 3 or axes_2d == "z":
         return ("z",)
@@ -245,7 +205,7 @@ def run_transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
     return tta.transforms(run.spatial_dims, flip, n, transpose_axes=swap)
 
 
-def run_provenance(run: LoadedRun, opts: PredictOptions, tfms: Sequence[tta.Transform], axes: Sequence[str],
+def run_provenance(run: LoadedRun, opts: InferConfig, tfms: Sequence[tta.Transform], axes: Sequence[str],
                 precision: str) -> dict[str, Any]:
     return {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(run.checkpoint.resolve()),
             "checkpoint_step": run.step, "weights": run.weights, "model": run.cfg.model.name,
@@ -283,7 +243,7 @@ def open_store(out: str | Path, run: LoadedRun, provenance: dict[str, Any], *, o
 
 
 def predict_crops(crops: Sequence[CropTarget], predict_one: Callable[[CropTarget, bool], dict[str, Any]], *,
-                  desc: str, opts: PredictOptions, d: runtime.Dist) -> list[dict[str, Any]]:
+                  desc: str, opts: InferConfig, d: runtime.Dist) -> list[dict[str, Any]]:
     """`predict_one(crop, show tile progress)` for this rank's crops under a crop progress bar (rank 0), printing
     each summary's line; then wait for every rank. Returns the summaries."""
     from tqdm import tqdm
@@ -313,7 +273,7 @@ def pending_crops(open_out: Callable[[], PredictionStore], targets: Sequence[Cro
     return runtime.broadcast_object(todo, d) or []  # type: ignore[return-value]
 
 
-def run_settings(run: LoadedRun, opts: PredictOptions, num_transforms: int
+def run_settings(run: LoadedRun, opts: InferConfig, num_transforms: int
                  ) -> tuple[int, CompiledModel | None, int]:
     """(tiles per batch, the model under torch.compile or None, TTA passes per forward) of a run on its device."""
     batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
@@ -335,16 +295,16 @@ def shard_crops(targets: Sequence[CropTarget], rank: int, world: int) -> list[Cr
     return mine
 
 
-def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictOptions | None = None
+def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferConfig | None = None
                 ) -> list[dict[str, Any]]:
     """Predict `crops` ("val", "test" or ids) of a run into the store `out`; returns one summary per crop
     this rank wrote (crops already in the store are skipped). Works the same under torchrun."""
 
-    opts = opts or PredictOptions()
+    opts = opts or InferConfig()
     d = runtime.init_distributed(opts.device)
     try:
         run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
-        precision = resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
+        precision = runtime.resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
         axes, tfms = _slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
@@ -361,7 +321,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: PredictO
         runtime.shutdown_distributed()
 
 
-def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: PredictOptions, *,
+def _predict_one(run: LoadedRun, target: CropTarget, store: PredictionStore, opts: InferConfig, *,
                  tfms: Sequence[tta.Transform], axes: Sequence[str], precision: runtime.Precision, batch: int,
                  patch: Sequence[int], rank: int, progress: bool, compiled: CompiledModel | None, fold: int = 1
                  ) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.targets import Grid
+from cellseg.data.grid import Grid
 from cellseg.data.write import DEFAULT_CHUNK, atomic_dir, create_multiscale_level
 
 Kind = Literal["probabilities", "segmentation"]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from cellseg.data.targets import Grid
+from cellseg.data.grid import Grid
 from cellseg.data.write import DEFAULT_CHUNK
 from cellseg.infer.sliding_window import tile_starts, window_tiles
 

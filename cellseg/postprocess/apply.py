@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.data.classes import is_instance
-from cellseg.data.targets import Grid
+from cellseg.classes import is_instance
+from cellseg.data.grid import Grid
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel
 from cellseg.postprocess.instances import segment_instances
 from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellseg.data.classes import get_class, is_instance
+from cellseg.classes import get_class, is_instance
 from cellseg.postprocess.spec import float32_threshold
 
 FORMAT = "cellseg-postprocess-params"

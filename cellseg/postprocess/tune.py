@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.data.classes import is_instance
-from cellseg.data.crops import Catalog
+from cellseg.classes import is_instance
+from cellseg.data.crops import Catalog, crop_name, crop_sort_key
+from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.targets import CropSource
 from cellseg.eval.aggregate import combine
 from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
@@ -171,11 +172,11 @@ def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: Predic
     by_name = {c.name: c for c in catalog.train.values()}
     written = set(store.completed())
     if crops:
-        names = [c if c.startswith("crop") else f"crop{c}" for c in crops]
+        names = [crop_name(c) for c in crops]
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise ValueError(f"{data_root}: {unknown} are not training crops with truth (known: "
-                             f"{sorted(by_name, key=lambda n: int(n[4:]))[:20]}...)")
+                             f"{sorted(by_name, key=crop_sort_key)[:20]}...)")
         missing = [n for n in names if n not in written]
         if missing:
             raise ValueError(f"{store.path}: crops {missing} are not in the prediction store (it holds {sorted(written)})")

@@ -254,14 +254,15 @@ def _write_text(path: Path, text: str) -> None:
 def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int
                 ) -> list[Path]:
     """Every run's predictions of every crop the report needs (a finished store is only checked)."""
-    from cellseg.infer.predict import PredictOptions, predict_run
+    from cellseg.config.inference import InferConfig
+    from cellseg.infer.predict import predict_run
 
     stores = []
     for run in runs:
         out = layout.predictions(run, tta)
         out.parent.mkdir(parents=True, exist_ok=True)
-        popts = PredictOptions(tta=tta, overlap=opts.overlap, checkpoint=opts.checkpoint, device=opts.device,
-                               data_root=opts.data_root, progress=opts.progress)
+        popts = InferConfig(tta=tta, overlap=opts.overlap, checkpoint=opts.checkpoint, device=opts.device,
+                            data_root=opts.data_root, progress=opts.progress)
         predict_run(run.run_dir, ",".join(plan.predicted), out, popts)
         stores.append(out.resolve())
     return stores

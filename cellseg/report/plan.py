@@ -27,7 +27,7 @@ from typing import Any
 
 from cellseg.config import load_run_config
 from cellseg.config.schema import RunConfig
-from cellseg.data.crops import Catalog, crop_name
+from cellseg.data.crops import Catalog, crop_name, crop_sort_key
 from cellseg.data.split import read_datasplit
 from cellseg.eval.rules import ERAS
 from cellseg.infer.predict import checkpoint_path
@@ -157,11 +157,6 @@ def _crop_name(text: str) -> str:
         raise ValueError(f"--crops: {err}; use val, test or ids like 12,34") from None
 
 
-def sort_key(name: str) -> int:
-    """Numeric order of `crop<N>` names."""
-    return int(name.removeprefix("crop"))
-
-
 def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str]:
     """The crops every run validates on (and that annotate the runs' classes, as `predict --crops val` picks).
 
@@ -172,7 +167,7 @@ def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str
 
     per_run = [[t.name for t in select_targets("val", r.cfg, r.run_dir, data_root=data_root)] for r in runs]
     common = [c for c in per_run[0] if all(c in names for names in per_run[1:])]
-    dropped = sorted({c for names in per_run for c in names} - set(common), key=sort_key)
+    dropped = sorted({c for names in per_run for c in names} - set(common), key=crop_sort_key)
     if dropped:
         log.warning("validation crops not shared by every run, left out (some run trained on them): %s",
                     ", ".join(dropped))
@@ -180,7 +175,7 @@ def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str
         raise ValueError("no crop is in the validation split of every run: "
                          + "; ".join(f"{r.run_dir}: {names}" for r, names in zip(runs, per_run, strict=True))
                          + " (pass --crops IDS)")
-    return sorted(common, key=sort_key)
+    return sorted(common, key=crop_sort_key)
 
 
 def _has_test_truth(root: Path, name: str) -> bool:
@@ -194,7 +189,7 @@ def test_crops(catalog: Catalog, root: Path) -> list[str]:
         ValueError: the root has no test crops with truth (real data: the test labels are hidden).
     """
     tests = {c.name for version in catalog.tests.values() for c in version.values()}
-    names = sorted((n for n in tests if _has_test_truth(root, n)), key=sort_key)
+    names = sorted((n for n in tests if _has_test_truth(root, n)), key=crop_sort_key)
     if not names:
         raise ValueError(f"{root}: no test crops with truth in {root / TRUTH_STORE} (only synthetic roots have it; "
                          "use --crops val or training crop ids)")
@@ -216,7 +211,7 @@ def explicit_crops(spec: str, catalog: Catalog, root: Path) -> list[str]:
         if name in train or (name in tests and _has_test_truth(root, name)):
             continue
         where = "a test crop without truth in " + str(root / TRUTH_STORE) if name in tests else "not a crop"
-        raise ValueError(f"{name}: {where} of {root} (training crops: {', '.join(sorted(train, key=sort_key))})")
+        raise ValueError(f"{name}: {where} of {root} (training crops: {', '.join(sorted(train, key=crop_sort_key))})")
     return names
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.data.classes import is_instance
+from cellseg.classes import is_instance
 from cellseg.eval.io import open_source
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.report import to_json

@@ -23,6 +23,7 @@ import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.crops import Catalog
+from cellseg.data.crops import crop_id as crop_id_of
 from cellseg.data.write import atomic_dir, write_array
 from cellseg.report.plan import TRUTH_STORE
 
@@ -76,7 +77,7 @@ def build_truth(out: Path, crops: Sequence[str], classes: Sequence[str], root: P
         tmp.mkdir()
         (tmp / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
         for name in crops:
-            crop_id = int(name.removeprefix("crop"))
+            crop_id = crop_id_of(name)
             labels = (_training_labels(catalog, crop_id, classes) if crop_id in catalog.train
                       else _test_labels(root, name, classes))
             if not labels:

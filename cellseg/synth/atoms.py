@@ -1,4 +1,4 @@
-"""The atom classes a synthetic scene paints, with their CellMap ids (from `cellseg.data.classes`).
+"""The atom classes a synthetic scene paints, with their CellMap ids (from `cellseg.classes`).
 
 Each voxel of a scene holds exactly one atom (the most granular class). Every tested group class is
 a union of these atoms, so all 48 tested classes can be derived from one atom volume.
@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from cellseg.data.classes import get_class, tested_classes
+from cellseg.classes import get_class, tested_classes
 
 # The 31 tested atoms a scene can contain (the 17 tested groups are unions of them).
 ATOM_NAMES: tuple[str, ...] = (

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from cellseg.data.classes import tested_classes
+from cellseg.classes import tested_classes
 
 if TYPE_CHECKING:
     from cellseg.data.crops import Crop

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cellseg.data.classes import get_class
+from cellseg.classes import get_class
 from cellseg.data.crops import Geometry
 from cellseg.synth.atoms import ATOM_NAMES, atom, lut, scene_atom_ids
 from cellseg.synth.scene import Scene

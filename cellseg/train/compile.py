@@ -19,35 +19,16 @@ third of a unet_3d step on an H200; compiled, it is a few fused reductions (docs
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 import torch
 
-from cellseg.cache import use_compile_cache
-from cellseg.config.schema import CompileMode, RunConfig
-from cellseg.train import runtime
+from cellseg import runtime
+from cellseg.config.schema import RunConfig
+from cellseg.runtime.compile import compile_backend, compile_module
 
 log = logging.getLogger(__name__)
-
-
-def compile_backend() -> str:
-    """The torch.compile backend: `CELLSEG_COMPILE_BACKEND`, default "inductor"."""
-    return os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
-
-
-def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default",
-                   dynamic: bool | None = None) -> torch.nn.Module:
-    """`torch.compile(module)` with `compile_backend()`, `mode` and `dynamic` (None: torch's automatic dynamic
-    shapes after a recompile; False: one static graph per input shape).
-
-    Compilation is lazy: errors (an unknown backend aside) surface at the first call. The compiler's caches
-    go to cellseg's cache folder unless `TORCHINDUCTOR_CACHE_DIR` is set (`cellseg.cache.use_compile_cache`).
-    """
-    use_compile_cache()
-    # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
-    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=dynamic)
 
 
 def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision) -> float:

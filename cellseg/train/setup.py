@@ -16,14 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from cellseg import runtime
 from cellseg.config.load import dump, to_dict
 from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, get_entry
-from cellseg.train import runtime
+from cellseg.runtime.checkpoint import git_commit, load, versions
 from cellseg.train.batch import find_batch_size
-from cellseg.train.checkpoint import CheckpointKeeper, git_commit, load, set_rng_state, versions
+from cellseg.train.checkpoint import CheckpointKeeper, set_rng_state
 from cellseg.train.compile import maybe_compile, maybe_compile_loss
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
@@ -99,15 +100,6 @@ class Setup:
             (self.run_dir / MICRO_BATCH_FILE).write_text(json.dumps({"micro_batch": micro_batch}))
 
 
-def resolve_precision(precision: str, device: torch.device) -> runtime.Precision:
-    """"auto" → bf16 on CUDA (fp16 where bf16 is unsupported), fp32 on CPU."""
-    if precision != "auto":
-        return precision  # type: ignore[return-value]
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-
-
 def seed_everything(seed: int) -> None:
     """Python, NumPy and torch generators (per rank: pass seed + rank)."""
     random.seed(seed)
@@ -175,7 +167,7 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
     tc = cfg.train
     d = runtime.init_distributed(tc.device)
     runtime.configure_backends(tf32=tc.tf32, cudnn_benchmark=tc.cudnn_benchmark)
-    precision = resolve_precision(tc.precision, d.device)
+    precision = runtime.resolve_precision(tc.precision, d.device)
     seed_everything(tc.seed + d.rank)
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"

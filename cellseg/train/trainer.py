@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from cellseg import runtime
 from cellseg.config.schema import RunConfig
-from cellseg.train import runtime
 from cellseg.train.batch import free_memory, shrink
 from cellseg.train.checkpoint import rng_state, set_rng_state
 from cellseg.train.logs import RunLog, StopRequest

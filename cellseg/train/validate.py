@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from cellseg import runtime
+from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
-from cellseg.data.classes import is_instance
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.grid import Grid
+from cellseg.data.targets import CropSource
 from cellseg.eval.aggregate import combine
 from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
@@ -30,7 +32,6 @@ from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 from cellseg.infer.predict import crop_grid, predict_volume
 from cellseg.postprocess.instances import segment_instances
 from cellseg.postprocess.params import InstanceParams
-from cellseg.train import runtime
 
 log = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ def class_color(name: str) -> tuple[float, float, float]:
         ValueError: for a name that is not a CellMap class.
     """
     if name not in CLASS_COLORS:
-        from cellseg.data.classes import get_class
+        from cellseg.classes import get_class
 
         name = get_class(name).name  # an alias, or a clear "unknown class" error
     return to_rgb(CLASS_COLORS[name])

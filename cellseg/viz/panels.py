@@ -17,7 +17,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from cellseg.data.classes import get_class
+from cellseg.classes import get_class
 from cellseg.viz.figure import bare, legend, new_figure, scale_bar, show_em, show_rgba
 from cellseg.viz.overlay import FILL_ALPHA, error_counts, error_rgba, instance_rgba, semantic_rgba, stack_rgba
 from cellseg.viz.palette import CLASS_COLORS, ERROR_COLORS

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cellseg.data.classes import all_classes, atoms_of, get_class
+from cellseg.classes import all_classes, atoms_of, get_class
+from cellseg.data.crops import crop_name
 from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.viz.sources import CropView, Plane, canonical_classes, make_plane, open_crop, parse_voxel_size
 
@@ -201,7 +202,7 @@ def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *
     if not 0.0 <= threshold < 1.0:
         raise ValueError(f"threshold {threshold} must be in [0, 1)")
     store = PredictionStore.open(store_path)
-    name = crop if str(crop).startswith("crop") else f"crop{int(crop)}"
+    name = crop_name(crop)
     if name not in store:
         raise ValueError(f"{store.path}: no crop {name} (crops: {', '.join(store.completed()) or 'none'})")
     plane = make_plane(store.grid(name), axis, index, where=f"{store.path}/{name}")

@@ -7,8 +7,8 @@ import pytest
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.boundary_cache import BoundaryCache, crop_lattice_grid, resolve_cache_dir
+from cellseg.data.grid import Grid
 from cellseg.data.loader import build_train_data
-from cellseg.data.targets import Grid
 
 NO_AUG = AugmentConfig(enabled=False)
 EDGE = 1  # voxels at a patch's faces may differ: the cache sees the neighbour outside the patch

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cellseg.data import classes as C
+from cellseg import classes as C
 
 
 def test_counts():

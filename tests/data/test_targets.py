@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from crafted import checker_labels, write_root
 
+from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource, Grid, plan_class, touching
+from cellseg.data.targets import CropSource, plan_class, touching
 
 
 def _entry(root, crop, classes):

@@ -11,8 +11,9 @@ import pytest
 
 from cellseg.cli import main
 from cellseg.data.crops import Catalog
+from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
-from cellseg.data.targets import CropSource, Grid
+from cellseg.data.targets import CropSource
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 from cellseg.infer.ensemble import ensemble, read_on_grid
 from cellseg.infer.ensemble_fit import (

@@ -14,13 +14,14 @@ import torch
 import yaml
 
 from cellseg.cli import main as cli
+from cellseg.config.inference import InferConfig
 from cellseg.infer.ensemble import WEIGHTS_FILE, ensemble
 from cellseg.infer.fused import AVERAGE_PLANES, Contribution, averaged_slabs, predict_ensemble
-from cellseg.infer.predict import PredictOptions, predict_run
+from cellseg.infer.predict import predict_run
 from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, fused_column_vox
 
-OPTS = PredictOptions(tta=8, overlap=0.0, batch_size=8, checkpoint="last", progress=False)
+OPTS = InferConfig(tta=8, overlap=0.0, batch_size=8, checkpoint="last", progress=False)
 GIB = 2**30
 
 
@@ -66,7 +67,7 @@ def test_weights_file_and_uint8_match_the_two_step_path(tiny_run, tiny_run_2d, m
     fitted = ensemble(members, tmp_path / "fit.zarr", weights=[1.0, 2.0]).store.path / WEIGHTS_FILE  # as a fit saves it
     ensemble(members, tmp_path / "two_step.zarr", weights=fitted, uint8=True)
     predict_ensemble([tiny_run, tiny_run_2d], "test", tmp_path / "fused.zarr", weights=str(fitted),
-                     opts=PredictOptions(**{**OPTS.__dict__, "uint8": True}))
+                     opts=InferConfig(**{**OPTS.__dict__, "uint8": True}))
     assert_same_stores(tmp_path / "fused.zarr", tmp_path / "two_step.zarr")
     assert json.loads((tmp_path / "fused.zarr" / WEIGHTS_FILE).read_text())["method"] == "file"
 
@@ -116,7 +117,7 @@ def test_lockstep_average_of_uneven_slab_streams():
 
 
 def test_killed_run_resumes_after_the_planes_it_wrote(tiny_run, tiny_run_2d, tmp_path):
-    opts = PredictOptions(**{**OPTS.__dict__, "block_vox": 16})  # 16² columns: the 32³ crop has four
+    opts = InferConfig(**{**OPTS.__dict__, "block_vox": 16})  # 16² columns: the 32³ crop has four
     reference = tmp_path / "ref.zarr"
     predict_ensemble([tiny_run, tiny_run_2d], "test", reference, opts=opts)
     ref = PredictionStore.open(reference)
@@ -166,7 +167,7 @@ def test_errors_are_clear(tiny_run, tiny_run_2d, tmp_path):
         predict_ensemble([tiny_run, tiny_run_2d], "test", tmp_path / "a.zarr", weights=[1, 2, 3], opts=OPTS)
     with pytest.raises(ValueError, match="slices 2D members across z only"):
         predict_ensemble([tiny_run, tiny_run_2d], "test", tmp_path / "a.zarr",
-                         opts=PredictOptions(**{**OPTS.__dict__, "axes_2d": "zyx"}))
+                         opts=InferConfig(**{**OPTS.__dict__, "axes_2d": "zyx"}))
     coarse = tmp_path / "coarse"
     shutil.copytree(tiny_run_2d, coarse)
     cfg = yaml.safe_load((coarse / "config.yaml").read_text())
@@ -187,7 +188,7 @@ def test_errors_are_clear(tiny_run, tiny_run_2d, tmp_path):
 def test_fused_equals_two_step_on_cuda(tiny_run, tiny_run_2d, tmp_path):
     """On the GPU (bf16, compiled members, sums and the mean on the device) the numbers are still those of
     `cellseg predict` per member + `cellseg ensemble` on the host."""
-    opts = PredictOptions(**{**OPTS.__dict__, "device": "cuda", "compile": "on"})
+    opts = InferConfig(**{**OPTS.__dict__, "device": "cuda", "compile": "on"})
     for run, name in ((tiny_run, "a.zarr"), (tiny_run_2d, "b.zarr")):
         predict_run(run, "test", tmp_path / name, opts)
     ensemble([tmp_path / "a.zarr", tmp_path / "b.zarr"], tmp_path / "two_step.zarr", weights=[0.7, 0.3])

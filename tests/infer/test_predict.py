@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from cellseg.cli import main as cli
+from cellseg.config.inference import InferConfig
 from cellseg.data.crops import Catalog
 from cellseg.data.loader import open_crops
 from cellseg.data.split import read_datasplit
 from cellseg.infer.predict import (
-    PredictOptions,
     crop_grid,
     load_run,
     predict_run,
@@ -93,7 +93,7 @@ def test_uint8_store_and_ids(tiny_run, tiny_synth_root, tmp_path):
 
 def test_resume_skips_finished_crops_and_ignores_temporary_ones(tiny_run, tiny_synth_root, tmp_path):
     out = tmp_path / "pred.zarr"
-    opts = PredictOptions(tta=1, overlap=0.0, progress=False)
+    opts = InferConfig(tta=1, overlap=0.0, progress=False)
     first = predict_run(tiny_run, "val", out, opts)
     assert [s["crop"] for s in first] == _val_names(tiny_run)
     store = PredictionStore.open(out)
@@ -111,8 +111,8 @@ def test_resume_skips_finished_crops_and_ignores_temporary_ones(tiny_run, tiny_s
     assert predict_run(tiny_run, "val", out, opts) == []
     # Other settings than the store's: refused (named), unless --overwrite replaces the store.
     with pytest.raises(ValueError, match="tta_transforms"):
-        predict_run(tiny_run, "val", out, PredictOptions(tta=8, overlap=0.0, progress=False))
-    redo = predict_run(tiny_run, "val", out, PredictOptions(tta=8, overlap=0.0, overwrite=True, progress=False))
+        predict_run(tiny_run, "val", out, InferConfig(tta=8, overlap=0.0, progress=False))
+    redo = predict_run(tiny_run, "val", out, InferConfig(tta=8, overlap=0.0, overwrite=True, progress=False))
     assert [s["crop"] for s in redo] == _val_names(tiny_run)
     assert PredictionStore.open(out).completed() == _val_names(tiny_run)
 
@@ -151,7 +151,7 @@ def test_data_root_override_reads_the_other_root(tiny_run, tiny_synth_root, tmp_
     other = tmp_path / "moved_root"
     shutil.copytree(tiny_synth_root, other)  # 3 MiB
     out = tmp_path / "pred.zarr"
-    predict_run(tiny_run, "val", out, PredictOptions(tta=1, overlap=0.0, data_root=str(other), progress=False))
+    predict_run(tiny_run, "val", out, InferConfig(tta=1, overlap=0.0, data_root=str(other), progress=False))
     store = PredictionStore.open(out)
     assert all(store.crop_attrs(c)["em_url"].startswith(str(other)) for c in store.completed())
     assert store.provenance["data_root"] == str(other)
@@ -162,7 +162,7 @@ def test_validation_and_predict_share_the_engine(tiny_run, tmp_path):
     run = load_run(tiny_run)
     cfg = run.cfg
     out = tmp_path / "pred.zarr"
-    predict_run(tiny_run, "val", out, PredictOptions(tta=1, overlap=cfg.val.overlap, progress=False))
+    predict_run(tiny_run, "val", out, InferConfig(tta=1, overlap=cfg.val.overlap, progress=False))
     store = PredictionStore.open(out)
     entries = [e for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"]
     source = open_crops(entries, cfg.data)[0]
@@ -177,7 +177,7 @@ def test_validation_and_predict_share_the_engine(tiny_run, tmp_path):
 def test_2d_model_slices_across_three_axes(tiny_run_2d, tiny_synth_root, tmp_path):
     out = tmp_path / "pred2d.zarr"
     test_ids = sorted(_test_crops(tiny_synth_root))
-    opts = PredictOptions(tta=8, axes_2d="zyx", batch_size=64, progress=False)
+    opts = InferConfig(tta=8, axes_2d="zyx", batch_size=64, progress=False)
     summaries = predict_run(tiny_run_2d, str(test_ids[0]), out, opts)
     assert [s["crop"] for s in summaries] == [f"crop{test_ids[0]}"]
     store = PredictionStore.open(out)
@@ -186,7 +186,7 @@ def test_2d_model_slices_across_three_axes(tiny_run_2d, tiny_synth_root, tmp_pat
     zyx = np.stack([store.read(f"crop{test_ids[0]}", c) for c in store.channels])
     # Slicing across z only gives another (but valid) answer on the same grid.
     out_z = tmp_path / "pred2d_z.zarr"
-    predict_run(tiny_run_2d, str(test_ids[0]), out_z, PredictOptions(tta=8, batch_size=64, progress=False))
+    predict_run(tiny_run_2d, str(test_ids[0]), out_z, InferConfig(tta=8, batch_size=64, progress=False))
     z_only = PredictionStore.open(out_z)
     assert z_only.grid(f"crop{test_ids[0]}") == store.grid(f"crop{test_ids[0]}")
     z = np.stack([z_only.read(f"crop{test_ids[0]}", c) for c in store.channels])
@@ -209,7 +209,7 @@ def test_two_processes_share_the_crops(tiny_run, tiny_synth_root, tmp_path):
     # The same as one process writes (up to a float16 step: CPU convolutions round differently with
     # another number of threads).
     single = tmp_path / "single.zarr"
-    predict_run(tiny_run, "test", single, PredictOptions(tta=1, overlap=0.0, device="cpu", progress=False))
+    predict_run(tiny_run, "test", single, InferConfig(tta=1, overlap=0.0, device="cpu", progress=False))
     for c in names:
         for ch in store.crop_channels(c):
             np.testing.assert_allclose(store.read(c, ch), PredictionStore.open(single).read(c, ch), atol=2**-10)
@@ -219,8 +219,8 @@ def test_two_processes_share_the_crops(tiny_run, tiny_synth_root, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_bf16_matches_cpu(tiny_run, tmp_path):
     cpu, gpu = tmp_path / "cpu.zarr", tmp_path / "gpu.zarr"
-    predict_run(tiny_run, "val", cpu, PredictOptions(tta=8, device="cpu", progress=False))
-    predict_run(tiny_run, "val", gpu, PredictOptions(tta=8, device="cuda", progress=False))
+    predict_run(tiny_run, "val", cpu, InferConfig(tta=8, device="cpu", progress=False))
+    predict_run(tiny_run, "val", gpu, InferConfig(tta=8, device="cuda", progress=False))
     a, b = PredictionStore.open(cpu), PredictionStore.open(gpu)
     assert b.provenance["precision"] == "bf16"
     for c in a.completed():

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from cellseg.config.inference import InferConfig
 from cellseg.data.crops import Catalog
-from cellseg.data.targets import Grid
-from cellseg.infer.predict import PredictOptions, predict_run
+from cellseg.data.grid import Grid
+from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
 from cellseg.infer.tiling import HOST_BLOCK_BYTES, auto_block_vox, plan_blocks
 
@@ -39,15 +40,15 @@ def test_auto_block_is_chunk_aligned_and_respects_host_memory():
             assert channels * edge ** 3 * 2 + sums <= HOST_BLOCK_BYTES
     assert auto_block_vox(58, (64, 64, 64), cpu) < auto_block_vox(1, (64, 64, 64), cpu)
     with pytest.raises(ValueError, match="--block 0"):
-        PredictOptions(block_vox=0)
+        InferConfig(block_vox=0)
 
 
 def test_blockwise_crop_matches_one_block(tiny_run, tiny_synth_root, tmp_path):
     crop = _first_test_crop(tiny_synth_root)
     one, blocks = tmp_path / "one.zarr", tmp_path / "blocks.zarr"
     opts = dict(tta=1, overlap=0.5, progress=False)
-    predict_run(tiny_run, crop.removeprefix("crop"), one, PredictOptions(**opts))
-    [summary] = predict_run(tiny_run, crop.removeprefix("crop"), blocks, PredictOptions(block_vox=16, **opts))
+    predict_run(tiny_run, crop.removeprefix("crop"), one, InferConfig(**opts))
+    [summary] = predict_run(tiny_run, crop.removeprefix("crop"), blocks, InferConfig(block_vox=16, **opts))
     a, b = PredictionStore.open(one), PredictionStore.open(blocks)
     assert summary["blocks"] > 1 and b.crop_attrs(crop)["block_vox"] == 16
     assert a.crop_attrs(crop)["blocks"] == 1
@@ -63,7 +64,7 @@ def test_blockwise_crop_matches_one_block(tiny_run, tiny_synth_root, tmp_path):
 def test_killed_run_resumes_after_the_planes_it_wrote(tiny_run, tiny_synth_root, tmp_path):
     crop = _first_test_crop(tiny_synth_root)
     ids = crop.removeprefix("crop")
-    opts = PredictOptions(tta=1, overlap=0.0, block_vox=16, progress=False)
+    opts = InferConfig(tta=1, overlap=0.0, block_vox=16, progress=False)
     predict_run(tiny_run, ids, tmp_path / "ref.zarr", opts)
     reference = PredictionStore.open(tmp_path / "ref.zarr")
     grid = reference.grid(crop)

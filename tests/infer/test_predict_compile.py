@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from cellseg.config.inference import InferConfig
 from cellseg.infer.engine import tta_fold
-from cellseg.infer.predict import PredictOptions, predict_run
+from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
 
 
 def _predict(run, crop: str, out, **opts) -> PredictionStore:
-    predict_run(run, crop, out, PredictOptions(tta=2, overlap=0.5, batch_size=3, progress=False, **opts))
+    predict_run(run, crop, out, InferConfig(tta=2, overlap=0.5, batch_size=3, progress=False, **opts))
     return PredictionStore.open(out)
 
 
@@ -66,7 +67,7 @@ def test_tta_folded_into_the_batch_gives_the_same_prediction(tiny_run, crop, tmp
         for channel in one.crop_channels(c):  # fp32 convolutions of 3 or 6 tiles: equal to float16 rounding
             np.testing.assert_allclose(two.read(c, channel), one.read(c, channel), atol=1e-3, err_msg=channel)
     with pytest.raises(ValueError, match="--tta-fold 3"):
-        PredictOptions(tta=8, tta_fold=3)
+        InferConfig(tta=8, tta_fold=3)
 
 
 def test_tta_fold_policy():

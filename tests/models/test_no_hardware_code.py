@@ -43,7 +43,7 @@ def test_the_scan_sees_every_model_file() -> None:
 def test_no_hardware_code_under_models(path: Path) -> None:
     code = code_without_strings_and_comments(path)
     found = [name for name in FORBIDDEN if name in code]
-    assert not found, f"{path.name} uses {found}: hardware code belongs in cellseg/train/runtime.py"
+    assert not found, f"{path.name} uses {found}: hardware code belongs in cellseg/runtime/"
 
 
 def test_the_scan_would_catch_a_call(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from blobs import ball
 
 from cellseg.cli import main
 from cellseg.data.crops import Catalog
-from cellseg.data.targets import Grid, touching
+from cellseg.data.grid import Grid
+from cellseg.data.targets import touching
 from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.tune import read_truth, split_entry
 

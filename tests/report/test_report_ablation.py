@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cellseg.cli import main as cli
-from cellseg.data.targets import Grid
+from cellseg.data.grid import Grid
 from cellseg.eval.relabel import relabel_26
 from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions, run_report

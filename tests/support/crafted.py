@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cellseg.data.classes import get_class
+from cellseg.classes import get_class
 from cellseg.data.crops import format_vector
 from cellseg.data.write import write_multiscale
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zarr
 
-from cellseg.data import classes
+from cellseg import classes
+from cellseg.classes import get_class
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.classes import get_class
 from cellseg.data.crops import Catalog, Crop
 from cellseg.synth.atoms import scene_atom_ids
 

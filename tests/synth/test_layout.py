@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cellseg.data import classes
+from cellseg import classes
 from cellseg.data.crops import Catalog
 from cellseg.data.inspect import EM_PATH, GT_PATH
 from cellseg.data.ngff import parse_multiscales

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
-from cellseg.data.classes import all_classes
+from cellseg.classes import all_classes
 from cellseg.viz.overlay import error_counts, error_rgba, instance_rgba, outline, semantic_rgba, stack_rgba
 from cellseg.viz.palette import CLASS_COLORS, ERROR_COLORS, class_color, instance_colors
 

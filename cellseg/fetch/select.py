@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from cellseg.data.classes import tested_classes
-from cellseg.data.crops import Catalog, Crop
+from cellseg.classes import tested_classes
+from cellseg.data.crops import Catalog, Crop, crop_id
 
 CROP_GROUPS = ("all", "train", "test")
 Split = Literal["train", "test"]
@@ -60,7 +60,7 @@ def parse_crop_spec(text: str) -> str | tuple[int, ...]:
     if text in CROP_GROUPS:
         return text
     try:
-        return tuple(int(t.strip().removeprefix("crop")) for t in text.split(",") if t.strip())
+        return tuple(crop_id(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise ValueError(f"--crops {text!r}: expected one of {', '.join(CROP_GROUPS)} or crop ids like 1,2,3") from None
 

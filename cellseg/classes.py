@@ -1,6 +1,6 @@
 """The CellMap class catalogue: 74 CellMap label ids (+3 yolk ids), their composition and how each is scored.
 
-Sources, packaged in `cellseg/data/manifests/` (see the README there for provenance and licence):
+Sources, packaged in `cellseg/manifests/` (see the README there for provenance and licence):
 `classes.csv` (ids and group composition), `classes_long_names.csv` (long names, instance flags,
 yolk ids 75-77) and `tested_classes.csv` (the 48 scored classes).
 
@@ -12,7 +12,7 @@ Vocabulary:
 - of the 48 tested classes, 10 are scored as instances (object ids), the other 38 semantically (binary).
 
 Example:
-    >>> from cellseg.data.classes import get_class, atoms_of, mutually_exclusive
+    >>> from cellseg.classes import get_class, atoms_of, mutually_exclusive
     >>> atoms_of("mito")
     ('mito_mem', 'mito_lum', 'mito_ribo')
     >>> mutually_exclusive("mito", "nuc"), mutually_exclusive("er", "ne")
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
-MANIFEST_PACKAGE = "cellseg.data.manifests"
+MANIFEST_PACKAGE = "cellseg.manifests"
 
 
 @dataclass(frozen=True, kw_only=True)

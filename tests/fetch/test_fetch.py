@@ -25,8 +25,11 @@ import pytest
 from cellseg.cli import main
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.crops import Catalog, format_vector
-from cellseg.data.fetch import fetch, load_catalog
-from cellseg.data.fetch_plan import (
+from cellseg.data.ngff import parse_multiscales
+from cellseg.data.stores import resolve
+from cellseg.data.write import write_multiscale
+from cellseg.fetch.download import fetch, load_catalog
+from cellseg.fetch.plan import (
     LEDGER,
     build_plan,
     choose_em_levels,
@@ -34,11 +37,8 @@ from cellseg.data.fetch_plan import (
     overlapping_range,
     relative_path,
 )
-from cellseg.data.fetch_select import select_targets
-from cellseg.data.fetch_size import estimate
-from cellseg.data.ngff import parse_multiscales
-from cellseg.data.stores import resolve
-from cellseg.data.write import write_multiscale
+from cellseg.fetch.select import select_targets
+from cellseg.fetch.size import estimate
 
 PAD = 4  # EM voxels of padding used in these tests
 EM = "recon-1/em/fibsem-uint8"

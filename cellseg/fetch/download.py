@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cellseg.data.crops import Catalog, Geometry, format_vector
-from cellseg.data.fetch_plan import (
+from cellseg.data.stores import resolve
+from cellseg.fetch.plan import (
     LEDGER,
     ArrayFetch,
     Chunk,
@@ -60,9 +61,8 @@ from cellseg.data.fetch_plan import (
     read_ledger,
     relative_path,
 )
-from cellseg.data.fetch_select import Target, select_targets
-from cellseg.data.fetch_size import SizeReport, estimate, format_bytes, probe
-from cellseg.data.stores import resolve
+from cellseg.fetch.select import Target, select_targets
+from cellseg.fetch.size import SizeReport, estimate, format_bytes, probe
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellseg.data.crops import Catalog
-from cellseg.data.fetch_select import Target
 from cellseg.data.ngff import LevelMeta, parse_multiscales
 from cellseg.data.stores import Location
+from cellseg.fetch.select import Target
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellseg.data import stores
-from cellseg.data.fetch_plan import ArrayFetch, Chunk, FetchPlan, pending_chunks
 from cellseg.data.stores import Location
+from cellseg.fetch.plan import ArrayFetch, Chunk, FetchPlan, pending_chunks
 
 MAX_EXACT_HEADS = 2000
 SAMPLE_PER_STRATUM = 32

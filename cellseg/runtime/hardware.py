@@ -1,9 +1,10 @@
-"""All hardware code of training lives here: device, torchrun/DDP, precision, TF32, compile, wrapping.
+"""The hardware code training and inference share: device, torchrun/DDP, precision, TF32, channels-last,
+wrapping.
 
 Order of operations (as torchtitan and nanoGPT do it): set the CUDA allocator before CUDA initialises →
-pick the device → move the model → channels-last → `torch.compile` → DDP wrap. Checkpoints always hold
-the unwrapped module (`unwrap`). Autocast wraps only forward and loss; bf16 needs no GradScaler, fp16
-gets one.
+pick the device → move the model → channels-last → `torch.compile` (`cellseg.runtime.compile`) → DDP wrap.
+Checkpoints always hold the unwrapped module (`unwrap`). Autocast wraps only forward and loss; bf16 needs no
+GradScaler, fp16 gets one.
 """
 
 from __future__ import annotations
@@ -95,6 +96,17 @@ def autocast(device: torch.device, precision: Precision) -> Iterator[None]:
         return
     with torch.autocast(device_type=device.type, dtype=DTYPES[precision]):
         yield
+
+
+def resolve_precision(precision: str, device: torch.device) -> Precision:
+    """"auto" → bf16 on CUDA (fp16 where bf16 is unsupported), fp32 on CPU; anything else as given."""
+    if precision != "auto":
+        if precision not in DTYPES:
+            raise ValueError(f"precision {precision!r}: choose 'auto' or one of {sorted(DTYPES)}")
+        return precision  # type: ignore[return-value]
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
 def make_scaler(precision: Precision, device: torch.device) -> torch.amp.GradScaler:
