@@ -14,7 +14,11 @@ Level choice (`choose_level`), the rule shared with the challenge's tools:
 2. otherwise `policy="closest"` (default) takes the level minimising the summed relative voxel-size
    difference over axes, ties going to the finer level: exactly cellmap-data's `CellMapImage` rule;
    `policy="finer"` takes the coarsest level that is not coarser than the request on any axis (the
-   official evaluator's rule for non-OME groups), falling back to the finest level.
+   official evaluator's rule for non-OME groups), falling back to the finest level;
+3. a read of a local array skips a level whose chunks covering the box were never downloaded (a partial
+   `cellseg fetch` mirrors every level's metadata but only some levels' chunks, and a missing chunk file
+   reads as 0: an all-black volume), taking the next level in order of preference with a warning, or fails
+   naming the level and the fetch option that brings it (`cellseg.data.chunks`).
 Resampling happens only when the chosen level's grid differs from the requested one.
 """
 
@@ -28,7 +32,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from cellseg.data import resample
+from cellseg.data import chunks, resample
 from cellseg.data.ngff import LevelMeta, parse_multiscales
 from cellseg.data.stores import HTTPStore, Location, resolve
 
@@ -40,6 +44,9 @@ LevelPolicy = Literal["closest", "finer"]
 VOXEL_SIZE_RTOL = 0.01  # relative voxel-size difference treated as "the same resolution"
 GRID_ATOL_VOX = 1e-3  # offsets within this fraction of a voxel count as on-grid (float noise in manifests)
 DEFAULT_CACHE_BYTES = 256 * 2**20  # tensorstore chunk cache shared by every array of a process
+# A level holds data for a box when at least this share of its chunks there is on disk (or known absent at the
+# source): a box at the edge of a fetched region keeps its level, a level fetched elsewhere only does not.
+MIN_CHUNK_COVERAGE = 0.5
 
 
 class ArrayReader(Protocol):
@@ -147,9 +154,19 @@ def _same_size(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(abs(x - y) <= VOXEL_SIZE_RTOL * y for x, y in zip(a, b, strict=True))
 
 
+def rank_levels(levels: Sequence[LevelMeta], voxel_size_nm: Sequence[float], *,
+                policy: LevelPolicy = "closest") -> list[int]:
+    """Every level's index, best first for a requested voxel size: `choose_level`'s pick, then the others by
+    summed relative voxel-size difference (finer first on ties)."""
+    first = choose_level(levels, voxel_size_nm, policy=policy)
+    target = [float(v) for v in voxel_size_nm]
+    scores = [sum(abs(v - t) / t for v, t in zip(lv.voxel_size_nm, target, strict=True)) for lv in levels]
+    return [first, *sorted((i for i in range(len(levels)) if i != first), key=lambda i: (scores[i], i))]
+
+
 def choose_level(levels: Sequence[LevelMeta], voxel_size_nm: Sequence[float], *,
                  policy: LevelPolicy = "closest") -> int:
-    """Index of the level to read for a requested voxel size (rule in the module docstring)."""
+    """Index of the level to read for a requested voxel size (rules 1 and 2 in the module docstring)."""
     target = [float(v) for v in voxel_size_nm]
     for i, lv in enumerate(levels):
         if _same_size(lv.voxel_size_nm, target):
@@ -185,6 +202,8 @@ class MultiscaleImage:
         self.backend = backend
         self._cache_bytes = cache_bytes
         self._readers: dict[str, ArrayReader] = {}
+        self._warned: set[tuple[str, str]] = set()  # (skipped level, level read instead), warned once each
+        self._zarrays: dict[str, dict[str, Any]] = {}  # level path -> its .zarray, read once
         attrs = self.location.read_json(".zattrs")
         if attrs is None and self.location.read_json(".zgroup") is None:
             raise FileNotFoundError(f"{self.location}: no zarr group here (missing .zgroup and .zattrs)")
@@ -262,7 +281,7 @@ class MultiscaleImage:
             ValueError: box outside the volume with `pad_value=None`, or a pad value that the output
                 dtype cannot hold (e.g. NaN in uint8: pass `dtype="float32"`).
         """
-        lv = self.level(level) if level else self.choose_level(voxel_size_nm, policy=policy)
+        lv = self.level(level) if level else self._read_level(translation_nm, shape_vox, voxel_size_nm, policy)
         taps, direct = self._plan(lv, translation_nm, shape_vox, voxel_size_nm, interpolation)
         inside = resample.inside_mask(taps)
         if pad_value is None and not inside.all():
@@ -278,6 +297,70 @@ class MultiscaleImage:
             values, where = self._gather(lv, taps, inside)
             out[where] = _cast(values, out_dtype)
         return (out, inside) if return_mask else out
+
+    def chunk_coverage(self, lv: Level, translation_nm: Sequence[float], shape_vox: Sequence[int],
+                       voxel_size_nm: Sequence[float]) -> float:
+        """Share of the chunks of level `lv` under the box that hold data (1.0 for remote arrays; see
+        `cellseg.data.chunks`)."""
+        if self.location.kind != "file":
+            return 1.0
+        ranges = []
+        for t, n, v, lt, lvs in zip(translation_nm, shape_vox, voxel_size_nm, lv.translation_nm, lv.voxel_size_nm,
+                                    strict=True):
+            lo = (t - v / 2 - lt) / lvs + 0.5  # the box's edges in the level's voxel indices
+            hi = (t + (n - 0.5) * v - lt) / lvs + 0.5
+            ranges.append((int(np.floor(lo)), int(np.ceil(hi))))
+        path = self.location.join(lv.path)
+        if lv.path not in self._zarrays:
+            self._zarrays[lv.path] = _zarray(path)
+        return chunks.coverage(path.url, self._zarrays[lv.path], ranges)
+
+    def level_with_data(self, translation_nm: Sequence[float], shape_vox: Sequence[int],
+                        voxel_size_nm: Sequence[float], *, policy: LevelPolicy = "closest") -> Level | None:
+        """The best level (rules 1-2) whose chunks under the box were downloaded (rule 3); None if no level's were."""
+        order = rank_levels(self.levels, voxel_size_nm, policy=policy)
+        for i in order:
+            lv = self.levels[i]
+            if self.chunk_coverage(lv, translation_nm, shape_vox, voxel_size_nm) >= MIN_CHUNK_COVERAGE:
+                best = self.levels[order[0]]
+                if lv is not best and (best.path, lv.path) not in self._warned:
+                    self._warned.add((best.path, lv.path))
+                    log.warning("%s/%s: its chunks under the requested box were never downloaded (metadata only); "
+                                "reading level %s (%s nm) instead", self.location, best.path, lv.path,
+                                _nm(lv.voxel_size_nm))
+                return lv
+        return None
+
+    def require_data(self, translation_nm: Sequence[float], shape_vox: Sequence[int],
+                     voxel_size_nm: Sequence[float], *, what: str = "the box") -> Level:
+        """The level a read of this box uses (`level_with_data`).
+
+        Raises:
+            ValueError: no level's chunks under the box were downloaded, naming `what` (e.g. the crop), the
+                level and the `cellseg fetch` option that brings it.
+        """
+        lv = self.level_with_data(translation_nm, shape_vox, voxel_size_nm)
+        if lv is not None:
+            return lv
+        best = self.choose_level(voxel_size_nm)
+        raise ValueError(f"{what}: {self.location}: no level holds data there: level {best.path} "
+                         f"({_nm(best.voxel_size_nm)} nm) has metadata but its chunks were never downloaded (nor any "
+                         "other level's); fetch them with `cellseg fetch --crops <id> --em-levels all` (or more "
+                         "`--padding-vox` for context)")
+
+    def _read_level(self, translation_nm: Sequence[float], shape_vox: Sequence[int], voxel_size_nm: Sequence[float],
+                    policy: LevelPolicy) -> Level:
+        """The level `read` uses: one with data (rule 3), else the best one (it reads as the fill value, warned)."""
+        lv = self.level_with_data(translation_nm, shape_vox, voxel_size_nm, policy=policy)
+        if lv is not None:
+            return lv
+        best = self.choose_level(voxel_size_nm, policy=policy)
+        if (best.path, "") not in self._warned:
+            self._warned.add((best.path, ""))
+            log.warning("%s: no level's chunks under the box at %s nm were downloaded: it reads as the fill value "
+                        "(fetch them with `cellseg fetch --em-levels all` or more `--padding-vox`)", self.location,
+                        tuple(round(float(t), 1) for t in translation_nm))
+        return best
 
     def _plan(self, lv: Level, translation_nm: Sequence[float], shape_vox: Sequence[int],
               voxel_size_nm: Sequence[float], interpolation: resample.Interpolation
@@ -311,6 +394,10 @@ class MultiscaleImage:
         ):
             raise ValueError(f"{self.location}/{lv.path}: pad value {pad_value} does not fit output dtype {out_dtype}; "
                              "pass dtype='float32' (or a representable pad value)")
+
+
+def _nm(voxel_size_nm: Sequence[float]) -> str:
+    return "x".join(f"{v:g}" for v in voxel_size_nm)
 
 
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -48,17 +48,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cellseg.data.chunks import LEDGER, read_ledger
 from cellseg.data.crops import Catalog, Geometry, format_vector
 from cellseg.data.stores import resolve
 from cellseg.fetch.plan import (
-    LEDGER,
     ArrayFetch,
     Chunk,
     FetchPlan,
     MetaFile,
     build_plan,
     pending_chunks,
-    read_ledger,
     relative_path,
 )
 from cellseg.fetch.select import Target, select_targets

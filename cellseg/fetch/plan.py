@@ -29,7 +29,6 @@ thousands of small files; `refresh_metadata=True` reads everything from the sour
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from cellseg.data.chunks import chunk_keys, read_ledger
 from cellseg.data.crops import Catalog
 from cellseg.data.ngff import LevelMeta, parse_multiscales
 from cellseg.data.stores import Location
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 EM_LEVEL_FACTOR = 0.8  # an EM level is "matched" when coarser than this fraction of the GT voxel size
 GRID_EPS_VOX = 1e-3  # overlaps thinner than this fraction of a voxel are float noise, not overlap
 GROUP_MARKER, ARRAY_MARKER, ATTRS = ".zgroup", ".zarray", ".zattrs"
-LEDGER = ".cellseg-fetch.json"  # per array: chunk keys known to be absent at the source (see fetch.py)
 EM_LEVEL_CHOICES = ("matched", "all")
 
 
@@ -116,14 +115,6 @@ def overlapping_range(start_nm: float, stop_nm: float, *, voxel_size_nm: float, 
     lo = math.floor((start_nm - translation_nm) / voxel_size_nm - 0.5 + GRID_EPS_VOX) + 1
     hi = math.ceil((stop_nm - translation_nm) / voxel_size_nm + 0.5 - GRID_EPS_VOX)
     return max(0, lo - padding_vox), min(size_vox, hi + padding_vox)
-
-
-def chunk_keys(ranges: Sequence[tuple[int, int]], *, chunks: Sequence[int], separator: str) -> tuple[str, ...]:
-    """Keys (`"1.0.2"` or `"1/0/2"`) of the chunks that intersect the voxel index box `ranges`."""
-    if any(hi <= lo for lo, hi in ranges):
-        return ()
-    per_axis = [range(lo // c, (hi - 1) // c + 1) for (lo, hi), c in zip(ranges, chunks, strict=True)]
-    return tuple(separator.join(map(str, index)) for index in itertools.product(*per_axis))
 
 
 def relative_path(location: Location, dataset: str) -> str:
@@ -368,21 +359,6 @@ def build_plan(catalog: Catalog, targets: Sequence[Target], *, dest: Path | None
 
 
 # ------------------------------------------------------------------------------------------------- pending
-
-
-def read_ledger(array_dir: Path) -> set[str]:
-    """Chunk keys recorded as absent at the source for the array in `array_dir`.
-
-    Raises:
-        ValueError: the ledger exists but is not valid.
-    """
-    path = array_dir / LEDGER
-    if not path.is_file():
-        return set()
-    try:
-        return set(json.loads(path.read_text())["absent"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: corrupt fetch ledger ({err}); delete it to re-check absent chunks") from None
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,15 @@ import pytest
 
 from cellseg.cli import main
 from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.chunks import LEDGER, chunk_keys
 from cellseg.data.crops import Catalog, format_vector
 from cellseg.data.ngff import parse_multiscales
 from cellseg.data.stores import resolve
 from cellseg.data.write import write_multiscale
 from cellseg.fetch.download import fetch, load_catalog
 from cellseg.fetch.plan import (
-    LEDGER,
     build_plan,
     choose_em_levels,
-    chunk_keys,
     overlapping_range,
     relative_path,
 )
