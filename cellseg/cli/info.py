@@ -20,6 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("path", nargs="?", help="data root, zarr group or zarr array")
     parser.add_argument("--catalog", action="store_true", help="summarise the packaged official manifests")
     parser.add_argument("--classes", action="store_true", help="list the CellMap classes (ids, groups, scoring)")
+    parser.add_argument("--pad-value", type=int, default=0, metavar="V",
+                        help="EM value of 'outside the imaged volume' (data.em_pad_value, default 0): a data root's "
+                             "description gives the share of each dataset's EM equal to it (voxels inside cells "
+                             "that are this dark, e.g. saturated membranes, are masked by training too)")
     parser.set_defaults(func=run)
 
 
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if args.path:
         from cellseg.data.inspect import describe
 
-        parts.append(describe(args.path))
+        if not 0 <= args.pad_value <= 255:
+            raise ValueError(f"--pad-value {args.pad_value}: EM is uint8, choose a value in [0, 255]")
+        parts.append(describe(args.path, pad_value=args.pad_value))
     print("\n\n".join(parts))
     return 0

@@ -13,12 +13,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from cellseg.data.chunks import chunk_keys
 from cellseg.data.crops import Catalog
 from cellseg.data.ngff import parse_multiscales
 from cellseg.data.stores import resolve
 
 EM_PATH = "recon-1/em/fibsem-uint8"
 GT_PATH = "recon-1/labels/groundtruth"
+# The padding fraction is counted at the finest EM level of at most this many voxels: exact at s0 for the
+# synthetic presets, a few seconds per dataset for real volumes (counted chunk by chunk, downloaded chunks only).
+PAD_SCAN_MAX_VOXELS = 2**28
 
 
 def disk_bytes(path: str | os.PathLike[str]) -> int:
@@ -50,14 +56,42 @@ class DatasetScan:
     em_levels: list[str] = field(default_factory=list)
     crops: dict[str, dict[str, str]] = field(default_factory=dict)  # crop → class → s0 voxel size text
     bytes_on_disk: int = 0
+    padding: str = ""  # share of the EM on disk at the padding value, with the level it was counted at
 
 
-def _scan_dataset(zarr_dir: Path) -> DatasetScan:
+def padding_fraction(em_dir: Path, pad_value: int = 0) -> tuple[str, float, int] | None:
+    """(level, share of voxels equal to `pad_value`, voxels counted) of an EM group on disk, counted at its
+    finest level of at most `PAD_SCAN_MAX_VOXELS` voxels over the chunks present (a partial download holds only
+    some: absent chunks would read as 0 and count as padding); None without levels or chunks."""
+    import zarr
+
+    levels = parse_multiscales(resolve(em_dir).read_json(".zattrs"), source=str(em_dir))
+    for lv in levels:
+        array = zarr.open_array(str(em_dir / lv.path), mode="r")
+        if np.prod(array.shape) <= PAD_SCAN_MAX_VOXELS or lv is levels[-1]:
+            break
+    separator = array._dimension_separator or "."
+    keys = chunk_keys([(0, n) for n in array.shape], chunks=array.chunks, separator=separator)
+    padded = counted = 0
+    for key in keys:
+        if not (em_dir / lv.path / key).is_file():
+            continue
+        index = [int(i) for i in key.split(separator)]
+        block = array[tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, array.chunks, strict=True))]
+        padded += int(np.count_nonzero(block == pad_value))
+        counted += block.size
+    return (lv.path, padded / counted, counted) if counted else None
+
+
+def _scan_dataset(zarr_dir: Path, pad_value: int = 0) -> DatasetScan:
     scan = DatasetScan(name=zarr_dir.parent.name, bytes_on_disk=disk_bytes(zarr_dir))
     em = zarr_dir / EM_PATH
     if (em / ".zattrs").is_file():
         for lv in parse_multiscales(resolve(em).read_json(".zattrs"), source=str(em)):
             scan.em_levels.append(f"{lv.path}@{_fmt(lv.voxel_size_nm)}")
+        found = padding_fraction(em, pad_value)
+        scan.padding = (f"{100 * found[1]:.2f} % of the EM on disk equals the padding value {pad_value} "
+                        f"(level {found[0]}, {found[2]:,} voxels)") if found else "no EM chunks on disk"
     gt = zarr_dir / GT_PATH
     for crop_dir in sorted(gt.glob("crop*"), key=lambda p: (len(p.name), p.name)):
         classes = {}
@@ -76,9 +110,9 @@ def iter_dataset_dirs(root: Path) -> Iterator[Path]:
             yield zarr_dir
 
 
-def describe_root(root: Path) -> str:
-    """Datasets, crops, classes per crop, voxel sizes and sizes on disk of a data root."""
-    scans = [_scan_dataset(z) for z in iter_dataset_dirs(root)]
+def describe_root(root: Path, pad_value: int = 0) -> str:
+    """Datasets, crops, classes per crop, voxel sizes, sizes on disk and the share of EM at the padding value."""
+    scans = [_scan_dataset(z, pad_value) for z in iter_dataset_dirs(root)]
     if not scans:
         raise ValueError(f"{root}: no <dataset>/<dataset>.zarr folders here; not a CellMap data root")
     total = sum(s.bytes_on_disk for s in scans)
@@ -87,6 +121,8 @@ def describe_root(root: Path) -> str:
     for s in scans:
         lines.append(f"\n{s.name}  ({human_bytes(s.bytes_on_disk)})")
         lines.append(f"  EM levels (nm): {', '.join(s.em_levels) or 'none on disk'}")
+        if s.padding:
+            lines.append(f"  padding: {s.padding}")
         for crop, classes in s.crops.items():
             by_size: dict[str, list[str]] = defaultdict(list)
             for name, size in classes.items():
@@ -129,11 +165,11 @@ def describe_zarr(path: Path) -> str:
     return f"zarr group {path}: {len(children)} children\n  " + "\n  ".join(children)
 
 
-def describe(path: str | os.PathLike[str]) -> str:
+def describe(path: str | os.PathLike[str], *, pad_value: int = 0) -> str:
     """`cellseg info PATH`: pick the right description for what `path` is."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     if (path / ".zarray").exists() or (path / ".zgroup").exists():
         return describe_zarr(path)
-    return describe_root(path)
+    return describe_root(path, pad_value)
