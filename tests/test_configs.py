@@ -9,10 +9,10 @@ from cellseg.config.load import from_dict, read_yaml
 from cellseg.config.schema import ModelConfig, RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RUNNABLE = sorted([*CONFIGS.glob("experiments/*.yaml"), *CONFIGS.glob("smoke/*.yaml")])
+RUNNABLE = sorted([*CONFIGS.glob("experiments/**/*.yaml"), *CONFIGS.glob("smoke/*.yaml")])
 
 
-@pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(CONFIGS).with_suffix("")))
 def test_runnable_configs_load_and_round_trip(path, tmp_path):
     cfg = load_run_config(path)
     assert isinstance(cfg, RunConfig)
