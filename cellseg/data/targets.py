@@ -138,10 +138,12 @@ class CropSource:
     start_nm: Vec3  # annotated box: lower corner (z, y, x)
     stop_nm: Vec3  # upper corner
     label_voxel_size_nm: Vec3  # finest voxel size of its label arrays
-    boundaries: bool = False
-    boundary_cache_dir: Path | None = None  # where `boundary_cache` keeps the boundary bits (None: per sample)
+    boundaries: bool
+    boundary_cache_dir: Path | None  # where `boundary_cache` keeps the boundary bits (None: per sample)
     arrays: CropArrays = field(repr=False, compare=False)
-    tables: tuple[np.ndarray, np.ndarray] = field(repr=False, compare=False)  # see `lookup_tables`
+    # Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8; the
+    # boundary channels are left 0 (they come from the id arrays). Computed once, when the crop is opened.
+    lookup_tables: tuple[np.ndarray, np.ndarray] = field(repr=False, compare=False)
 
     @classmethod
     def open(cls, entry: SplitEntry, classes: Sequence[str], *, backend: Backend = "tensorstore",
@@ -170,7 +172,7 @@ class CropSource:
         return cls(entry=entry, classes=classes, on_disk=on_disk, has_all=has_all, plans=plans, start_nm=start,
                    stop_nm=stop, label_voxel_size_nm=label_vs, boundaries=boundaries,
                    boundary_cache_dir=None if boundary_cache_dir is None else Path(boundary_cache_dir),
-                   arrays=arrays, tables=_lookup_tables(plans, num_channels))
+                   arrays=arrays, lookup_tables=_lookup_tables(plans, num_channels))
 
     def image(self, name: str) -> MultiscaleImage:
         """The multiscale label group `name` of this crop ("all" included), opened once per process."""
@@ -195,12 +197,6 @@ class CropSource:
         """K class channels plus the boundary channels."""
         return len(self.plans) + len(self.aux_classes)
 
-    @property
-    def lookup_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8;
-        the boundary channels are left 0 (they come from the id arrays)."""
-        return self.tables
-
     def read_targets(self, grid: Grid, *, use_all: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """`(target, known)` on `grid`, both `(C, z, y, x)` bool (C = K classes + boundary channels).
 
@@ -218,7 +214,7 @@ class CropSource:
         shape = (-(-self.num_channels // 8), *grid.shape_vox)
         reads = _Reads(self.arrays, grid)
         if use_all and self.has_all:
-            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self.tables)
+            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self.lookup_tables)
         else:
             tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
             self._classes_from_arrays(reads, tbits, kbits)
@@ -250,12 +246,13 @@ class CropSource:
         Raises:
             ValueError: the crop was opened without a boundary cache folder.
         """
-        if self.boundary_cache_dir is None:
+        cache_dir = self.boundary_cache_dir
+        if cache_dir is None:
             raise ValueError(f"{self.name}: opened without a boundary cache folder (data.boundary_cache)")
         vs = vec3(voxel_size_nm)
-        return self.arrays.get(("boundary_cache", vs), lambda: self._open_boundary_cache(vs))
+        return self.arrays.get(("boundary_cache", vs), lambda: self._open_boundary_cache(cache_dir, vs))
 
-    def _open_boundary_cache(self, voxel_size_nm: Vec3) -> BoundaryCache:
+    def _open_boundary_cache(self, cache_dir: Path, voxel_size_nm: Vec3) -> BoundaryCache:
         level = self.em().choose_level(voxel_size_nm)
         grid = lattice_grid(self.start_nm, self.stop_nm, lattice_translation_nm=level.translation_nm,
                             voxel_size_nm=voxel_size_nm)
@@ -263,7 +260,7 @@ class CropSource:
         id_arrays = [self.plans[i].read[0] for i in self.aux_classes if len(self.plans[i].read) == 1]
         inputs = {"crop": self.entry.crop_url, "aux": channels,
                   "arrays": {n: repr(self.image(n).levels[0]) for n in id_arrays}}
-        path = cache_path(self.boundary_cache_dir, self.name, grid, inputs=inputs)  # type: ignore[arg-type]
+        path = cache_path(cache_dir, self.name, grid, inputs=inputs)
         return BoundaryCache(path, grid, compute=self.boundary_bits, channels=channels, backend=self.arrays.backend,
                              cache_bytes=self.arrays.cache_bytes)
 
