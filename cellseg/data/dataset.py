@@ -99,11 +99,13 @@ class PatchDataset(torch.utils.data.Dataset):
         rotate_p: share of samples the GPU will rotate/zoom. The decision is made here from the sample's
             seed: only those samples read the enlarged context; the others read just the patch and are
             zero-padded to the read shape (the augmentation never looks outside their centre).
+        use_all: read class targets from the crops' `all` arrays where they have one ("ids" encoding when
+            every crop does); False reads every class array ("bits" encoding).
     """
 
     def __init__(self, crops: Sequence[CropSource], sampler: PatchSampler, *, voxel_size_nm: Sequence[float],
                  read_shape_vox: Sequence[int], num_samples: int, em_pad_value: int = 0,
-                 patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0):
+                 patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0, use_all: bool = True):
         self.crops = list(crops)
         self.sampler = sampler
         self.voxel_size_nm = tuple(float(v) for v in voxel_size_nm)
@@ -112,6 +114,7 @@ class PatchDataset(torch.utils.data.Dataset):
         self.rotate_p = rotate_p
         self.num_samples = int(num_samples)
         self.em_pad_value = em_pad_value
+        self.use_all = use_all
 
     def __len__(self) -> int:
         return self.num_samples
@@ -138,9 +141,9 @@ class PatchDataset(torch.utils.data.Dataset):
 
     @property
     def target_mode(self) -> str:
-        """"ids" when every crop has an `all` array (1 byte per voxel travels; the GPU looks classes up),
-        else "bits" (bit-packed targets and known masks of every channel)."""
-        return "ids" if all(c.has_all and c.use_all for c in self.crops) else "bits"
+        """"ids" when `use_all` is on and every crop has an `all` array (1 byte per voxel travels; the GPU
+        looks classes up), else "bits" (bit-packed targets and known masks of every channel)."""
+        return "ids" if self.use_all and all(c.has_all for c in self.crops) else "bits"
 
     def __getitem__(self, i: int) -> dict[str, object]:
         spec = self.sampler(int(i))
@@ -154,7 +157,7 @@ class PatchDataset(torch.utils.data.Dataset):
             ids[black] = ALL_OUTSIDE
             volumes = {"image": em[None], "ids": ids[None], "target_bits": tbits, "known_bits": kbits}
         else:
-            tbits, kbits = crop.read_targets_packed(grid)
+            tbits, kbits = crop.read_targets_packed(grid, use_all=self.use_all)
             volumes = {"image": em[None], "target_bits": tbits, "known_bits": kbits}
         volumes["known_bits"] &= np.where(black, np.uint8(0), np.uint8(255))[None]
         for key, a in volumes.items():

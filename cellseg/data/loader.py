@@ -9,6 +9,7 @@ of (seed, rank, epoch, index) (`cellseg.data.sampling`), so the number of worker
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,12 @@ import torch
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.augment import GpuAugment
-from cellseg.data.boundary_cache import resolve_cache_dir, warm_boundary_caches
+from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
 from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import SplitEntry, read_datasplit, split_catalog, write_datasplit
-from cellseg.data.targets import CropSource
+from cellseg.data.targets import CropSource, NoRequestedClass
 
 log = logging.getLogger(__name__)
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
@@ -37,17 +38,29 @@ def make_split(cfg: DataConfig) -> list[SplitEntry]:
 
 
 def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
-    """Open the crops of a split; crops annotating none of the classes are skipped with a log line."""
+    """Open the crops of a split; crops annotating none of the classes are skipped with a log line, crops that
+    cannot be used (their box wholly outside their EM, say) with a warning."""
+    cache_dir = resolve_cache_dir(cfg.boundary_cache)
     crops = []
     for entry in entries:
         try:
-            cache_dir = resolve_cache_dir(cfg.boundary_cache)
-            crops.append(CropSource(entry=entry, classes=cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
-                                    boundaries=cfg.instance_boundaries,
-                                    boundary_cache_dir=str(cache_dir) if cache_dir else None))
-        except ValueError as err:  # skipping is what users want here: a split lists crops of every class
+            crops.append(CropSource.open(entry, cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
+                                         boundaries=cfg.instance_boundaries, boundary_cache_dir=cache_dir))
+        except NoRequestedClass as err:  # skipping is what users want here: a split lists crops of every class
             log.info("skipping %s: %s", entry.crop_name, err)
+        except ValueError as err:
+            log.warning("skipping %s: %s", entry.crop_name, err)
     return crops
+
+
+def warm_boundary_caches(crops: Sequence[CropSource], voxel_size_nm: Sequence[float]) -> None:
+    """Build the missing boundary cache files of `crops` now (with a progress bar) rather than in the first
+    batches of every worker."""
+    from tqdm import tqdm
+
+    todo = [c for c in crops if c.aux_classes and c.boundary_cache_dir]
+    for crop in tqdm(todo, desc="boundary cache", unit="crop", disable=not todo, leave=False):
+        crop.boundary_cache(voxel_size_nm)
 
 
 @dataclass

@@ -19,30 +19,33 @@ With `boundaries=True`, every instance-scored class k also gets an auxiliary cha
 channels, in class order): the voxels of an object that touch a *different* object (6-neighbourhood).
 Touching objects merge in a binary mask; this channel is what lets the watershed split them again. It is
 known only where the class is read from an id array (a union of atoms carries no ids).
+
+A crop is an immutable value (`CropSource.open` does the I/O once: lists the label groups, finds the
+annotated box, checks it against the EM, plans every class). Its open array handles live apart, in one
+`CropArrays` per process: pickled into a DataLoader worker it travels empty and re-opens there.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 import numpy as np
 
 from cellseg.classes import all_classes, get_class, is_instance, mutually_exclusive
-from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.grid import Grid, Vec3
+from cellseg.data.arrays import DEFAULT_CACHE_BYTES, Backend, MultiscaleImage
+from cellseg.data.boundary_cache import BoundaryCache, PackedBits, cache_path, lattice_grid
+from cellseg.data.grid import Grid, Vec3, vec3
 from cellseg.data.split import SplitEntry
-
-if TYPE_CHECKING:
-    from cellseg.data.boundary_cache import BoundaryCache
 
 log = logging.getLogger(__name__)
 ALL_OUTSIDE = 255  # pad value of `all` reads: not a CellMap id, so "outside the crop" stays unknown
+EM_OVERHANG_TOLERANCE = 1e-6  # share of the annotated box outside the EM still taken as "inside" (float noise)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,73 +84,103 @@ def plan_class(name: str, on_disk: Sequence[str], *, has_all: bool) -> ClassPlan
     return ClassPlan(name=name, exclusive=_maximal(exclusive))
 
 
-@dataclass
-class CropSource:
-    """One training crop opened for reading: EM, its label arrays and how each class is built.
+class NoRequestedClass(ValueError):
+    """The crop annotates none of the requested classes (common: a split lists crops of every class)."""
 
-    Array handles open lazily and are re-opened in each DataLoader worker (they do not pickle).
+
+class CropArrays:
+    """The open handles of one crop: its label groups, its EM and its boundary caches, opened on first use.
+
+    Handles belong to one process: pickled (into a DataLoader worker) this travels with the locations only,
+    and the worker opens its own handles on first use.
+    """
+
+    def __init__(self, crop_url: str, em_url: str, *, backend: Backend, cache_bytes: int):
+        self.crop_url, self.em_url, self.backend, self.cache_bytes = crop_url, em_url, backend, cache_bytes
+        self._open: dict[Hashable, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": {}}
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The handle under `key`, made with `make()` the first time this process asks for it."""
+        if key not in self._open:
+            self._open[key] = make()
+        return self._open[key]
+
+    def label(self, name: str) -> MultiscaleImage:
+        """The multiscale label group `name` of the crop ("all" included)."""
+        return self.get(("label", name), lambda: MultiscaleImage(os.path.join(self.crop_url, name),
+                                                                 backend=self.backend, cache_bytes=self.cache_bytes))
+
+    def em(self) -> MultiscaleImage:
+        """The dataset's EM group (must be uint8)."""
+        return self.get(("em",), lambda: MultiscaleImage(self.em_url, backend=self.backend, expected_dtype="uint8",
+                                                         cache_bytes=self.cache_bytes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CropSource:
+    """One training crop: where its EM and label arrays are, its annotated box and how each class is built.
+
+    Made by `CropSource.open`; no method changes it. Reads go through `arrays` (this process's handles).
+
+    Example:
+        >>> crop = CropSource.open(entry, ("mito", "er"), boundaries=True)
+        >>> target, known = crop.read_targets(grid)  # (C, z, y, x) bool each
     """
 
     entry: SplitEntry
     classes: tuple[str, ...]
-    backend: str = "tensorstore"
-    cache_bytes: int = 256 * 2**20
-    on_disk: tuple[str, ...] = ()
-    plans: tuple[ClassPlan, ...] = ()
-    start_nm: Vec3 = (0.0, 0.0, 0.0)  # annotated box (lower corner)
-    stop_nm: Vec3 = (0.0, 0.0, 0.0)
-    label_voxel_size_nm: Vec3 = (1.0, 1.0, 1.0)
-    boundaries: bool = False
-    boundary_cache_dir: str | None = None  # where `boundary_cache` keeps the boundary bits (None: per sample)
-    use_all: bool = True
-    _images: dict[str, MultiscaleImage] = field(default_factory=dict, repr=False)
+    on_disk: tuple[str, ...]  # listed classes with a label group (`all` excluded)
+    has_all: bool  # the crop has its `all` array of atom ids
+    plans: tuple[ClassPlan, ...]
+    start_nm: Vec3  # annotated box: lower corner (z, y, x)
+    stop_nm: Vec3  # upper corner
+    label_voxel_size_nm: Vec3  # finest voxel size of its label arrays
+    boundaries: bool
+    boundary_cache_dir: Path | None  # where `boundary_cache` keeps the boundary bits (None: per sample)
+    arrays: CropArrays = field(repr=False, compare=False)
+    # Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8; the
+    # boundary channels are left 0 (they come from the id arrays). Computed once, when the crop is opened.
+    lookup_tables: tuple[np.ndarray, np.ndarray] = field(repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        crop_dir = Path(self.entry.crop_url)
+    @classmethod
+    def open(cls, entry: SplitEntry, classes: Sequence[str], *, backend: Backend = "tensorstore",
+             cache_bytes: int = DEFAULT_CACHE_BYTES, boundaries: bool = False,
+             boundary_cache_dir: str | os.PathLike[str] | None = None) -> CropSource:
+        """Open the crop of a datasplit row for the classes `classes`.
+
+        Raises:
+            FileNotFoundError: the crop folder does not exist.
+            NoRequestedClass: the crop annotates none of `classes` (a `ValueError`).
+            ValueError: the annotated box lies wholly outside the EM.
+        """
+        crop_dir, classes = Path(entry.crop_url), tuple(classes)
         if not crop_dir.is_dir():
-            raise FileNotFoundError(f"{crop_dir}: crop folder of datasplit row {self.entry.crop_name} not found")
-        present = {p.name for p in crop_dir.iterdir() if (p / ".zattrs").is_file()}
-        self.on_disk = tuple(c for c in self.entry.classes if c in present and c != "all")
-        missing = sorted(set(self.entry.classes) - present - {"all"})
-        if missing:
-            log.warning("%s: classes listed but not on disk, treated as unannotated: %s", crop_dir, missing)
-        has_all = self.has_all = "all" in present
-        self.plans = tuple(plan_class(c, self.on_disk, has_all=has_all) for c in self.classes)
-        if not any(p.known for p in self.plans):
-            raise ValueError(f"{crop_dir}: annotates none of the requested classes {list(self.classes)}")
-        self._set_box(has_all)
-
-    def _set_box(self, has_all: bool) -> None:
-        starts, stops, sizes = [], [], []
-        for name in self.on_disk + (("all",) if has_all else ()):
-            lv = self.image(name).levels[0]
-            starts.append([t - v / 2 for t, v in zip(lv.translation_nm, lv.voxel_size_nm, strict=True)])
-            stops.append([t - v / 2 + n * v for t, v, n in zip(lv.translation_nm, lv.voxel_size_nm, lv.shape_vox,
-                                                                 strict=True)])
-            sizes.append(lv.voxel_size_nm)
-        self.start_nm = tuple(np.min(starts, axis=0).tolist())  # type: ignore[assignment]
-        self.stop_nm = tuple(np.max(stops, axis=0).tolist())  # type: ignore[assignment]
-        self.label_voxel_size_nm = tuple(np.min(sizes, axis=0).tolist())  # type: ignore[assignment]
-
-    def __getstate__(self) -> dict[str, object]:
-        state = {**self.__dict__, "_images": {}}
-        state.pop("_all_tables", None)  # cached_property: recomputed on demand
-        state.pop("_boundary_caches", None)  # reopened in each worker
-        return state
+            raise FileNotFoundError(f"{crop_dir}: crop folder of datasplit row {entry.crop_name} not found")
+        present = _label_groups(crop_dir, entry.classes)
+        on_disk = tuple(c for c in entry.classes if c in present and c != "all")
+        has_all = "all" in present
+        plans = tuple(plan_class(c, on_disk, has_all=has_all) for c in classes)
+        if not any(p.known for p in plans):
+            raise NoRequestedClass(f"{crop_dir}: annotates none of the requested classes {list(classes)}")
+        arrays = CropArrays(entry.crop_url, entry.em_url, backend=backend, cache_bytes=cache_bytes)
+        start, stop, label_vs = _annotated_box([arrays.label(n) for n in on_disk + (("all",) if has_all else ())])
+        _check_inside_em(crop_dir, start, stop, arrays.em())
+        num_channels = len(plans) + len(_aux_classes(classes, boundaries))
+        return cls(entry=entry, classes=classes, on_disk=on_disk, has_all=has_all, plans=plans, start_nm=start,
+                   stop_nm=stop, label_voxel_size_nm=label_vs, boundaries=boundaries,
+                   boundary_cache_dir=None if boundary_cache_dir is None else Path(boundary_cache_dir),
+                   arrays=arrays, lookup_tables=_lookup_tables(plans, num_channels))
 
     def image(self, name: str) -> MultiscaleImage:
-        """The multiscale label group `name` of this crop ("all" included), opened once."""
-        if name not in self._images:
-            self._images[name] = MultiscaleImage(os.path.join(self.entry.crop_url, name), backend=self.backend,
-                                                 cache_bytes=self.cache_bytes)
-        return self._images[name]
+        """The multiscale label group `name` of this crop ("all" included), opened once per process."""
+        return self.arrays.label(name)
 
     def em(self) -> MultiscaleImage:
-        """The dataset's EM group (must be uint8)."""
-        if "__em__" not in self._images:
-            self._images["__em__"] = MultiscaleImage(self.entry.em_url, backend=self.backend, expected_dtype="uint8",
-                                                     cache_bytes=self.cache_bytes)
-        return self._images["__em__"]
+        """The dataset's EM group (uint8), opened once per process."""
+        return self.arrays.em()
 
     @property
     def name(self) -> str:
@@ -157,24 +190,35 @@ class CropSource:
     @property
     def aux_classes(self) -> tuple[int, ...]:
         """Indices of the classes that get a boundary channel (instance-scored ones, if enabled)."""
-        return tuple(k for k, c in enumerate(self.classes) if is_instance(c)) if self.boundaries else ()
+        return _aux_classes(self.classes, self.boundaries)
 
     @property
     def num_channels(self) -> int:
         """K class channels plus the boundary channels."""
         return len(self.plans) + len(self.aux_classes)
 
-    def read_targets_packed(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    def read_targets(self, grid: Grid, *, use_all: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """`(target, known)` on `grid`, both `(C, z, y, x)` bool (C = K classes + boundary channels).
+
+        `use_all=False` forces the per-array path (validation scores against the arrays themselves).
+        """
+        tbits, kbits = self.read_targets_packed(grid, use_all=use_all)
+        return unpack_bits(tbits, self.num_channels), unpack_bits(kbits, self.num_channels)
+
+    def read_targets_packed(self, grid: Grid, *, use_all: bool = True) -> PackedBits:
         """`(target_bits, known_bits)` on `grid`, each `(ceil(C / 8), z, y, x)` uint8 (channel c = bit c % 8
-        of byte c // 8), written channel by channel without ever holding C boolean volumes."""
+        of byte c // 8), written channel by channel without ever holding C boolean volumes.
+
+        `use_all=False` forces the per-array path even when the crop has its `all` array.
+        """
         shape = (-(-self.num_channels // 8), *grid.shape_vox)
-        reads = _Reads(self, grid)
-        if self.use_all and self.has_all:
-            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self._all_tables)
+        reads = _Reads(self.arrays, grid)
+        if use_all and self.has_all:
+            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self.lookup_tables)
         else:
             tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
             self._classes_from_arrays(reads, tbits, kbits)
-        self._boundaries(reads, tbits, kbits, first_channel=len(self.plans))
+        self._set_boundaries(reads, tbits, kbits, first_channel=len(self.plans))
         return tbits, kbits
 
     def read_ids_and_boundaries(self, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -186,33 +230,39 @@ class CropSource:
         """
         if not self.has_all:
             raise ValueError(f"{self.name}: no `all` array, so its targets cannot travel as ids")
-        reads = _Reads(self, grid)
-        cached = self._cached_boundaries(grid) if self.aux_classes and self.boundary_cache_dir else None
-        if cached is not None:
-            return self._all_ids(reads), *cached
-        shape = (-(-len(self.aux_classes) // 8), *grid.shape_vox)
-        tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
-        self._boundaries(reads, tbits, kbits, first_channel=0)
+        reads = _Reads(self.arrays, grid)
+        use_cache = bool(self.aux_classes) and self.boundary_cache_dir is not None
+        cached = self.boundary_cache(grid.voxel_size_nm).read(grid) if use_cache else None
+        tbits, kbits = cached if cached is not None else self._boundary_bits(reads)
         return self._all_ids(reads), tbits, kbits
 
-    def _cached_boundaries(self, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
-        return self._cached_boundaries_for(tuple(grid.voxel_size_nm)).read(grid)
+    def boundary_bits(self, grid: Grid) -> PackedBits:
+        """The A boundary channels alone on `grid`: packed `(target, known)`, each `(ceil(A/8), z, y, x)` uint8."""
+        return self._boundary_bits(_Reads(self.arrays, grid))
 
-    def _cached_boundaries_for(self, voxel_size_nm: tuple[float, ...]) -> BoundaryCache:
-        """The crop's boundary cache at this voxel size, opened (and built if missing) once per process."""
-        from cellseg.data.boundary_cache import BoundaryCache
+    def boundary_cache(self, voxel_size_nm: Sequence[float]) -> BoundaryCache:
+        """The crop's boundary cache at this training voxel size, opened (and built if missing) once per process.
 
-        caches = self.__dict__.setdefault("_boundary_caches", {})
-        if voxel_size_nm not in caches:
-            caches[voxel_size_nm] = BoundaryCache(self, voxel_size_nm,  # type: ignore[arg-type]
-                                                  Path(str(self.boundary_cache_dir)))
-        return caches[voxel_size_nm]
+        Raises:
+            ValueError: the crop was opened without a boundary cache folder.
+        """
+        cache_dir = self.boundary_cache_dir
+        if cache_dir is None:
+            raise ValueError(f"{self.name}: opened without a boundary cache folder (data.boundary_cache)")
+        vs = vec3(voxel_size_nm)
+        return self.arrays.get(("boundary_cache", vs), lambda: self._open_boundary_cache(cache_dir, vs))
 
-    @property
-    def lookup_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8;
-        the boundary channels are left 0 (they come from the id arrays)."""
-        return self._all_tables
+    def _open_boundary_cache(self, cache_dir: Path, voxel_size_nm: Vec3) -> BoundaryCache:
+        level = self.em().choose_level(voxel_size_nm)
+        grid = lattice_grid(self.start_nm, self.stop_nm, lattice_translation_nm=level.translation_nm,
+                            voxel_size_nm=voxel_size_nm)
+        channels = [self.classes[i] for i in self.aux_classes]
+        id_arrays = [self.plans[i].read[0] for i in self.aux_classes if len(self.plans[i].read) == 1]
+        inputs = {"crop": self.entry.crop_url, "aux": channels,
+                  "arrays": {n: repr(self.image(n).levels[0]) for n in id_arrays}}
+        path = cache_path(cache_dir, self.name, grid, inputs=inputs)
+        return BoundaryCache(path, grid, compute=self.boundary_bits, channels=channels, backend=self.arrays.backend,
+                             cache_bytes=self.arrays.cache_bytes)
 
     def _all_ids(self, reads: _Reads) -> np.ndarray:
         ids = reads.ids("all", pad_value=ALL_OUTSIDE)
@@ -220,7 +270,13 @@ class CropSource:
             ids = np.minimum(ids, ALL_OUTSIDE).astype(np.uint8)  # CellMap ids are <= 77
         return ids
 
-    def _boundaries(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray, *, first_channel: int) -> None:
+    def _boundary_bits(self, reads: _Reads) -> PackedBits:
+        shape = (-(-len(self.aux_classes) // 8), *reads.grid.shape_vox)
+        tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+        self._set_boundaries(reads, tbits, kbits, first_channel=0)
+        return tbits, kbits
+
+    def _set_boundaries(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray, *, first_channel: int) -> None:
         for j, i in enumerate(self.aux_classes, start=first_channel):
             if len(self.plans[i].read) == 1:  # ids on disk
                 name = self.plans[i].read[0]
@@ -237,49 +293,87 @@ class CropSource:
             elif plan.exclusive:
                 _set_bit(kbits, i, reads.foreground(plan.exclusive))
 
-    @functools.cached_property
-    def _all_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per id v of `all` (0-255): packed target bits and packed known bits, shape (ceil(C/8), 256).
 
-        Id 0 (annotated background) is known-negative for every annotated class; `ALL_OUTSIDE` (255, not a
-        CellMap id) marks voxels outside the crop: unknown for everything.
-        """
-        nbytes = -(-self.num_channels // 8)
-        t, k = np.zeros((nbytes, 256), np.uint8), np.zeros((nbytes, 256), np.uint8)
-        for i, plan in enumerate(self.plans):
-            atoms_c, bit = get_class(plan.name).atom_ids, np.uint8(1 << (i & 7))
-            if plan.read:
-                k[i >> 3, 0] |= bit
-            for cls in all_classes():
-                if cls.atom_ids <= atoms_c and plan.read:
-                    t[i >> 3, cls.id] |= bit
-                if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
-                    k[i >> 3, cls.id] |= bit
-        return t, k
+def _aux_classes(classes: Sequence[str], boundaries: bool) -> tuple[int, ...]:
+    return tuple(k for k, c in enumerate(classes) if is_instance(c)) if boundaries else ()
 
-    def read_targets(self, grid: Grid, *, use_all: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """`(target, known)` on `grid`, both `(C, z, y, x)` bool (C = K classes + boundary channels).
 
-        `use_all=False` forces the per-array path (validation scores against the arrays themselves).
-        """
-        saved, self.use_all = self.use_all, self.use_all if use_all is None else use_all
-        try:
-            tbits, kbits = self.read_targets_packed(grid)
-        finally:
-            self.use_all = saved
-        return unpack_bits(tbits, self.num_channels), unpack_bits(kbits, self.num_channels)
+def _label_groups(crop_dir: Path, listed: Sequence[str]) -> set[str]:
+    """The label groups of a crop folder (those with `.zattrs`); listed ones that are not there are logged."""
+    present = {p.name for p in crop_dir.iterdir() if (p / ".zattrs").is_file()}
+    for name in sorted((set(listed) | {"all"}) - present):
+        if (crop_dir / name).is_dir():
+            log.warning("%s is missing: label group %s is treated as unannotated", crop_dir / name / ".zattrs", name)
+    not_found = sorted(n for n in set(listed) - present - {"all"} if not (crop_dir / n).is_dir())
+    if not_found:
+        log.warning("%s: classes listed but not on disk, treated as unannotated: %s", crop_dir, not_found)
+    return present
+
+
+def _annotated_box(labels: Sequence[MultiscaleImage]) -> tuple[Vec3, Vec3, Vec3]:
+    """The box covered by the finest levels of `labels` (lower and upper corner, nm) and the finest voxel size."""
+    starts, stops, sizes = [], [], []
+    for image in labels:
+        lv = image.levels[0]
+        start = np.asarray(lv.translation_nm) - np.asarray(lv.voxel_size_nm) / 2
+        starts.append(start)
+        stops.append(start + np.asarray(lv.shape_vox) * np.asarray(lv.voxel_size_nm))
+        sizes.append(lv.voxel_size_nm)
+    return vec3(np.min(starts, axis=0)), vec3(np.max(stops, axis=0)), vec3(np.min(sizes, axis=0))
+
+
+def _check_inside_em(crop_dir: Path, start_nm: Vec3, stop_nm: Vec3, em: MultiscaleImage) -> None:
+    """Warn when part of the annotated box lies outside the EM's finest level (samples there read only
+    padding); raise when all of it does."""
+    lv = em.levels[0]
+    em_start = np.asarray(lv.translation_nm) - np.asarray(lv.voxel_size_nm) / 2
+    em_stop = em_start + np.asarray(lv.shape_vox) * np.asarray(lv.voxel_size_nm)
+    start, stop = np.asarray(start_nm), np.asarray(stop_nm)
+    overlap = np.clip(np.minimum(stop, em_stop) - np.maximum(start, em_start), 0.0, None)
+    outside = 1.0 - float(np.prod(overlap / (stop - start)))
+    where = f"annotated box {_box(start, stop)} nm, EM {em.location} {_box(em_start, em_stop)} nm"
+    if not overlap.all():
+        raise ValueError(f"{crop_dir}: its annotated box lies wholly outside its EM ({where})")
+    if outside > EM_OVERHANG_TOLERANCE:
+        log.warning("%s: %.1f%% of its annotated box lies outside its EM (%s); samples there read padding",
+                    crop_dir, 100 * outside, where)
+
+
+def _box(start: np.ndarray, stop: np.ndarray) -> str:
+    """`[z0, y0, x0]-[z1, y1, x1]` (z, y, x; nm)."""
+    return f"[{', '.join(f'{v:g}' for v in start)}]-[{', '.join(f'{v:g}' for v in stop)}]"
+
+
+def _lookup_tables(plans: Sequence[ClassPlan], num_channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per id v of `all` (0-255): packed target bits and packed known bits, shape (ceil(C/8), 256).
+
+    Id 0 (annotated background) is known-negative for every annotated class; `ALL_OUTSIDE` (255, not a
+    CellMap id) marks voxels outside the crop: unknown for everything.
+    """
+    nbytes = -(-num_channels // 8)
+    t, k = np.zeros((nbytes, 256), np.uint8), np.zeros((nbytes, 256), np.uint8)
+    for i, plan in enumerate(plans):
+        atoms_c, bit = get_class(plan.name).atom_ids, np.uint8(1 << (i & 7))
+        if plan.read:
+            k[i >> 3, 0] |= bit
+        for cls in all_classes():
+            if cls.atom_ids <= atoms_c and plan.read:
+                t[i >> 3, cls.id] |= bit
+            if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
+                k[i >> 3, cls.id] |= bit
+    return t, k
 
 
 class _Reads:
     """Label reads of one grid, each array read once (values and inside-the-array mask)."""
 
-    def __init__(self, crop: CropSource, grid: Grid):
-        self.crop, self.grid, self.cache = crop, grid, {}
+    def __init__(self, arrays: CropArrays, grid: Grid):
+        self.arrays, self.grid, self.cache = arrays, grid, {}
 
     def _read(self, name: str, pad_value: int = 0) -> tuple[np.ndarray, np.ndarray]:
         if name not in self.cache:
-            self.cache[name] = self.crop.image(name).read(**self.grid.read_kwargs(), interpolation="nearest",
-                                                          pad_value=pad_value, return_mask=True)
+            self.cache[name] = self.arrays.label(name).read(**self.grid.read_kwargs(), interpolation="nearest",
+                                                            pad_value=pad_value, return_mask=True)
         return self.cache[name]
 
     def ids(self, name: str, pad_value: int = 0) -> np.ndarray:

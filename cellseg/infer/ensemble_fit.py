@@ -245,7 +245,7 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
         return tallies
     for entry in tqdm(entries, desc="fitting weights", unit="crop", disable=not progress, leave=False):
         try:
-            source = CropSource(entry=entry, classes=tuple(candidates), boundaries=False)
+            source = CropSource.open(entry, tuple(candidates), boundaries=False)
         except ValueError as err:
             log.info("%s: not used for fitting: %s", entry.crop_name, err)
             continue

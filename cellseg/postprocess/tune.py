@@ -190,7 +190,7 @@ def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: Predic
 def read_truth(entry: SplitEntry, class_name: str, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
     """(truth, annotated voxels) of one class on `grid`, or None where the crop does not annotate it."""
     try:
-        crop = CropSource(entry=entry, classes=(class_name,), backend="zarr")
+        crop = CropSource.open(entry, (class_name,), backend="zarr")
     except ValueError:
         return None  # the class is not annotated in this crop
     target, known = crop.read_targets(grid, use_all=False)

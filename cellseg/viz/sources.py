@@ -229,7 +229,7 @@ class TrainingCrop(CropView):
         self._probe = probe
 
     def _source(self, names: Sequence[str]) -> CropSource:
-        return CropSource(entry=self._entry, classes=tuple(names), backend="zarr")
+        return CropSource.open(self._entry, names, backend="zarr")
 
     def masks(self, grid: Grid, names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         names = self.check_classes(names)

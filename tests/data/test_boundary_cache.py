@@ -1,12 +1,10 @@
 """The per-crop boundary cache gives the per-sample boundary channels (inside the patch), built once."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
-from cellseg.data.boundary_cache import BoundaryCache, crop_lattice_grid, resolve_cache_dir
+from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.grid import Grid
 from cellseg.data.loader import build_train_data
 
@@ -64,8 +62,8 @@ def test_rank0_warms_every_training_crop(tiny_synth_root, tmp_path):
 def test_off_lattice_grid_falls_back(pair):
     _, cached, _ = pair
     crop = next(c for c in cached.crops if c.aux_classes)
-    cache = BoundaryCache(crop, (8.0, 8.0, 8.0), Path(crop.boundary_cache_dir))
-    lattice = crop_lattice_grid(crop, (8.0, 8.0, 8.0))
+    cache = crop.boundary_cache((8.0, 8.0, 8.0))
+    lattice = cache.grid
     shifted = Grid(translation_nm=tuple(t + 3.0 for t in lattice.translation_nm), shape_vox=(4, 4, 4),
                    voxel_size_nm=(8.0, 8.0, 8.0))
     assert cache.read(shifted) is None

@@ -191,8 +191,7 @@ def test_ids_and_bits_encodings_give_the_same_targets(tmp_path):
     assert td.dataset.target_mode == "ids"
     ids_batch = _batch(td, 4)
     assert ids_batch["ids"].dtype == torch.uint8 and ids_batch["target_bits"].shape[1] == 1  # 1 boundary channel
-    for crop in td.dataset.crops:
-        crop.use_all = False
+    td.dataset.use_all = False
     assert td.dataset.target_mode == "bits"
     bits_batch = _batch(td, 4)
     for a, b in zip(td.augment(ids_batch, 7), td.augment(bits_batch, 7), strict=True):

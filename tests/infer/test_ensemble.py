@@ -206,7 +206,7 @@ def crop_truth(root: Path, crop: str, classes: tuple[str, ...]) -> tuple[Grid, d
     geometry = Catalog.from_dir(root).train[int(crop[4:])].labels[classes[0]]
     grid = Grid(translation_nm=geometry.translation_nm, shape_vox=geometry.shape_vox,
                 voxel_size_nm=geometry.voxel_size_nm)
-    target, _ = CropSource(entry=entry, classes=classes, boundaries=False).read_targets(grid, use_all=False)
+    target, _ = CropSource.open(entry, classes, boundaries=False).read_targets(grid, use_all=False)
     return grid, {c: target[k].astype(np.float32) for k, c in enumerate(classes)}
 
 
