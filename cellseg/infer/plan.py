@@ -66,7 +66,7 @@ def scored_channels(channels: Sequence[str], labels: Sequence[str]) -> tuple[str
 
 @dataclass(frozen=True)
 class CropPlan:
-    """How a crop is cut (`plan_crop`) and written (`cellseg.infer.columns.write_crop`)."""
+    """How a crop is cut (`plan_crop`) and written (`cellseg.infer.columns.write_columns`)."""
 
     streamed: bool  # columns streamed along the slicing axis (3D, or 2D across z); else whole cubic blocks
     edge: int  # column edge in y, x (or block edge)
