@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.predict import scored_channels
+    from cellseg.infer.plan import scored_channels
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 

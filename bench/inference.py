@@ -4,7 +4,7 @@ For each architecture, one randomly initialised model (``build_model`` with ``--
 patch, ``--out-channels`` outputs: by default the 48 classes of ``configs/data/cellmap.yaml`` plus their
 boundary channels) predicts one random uint8 EM volume of ``--size``³ voxels at 8 nm:
 
-* ours: ``cellseg.infer.predict.predict_volume``, exactly what ``cellseg predict`` runs per crop: EM read
+* ours: ``cellseg.infer.engine.predict_volume``, exactly what ``cellseg predict`` runs per crop: EM read
   from an OME-NGFF zarr with half a patch of context on every side, Gaussian blending (``--overlap``,
   default 0.5 as the CLI), batched tiles, bf16 autocast and channels-last on CUDA (fp32 on CPU), sigmoid,
   result back in host memory; with 1 and with 8 test-time transforms.
@@ -44,8 +44,9 @@ from cellseg.data.arrays import MultiscaleImage  # noqa: E402
 from cellseg.data.grid import Grid  # noqa: E402
 from cellseg.data.write import write_multiscale  # noqa: E402
 from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.predict import CompiledModel, predict_volume  # noqa: E402
+from cellseg.infer.engine import predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
+from cellseg.runtime.compile import CompiledModel  # noqa: E402
 
 VOXEL_SIZE_NM = (8.0, 8.0, 8.0)
 MONAI_OVERLAP = 0.25  # MONAI's default, as the baseline is specified

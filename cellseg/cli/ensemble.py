@@ -63,8 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Ensemble, then print the channels, weights and (for auto) validation scores."""
-    from cellseg.infer.ensemble import ensemble, parse_weights
+    from cellseg.infer.ensemble import ensemble
     from cellseg.infer.ensemble_fit import FitOptions
+    from cellseg.infer.weights import parse_weights
 
     if Path(args.out).exists() and not args.overwrite:  # before any work; main() reports ValueErrors in one line
         raise ValueError(f"{args.out} already exists; pass --overwrite to replace it")

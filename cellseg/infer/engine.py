@@ -1,12 +1,12 @@
 """The prediction engine shared by `cellseg predict` and validation during training: a model over one box
-of EM, streamed out in z-slabs (`predict_slabs`) or whole (`predict_volume`).
+of EM, streamed out in z-slabs (`predict_slabs`) or whole (`predict_whole`, `predict_volume`).
 
 For one box: read the EM over the box on the model's grid plus half a patch of context on every side (from the
 full EM volume; outside it the EM pad value), then the Gaussian-blended sliding window
 (`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA transforms
 (`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities, optionally through the model under
 torch.compile (`CompiledModel`). A 2D model predicts slice by slice; across z only, or across z, y and x
-(isotropic voxels) with the three results averaged (`predict_volume`).
+(isotropic voxels) with the three results averaged (`predict_whole`).
 
 Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spatial axes, `ZYX` the box's grid
 (plus context while predicting).
@@ -25,7 +25,7 @@ import torch
 
 from cellseg import runtime
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.grid import Grid
+from cellseg.data.grid import Grid, shape3
 from cellseg.infer import tta
 from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.tiling import AXIS_INDEX, context_margin, stream_bytes, working_device
@@ -46,8 +46,8 @@ def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: 
 
 # Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
 # vit_2d runs 16 tiles of 256² (1 M voxels) at 3.6 ms of GPU work in 8.8 ms, and 64 tiles at 2.5x the
-# throughput per tile. Engine ms per tile pass at 2, 4, 8 passes per forward (H200, bench/forward_probe.py,
-# session 6): vit_3d 5.76 / 5.65 / 5.31, unet_2d 0.158 / 0.153 / -, swin_2d - / 0.383 / 0.380; wider never lost.
+# throughput per tile. Engine ms per tile pass at 2, 4, 8 passes per forward (H200, bench/forward_probe.py):
+# vit_3d 5.76 / 5.65 / 5.31, unet_2d 0.158 / 0.153 / -, swin_2d - / 0.383 / 0.380; wider never lost.
 # `tta_fold` runs that many TTA passes as one batch.
 MIN_FORWARD_VOX = 16 * 2**20
 
@@ -220,16 +220,26 @@ def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, p
                    on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
                    keep: Sequence[int] | None = None, compiled: CompiledModel | None = None,
                    tta_fold: int = 1) -> np.ndarray:
+    """`predict_whole` with the `Window` given field by field (see there for the arguments): what validation
+    during training and the benchmarks call."""
+    window = Window(patch_vox=shape3(patch_vox), device=device, precision=precision, overlap=overlap,
+                    batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
+                    channels_last=channels_last, pad_value=pad_value, compiled=compiled, tta_fold=tta_fold)
+    return predict_whole(model, em, grid, window, num_outputs=num_outputs, slice_axes=slice_axes, keep=keep,
+                         dtype=dtype, on_tiles=on_tiles)
+
+
+@torch.inference_mode()
+def predict_whole(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
+                  slice_axes: Sequence[str] = ("z",), keep: Sequence[int] | None = None,
+                  dtype: torch.dtype = torch.float32, on_tiles: Callable[[int], None] | None = None) -> np.ndarray:
     """(K, Z, Y, X) probabilities of every output channel on `grid`: the slabs of `predict_slabs` (see there
-    and `Window` for the arguments) put together; a 2D model sliced across several axes averages them.
+    for the arguments) put together; a 2D model sliced across several axes averages them.
 
     Args:
         slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.
         dtype: of the result (float32, or float16 to halve host memory: what the store keeps anyway).
     """
-    window = Window(patch_vox=tuple(patch_vox), device=device, precision=precision, overlap=overlap,  # type: ignore[arg-type]
-                    batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
-                    channels_last=channels_last, pad_value=pad_value, compiled=compiled, tta_fold=tta_fold)
     axes = list(slice_axes) if window.is_2d else ["z"]
     k = num_outputs if keep is None else len(keep)
     total = torch.zeros((k, *grid.shape_vox), dtype=torch.float32 if len(axes) > 1 else dtype)

@@ -26,7 +26,8 @@ common grid (probabilities are averaged, never labels):
    an existing output is replaced only with `overwrite`. The weights go into the store's provenance
    and into `weights.json` inside the store directory (it travels with the store; zarr ignores it).
 
-Array legend: `probs_ZYX` one channel of one crop; `M` members.
+The members (rules 1-4: `cellseg.infer.members`) and the weights (rule 5: `cellseg.infer.weights`) have
+modules of their own; this one is the command (rule 6).
 """
 
 from __future__ import annotations
@@ -36,311 +37,44 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cellseg import __version__
-from cellseg.data.crops import crop_sort_key
 from cellseg.data.grid import Grid
 from cellseg.data.write import atomic_dir
-from cellseg.infer.store import (
-    BOUNDARY_SUFFIX,
-    QUANTUM,
-    CropWriter,
-    PredictionStore,
-    boundary_channel,
-    grid_to_json,
-    quantise,
+from cellseg.infer.members import (
+    RESAMPLING,
+    ChannelPlan,
+    GridChoice,
+    common_crops,
+    ensemble_grid,
+    member_summary,
+    open_members,
+    parallel_channels,
+    plan_channels,
+    read_on_grid,
+    weighted_mean,
+)
+from cellseg.infer.store import CropWriter, PredictionStore, grid_to_json, quantise
+from cellseg.infer.weights import (
+    WEIGHTS_FILE,
+    Weights,
+    explicit_weights,
+    parse_weights,
+    uniform_weights,
+    weights_from_file,
 )
 
 if TYPE_CHECKING:
     from cellseg.infer.ensemble_fit import FitOptions
 
 log = logging.getLogger(__name__)
-
-GridChoice = Literal["first", "finest"]
-GRID_CHOICES: tuple[str, ...] = ("first", "finest")
-WEIGHT_METHODS: tuple[str, ...] = ("uniform", "auto")
-WEIGHTS_FILE = "weights.json"
-RESAMPLING = "area"  # linear when up-sampling, overlap-weighted mean when down-sampling
-CHANNEL_MEMORY_BYTES = 32 * 2**30  # host memory the channels processed at once may use
-MAX_CHANNEL_THREADS = 16  # beyond this, reading and writing zarr chunks stops scaling
-
-
-# ----------------------------------------------------------------------------------------------- members
-
-
-@dataclass(frozen=True)
-class ChannelPlan:
-    """Which channels the ensemble writes and which members contribute to each.
-
-    Attributes:
-        channels: output channels: the classes, then the boundary channels in class order.
-        members_of: channel → indices of the members that have it.
-        instance_channels: output channels that any member marks as instance classes.
-    """
-
-    channels: tuple[str, ...]
-    members_of: Mapping[str, tuple[int, ...]]
-    instance_channels: tuple[str, ...]
-
-    @property
-    def classes(self) -> tuple[str, ...]:
-        """The class channels (boundary channels left out)."""
-        return tuple(c for c in self.channels if not c.endswith(BOUNDARY_SUFFIX))
-
-
-def open_members(paths: Sequence[str | os.PathLike[str]]) -> list[PredictionStore]:
-    """Open the member stores; they must be distinct probability stores.
-
-    Raises:
-        ValueError: fewer than 2 members, a member listed twice, or a segmentation store.
-        FileNotFoundError: a member path does not exist.
-    """
-    if len(paths) < 2:
-        raise ValueError(f"an ensemble needs at least 2 member stores, got {len(paths)}: {[str(p) for p in paths]}")
-    resolved = [Path(p).resolve() for p in paths]
-    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
-    if twice:
-        raise ValueError(f"member stores listed more than once: {twice}")
-    stores = [PredictionStore.open(p) for p in paths]
-    for store in stores:
-        if store.kind != "probabilities":
-            raise ValueError(f"{store.path}: holds {store.kind}; an ensemble averages probabilities "
-                             "(give it `cellseg predict` outputs, not `cellseg postprocess` ones)")
-    return stores
-
-
-def plan_channels(stores: Sequence[PredictionStore], *, allow_partial: bool = False) -> ChannelPlan:
-    """Decide the output channels (rules in the module docstring).
-
-    Raises:
-        ValueError: members whose classes differ (without `allow_partial`), naming each store and the
-            classes it lacks; members with no class at all.
-    """
-    class_sets = [set(s.classes) for s in stores]
-    for store, classes in zip(stores, class_sets, strict=True):
-        if not classes:
-            raise ValueError(f"{store.path}: has no class channel (channels: {list(store.channels)})")
-    union = list(dict.fromkeys(c for s in stores for c in s.classes))
-    common = set.intersection(*class_sets)
-    if len(common) < len(union) and not allow_partial:
-        lacks = "; ".join(f"{s.path} lacks {sorted(set(union) - cs)}" for s, cs in zip(stores, class_sets, strict=True)
-                          if set(union) - cs)
-        what = "share no class" if not common else f"share only {sorted(common)}"
-        raise ValueError(f"ensemble members have incompatible classes: they {what}: {lacks}. Pass --allow-partial "
-                         "to average each class over the members that have it")
-    members_of: dict[str, tuple[int, ...]] = {
-        c: tuple(i for i, cs in enumerate(class_sets) if c in cs) for c in union}
-    boundaries = []
-    for c in union:
-        having = tuple(i for i in members_of[c] if boundary_channel(c) in stores[i].channels)
-        if not having:
-            continue
-        if having == members_of[c] or allow_partial:
-            members_of[boundary_channel(c)] = having
-            boundaries.append(boundary_channel(c))
-        else:
-            without = [str(stores[i].path) for i in members_of[c] if i not in having]
-            log.warning("%s: dropped: members %s have class %s but no boundary channel (pass --allow-partial to "
-                        "average it over the members that have it)", boundary_channel(c), without, c)
-    channels = (*union, *boundaries)
-    instance = tuple(c for c in channels if any(c in s.instance_channels for s in stores))
-    return ChannelPlan(channels=channels, members_of=members_of, instance_channels=instance)
-
-
-def common_crops(stores: Sequence[PredictionStore]) -> tuple[list[str], dict[str, list[str]]]:
-    """Crops complete in every member (sorted by number) and, for the others, the members lacking them."""
-    written = [set(s.completed()) for s in stores]
-    common = sorted(set.intersection(*written), key=crop_sort_key)
-    skipped = {crop: [str(s.path) for s, w in zip(stores, written, strict=True) if crop not in w]
-               for crop in sorted(set.union(*written) - set(common), key=crop_sort_key)}
-    for crop, lacking in skipped.items():
-        log.warning("%s: skipped: not in every member (missing from %s)", crop, ", ".join(lacking))
-    return common, skipped
-
-
-# -------------------------------------------------------------------------------------------- resampling
-
-
-def ensemble_grid(stores: Sequence[PredictionStore], crop: str, choice: GridChoice = "finest") -> tuple[Grid, int]:
-    """The crop's common grid and the index of the member it comes from (rule in the module docstring)."""
-    if choice not in GRID_CHOICES:
-        raise ValueError(f"grid choice {choice!r} is not one of {GRID_CHOICES}")
-    grids = [s.grid(crop) for s in stores]
-    if choice == "first":
-        return grids[0], 0
-    index = min(range(len(grids)), key=lambda i: float(np.prod(grids[i].voxel_size_nm)))  # min keeps the first tie
-    return grids[index], index
-
-
-def read_on_grid(store: PredictionStore, crop: str, channel: str, grid: Grid) -> np.ndarray:
-    """One member channel on `grid` as float32 probabilities `(z, y, x)`, NaN outside the member's own grid.
-
-    Raises:
-        ValueError: the stored array is neither float nor uint8-quantised.
-    """
-    if store.grid(crop) == grid:  # the member's own grid (the usual case): no resampling
-        return store.read(crop, channel)
-    image = store.image(crop, channel)
-    level = image.levels[0]
-    if level.dtype != np.uint8 and level.dtype.kind != "f":
-        raise ValueError(f"{store.path}/{crop}/{channel}: dtype {level.dtype} is not a probability dtype "
-                         "(float or uint8-quantised)")
-    probs_ZYX = image.read(**grid.read_kwargs(), interpolation=RESAMPLING, pad_value=np.nan, level=level.path,
-                           dtype=np.float32)
-    if level.dtype == np.uint8:
-        probs_ZYX /= np.float32(QUANTUM)  # de-quantise: uint8 holds round(255 p)
-    return probs_ZYX
-
-
-def weighted_mean(members: Iterable[tuple[np.ndarray, float]], *, where: str) -> np.ndarray:
-    """Σ w·p / Σ w over the members covering each voxel (NaN = not covered); members with w = 0 are skipped.
-    Members are consumed one at a time (and may be overwritten): memory stays at two or three volumes.
-
-    Raises:
-        ValueError: voxels that no member with a positive weight covers (`where` names the crop/channel).
-    """
-    acc: np.ndarray | None = None
-    # a float32 scalar while every member covers every voxel (the usual case); float32 as `cellseg.infer.fused`
-    total: np.ndarray | np.float32 = np.float32(0.0)
-    for probs_ZYX, weight in members:
-        if weight <= 0:
-            continue
-        w = np.float32(weight)
-        missing = np.isnan(probs_ZYX)
-        if acc is None:
-            acc = np.zeros(probs_ZYX.shape, np.float32)
-        if missing.any():
-            if not isinstance(total, np.ndarray):
-                total = np.full(probs_ZYX.shape, total, np.float32)
-            acc += w * np.where(missing, np.float32(0), probs_ZYX)
-            total += w * ~missing
-        else:
-            acc += np.multiply(probs_ZYX, w, out=probs_ZYX)
-            total += w
-    if acc is None:
-        raise ValueError(f"{where}: no member has a positive weight")
-    uncovered = int(np.count_nonzero(total <= 0))
-    if uncovered:
-        raise ValueError(f"{where}: {uncovered} voxels are covered by no member with a positive weight")
-    acc /= total
-    return np.clip(acc, 0.0, 1.0, out=acc)  # rounding can step a hair outside [0, 1]
-
-
-def parallel_channels(voxels: int, volumes_per_channel: int = 3) -> int:
-    """Threads that may process channels of one crop at once: the CPUs, limited so that their float32 volumes
-    (`volumes_per_channel` each) stay within `CHANNEL_MEMORY_BYTES` (numpy and zarr release the GIL)."""
-    per_channel = max(1, voxels * 4 * volumes_per_channel)
-    return max(1, min(os.cpu_count() or 1, MAX_CHANNEL_THREADS, CHANNEL_MEMORY_BYTES // per_channel))
-
-
-# ------------------------------------------------------------------------------------------------ weights
-
-
-@dataclass(frozen=True)
-class Weights:
-    """Ensemble weights per output channel (a value per member, 0 for members without the channel).
-
-    Attributes:
-        per_channel: channel → weights over all members, summing to 1 over the members that have it.
-        method: "uniform", "explicit", "auto" or "file".
-        report: how they were obtained (the fit's metric, crops, per-class scores and shrinkage for "auto").
-    """
-
-    per_channel: Mapping[str, tuple[float, ...]]
-    method: str
-    report: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready form (also what `weights.json` holds under "channels")."""
-        return {"method": self.method, "channels": {c: list(w) for c, w in self.per_channel.items()},
-                **({"fit": dict(self.report)} if self.report else {})}
-
-
-def normalised(raw: Sequence[float], having: Sequence[int], num_members: int, *, what: str) -> tuple[float, ...]:
-    """Weights over all members: `raw` restricted to `having` and rescaled to sum 1 there, 0 elsewhere.
-
-    Raises:
-        ValueError: negative or non-finite weights, or none positive among `having`.
-    """
-    raw = [float(v) for v in raw]
-    if any(not np.isfinite(v) or v < 0 for v in raw):
-        raise ValueError(f"{what}: weights must be finite and non-negative, got {raw}")
-    total = sum(raw[i] for i in having)
-    if total <= 0:
-        raise ValueError(f"{what}: the members that have it (indices {list(having)}) all have weight 0")
-    return tuple(raw[i] / total if i in having else 0.0 for i in range(num_members))
-
-
-def uniform_weights(plan: ChannelPlan, num_members: int) -> Weights:
-    """Equal weights over the members of each channel."""
-    return Weights({c: normalised([1.0] * num_members, plan.members_of[c], num_members, what=c)
-                    for c in plan.channels}, "uniform")
-
-
-def explicit_weights(plan: ChannelPlan, values: Sequence[float], num_members: int) -> Weights:
-    """The same user-given weights for every channel (renormalised over the members of each channel).
-
-    Raises:
-        ValueError: not one weight per member, or invalid weights.
-    """
-    if len(values) != num_members:
-        raise ValueError(f"--weights gives {len(values)} values for {num_members} member stores")
-    return Weights({c: normalised(values, plan.members_of[c], num_members, what=f"channel {c}")
-                    for c in plan.channels}, "explicit")
-
-
-def weights_from_file(path: str | os.PathLike[str], plan: ChannelPlan, stores: Sequence[PredictionStore]) -> Weights:
-    """Weights saved by an earlier ensemble of the same members (same order), e.g. fitted on validation crops.
-
-    Raises:
-        ValueError: the file is not a weights file, has another number of members, or lacks a channel.
-    """
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-        channels, members = doc["channels"], doc["members"]
-    except (OSError, KeyError, TypeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not an ensemble weights file (needs 'channels' and 'members'): {err}") from err
-    if len(members) != len(stores):
-        raise ValueError(f"{path}: weights for {len(members)} members, but {len(stores)} member stores were given")
-    for i, (saved, store) in enumerate(zip(members, stores, strict=True)):
-        run_then, run_now = saved.get("run_dir"), store.provenance.get("run_dir")
-        if run_then and run_now and Path(run_then) != Path(run_now):
-            log.warning("member %d: %s comes from run %s, but the weights in %s were fitted for run %s; members "
-                        "must be given in the same order", i + 1, store.path, run_now, path, run_then)
-    missing = [c for c in plan.channels if c not in channels]
-    if missing:
-        raise ValueError(f"{path}: no weights for channels {missing} (it has {sorted(channels)})")
-    per_channel = {c: normalised(channels[c], plan.members_of[c], len(stores), what=f"{path}: channel {c}")
-                   for c in plan.channels}
-    return Weights(per_channel, "file", {"source": str(path), "fitted_as": doc.get("method")})
-
-
-def parse_weights(spec: str) -> str | list[float] | Path:
-    """`--weights` value → "uniform" | "auto" | a list of floats | a weights.json path.
-
-    Raises:
-        ValueError: a value that is none of these.
-    """
-    if spec in WEIGHT_METHODS:
-        return spec
-    if spec.endswith(".json"):
-        return Path(spec)
-    try:
-        return [float(v) for v in spec.split(",")]
-    except ValueError:
-        raise ValueError(f"--weights {spec!r}: expected 'uniform', 'auto', comma-separated numbers (one per "
-                         "member) or a weights.json file") from None
-
-
-# ------------------------------------------------------------------------------------------------- writing
 
 
 @dataclass(frozen=True)
@@ -359,12 +93,6 @@ def ensemble_channel(stores: Sequence[PredictionStore], crop: str, channel: str,
     w = weights.per_channel[channel]
     members = ((read_on_grid(stores[i], crop, channel, target), w[i]) for i in plan.members_of[channel] if w[i] > 0)
     return weighted_mean(members, where=f"{crop}/{channel}")
-
-
-def member_summary(stores: Sequence[PredictionStore]) -> list[dict[str, Any]]:
-    """Path, run directory and channels of each member (recorded with the weights)."""
-    return [{"path": str(s.path), "run_dir": s.provenance.get("run_dir"), "channels": list(s.channels)}
-            for s in stores]
 
 
 def _data_root(stores: Sequence[PredictionStore]) -> str | None:

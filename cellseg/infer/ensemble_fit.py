@@ -62,15 +62,9 @@ from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.rules import ERAS, Era
-from cellseg.infer.ensemble import (
-    ChannelPlan,
-    GridChoice,
-    Weights,
-    ensemble_grid,
-    normalised,
-    read_on_grid,
-)
+from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+from cellseg.infer.weights import Weights, normalised
 
 log = logging.getLogger(__name__)
 

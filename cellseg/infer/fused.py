@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
-import math
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,58 +47,34 @@ import cellseg
 from cellseg import runtime
 from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
-from cellseg.data.write import DEFAULT_CHUNK
+from cellseg.data.grid import Grid
+from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.engine import Window, predict_slabs, to_host
-from cellseg.infer.ensemble import (
+from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
+from cellseg.infer.plan import CropPlan, box_grid, pending_crops, predict_crops, scored_channels, shard_crops
+from cellseg.infer.run import ISOTROPY_RTOL, LoadedRun, load_run, run_provenance, run_transforms, run_window
+from cellseg.infer.selection import CropTarget, select_targets
+from cellseg.infer.store import QUANTUM, PredictionStore
+from cellseg.infer.tiling import context_margin, count_tiles, fused_column_vox
+from cellseg.infer.weights import (
     WEIGHTS_FILE,
-    ChannelPlan,
     Weights,
     explicit_weights,
-    member_summary,
     parse_weights,
-    plan_channels,
     uniform_weights,
     weights_from_file,
 )
-from cellseg.infer.predict import (
-    ISOTROPY_RTOL,
-    LoadedRun,
-    block_id,
-    box_grid,
-    chunked_slabs,
-    load_run,
-    pending_crops,
-    predict_crops,
-    resume_planes,
-    run_provenance,
-    run_settings,
-    run_transforms,
-    scored_channels,
-    shard_crops,
-)
-from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.store import QUANTUM, PredictionStore
-from cellseg.infer.tiling import context_margin, count_tiles, fused_column_vox, plan_blocks, sub_grid
-from cellseg.runtime.compile import CompiledModel
 
-log = logging.getLogger(__name__)
 AVERAGE_PLANES = 16  # planes averaged and copied to the host at a time: bounds the float32 sums of the mean
 RESUME_KEYS = ("members", "weights", "tta", "overlap", "blend", "dtype", "channels")  # must agree to add crops
 
 
 @dataclass(frozen=True)
 class Member:
-    """One run of the ensemble, loaded and ready to predict."""
+    """One run of the ensemble, loaded, with the sliding window it predicts with (`run_window`)."""
 
     run: LoadedRun
-    transforms: tuple
-    batch: int
-    fold: int  # TTA passes per forward
-    compiled: CompiledModel | None
-
-    @property
-    def patch(self) -> tuple[int, int, int]:
-        return tuple(self.run.cfg.data.patch_shape_vox)  # type: ignore[return-value]
+    window: Window
 
 
 @dataclass(frozen=True)
@@ -203,8 +177,9 @@ def averaged_slabs(streams: Sequence[Iterator[tuple[int, torch.Tensor]]], parts:
     (K, dz, Y, X): float16, or uint8 round(255 p) with `uint8`.
 
     The member furthest behind is advanced until every member has finished the next `AVERAGE_PLANES` planes
-    (or the rest); the planes all have finished are averaged `AVERAGE_PLANES` at a time, in member order, as `cellseg.infer.ensemble.weighted_mean`
-    does (float32 products, then sums, then one division by Σ w), so both give the same numbers.
+    (or the rest); the planes all have finished are averaged `AVERAGE_PLANES` at a time, in member order, as
+    `cellseg.infer.members.weighted_mean` does (float32 products, then sums, then one division by Σ w), so both
+    give the same numbers.
 
     Args:
         streams: one `predict_slabs(..., host=False)` generator per contribution, all from plane `start`.
@@ -278,18 +253,13 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         todo = pending_crops(lambda: _open_store(out, plan, chosen, provenance, views, overwrite=opts.overwrite),
                              targets, out, d)
         store = PredictionStore.open(out)
-        members = [_member(r, opts) for r in runs]
+        members = [Member(r, run_window(r, opts, precision=precision, transforms=run_transforms(r, opts.tta)))
+                   for r in runs]
         return predict_crops(shard_crops(todo, d.rank, d.world_size), lambda target, progress: _predict_crop(
-            members, target, store, plan, chosen, opts, voxel_size=voxel_size, precision=precision,
-            progress=progress, rank=d.rank), desc="predict-ensemble", opts=opts, d=d)
+            members, target, store, plan, chosen, opts, voxel_size=voxel_size, progress=progress, rank=d.rank),
+            desc="predict-ensemble", opts=opts, d=d)
     finally:
         runtime.shutdown_distributed()
-
-
-def _member(run: LoadedRun, opts: InferConfig) -> Member:
-    tfms = tuple(run_transforms(run, opts.tta))
-    batch, compiled, fold = run_settings(run, opts, len(tfms))
-    return Member(run=run, transforms=tfms, batch=batch, fold=fold, compiled=compiled)
 
 
 def _targets(runs: Sequence[LoadedRun], crops: str, data_root: str | None) -> list[CropTarget]:
@@ -361,7 +331,7 @@ def _contributions(members: Sequence[Member], channels: Sequence[str], plan: Cha
 
 def weight_totals(channels: Sequence[str], weights: Weights) -> np.ndarray:
     """(K,) float32 Σ w of each channel over its members with a positive weight, summed in member order in
-    float32 as `cellseg.infer.ensemble.weighted_mean` sums them."""
+    float32 as `cellseg.infer.members.weighted_mean` sums them."""
     totals = np.zeros(len(channels), np.float32)
     for k, c in enumerate(channels):
         for w in weights.per_channel[c]:
@@ -371,12 +341,10 @@ def weight_totals(channels: Sequence[str], weights: Weights) -> np.ndarray:
 
 
 def _predict_crop(members: Sequence[Member], target: CropTarget, store: PredictionStore, plan: ChannelPlan,
-                  weights: Weights, opts: InferConfig, *, voxel_size: Sequence[float], precision: runtime.Precision,
-                  progress: bool, rank: int) -> dict[str, Any]:
+                  weights: Weights, opts: InferConfig, *, voxel_size: Sequence[float], progress: bool, rank: int
+                  ) -> dict[str, Any]:
     """One crop: column by column, every member in lockstep (module docstring), written a chunk of planes at a
     time; a partial crop left by a killed run with the same settings resumes where it stopped."""
-    from tqdm import tqdm
-
     started = time.perf_counter()
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, voxel_size)
@@ -386,46 +354,24 @@ def _predict_crop(members: Sequence[Member], target: CropTarget, store: Predicti
     if not parts:  # scored on none of the ensemble's channels: an empty crop, as `cellseg predict` writes it
         channels = ()
     total = torch.from_numpy(weight_totals(channels, weights)).to(device)
-    streams = [(len(p.keep), p.member.patch, context_margin(p.member.patch)) for p in parts]
-    edge = opts.block_vox or fused_column_vox(streams, len(channels), device)
-    blocks = plan_blocks(grid.shape_vox, (grid.shape_vox[0], edge, edge)) if parts else []
-    flush = min(edge, DEFAULT_CHUNK)
-    writer = store.crop_writer(target.name, grid, key=f"fused_column{edge}", overwrite=opts.overwrite,
+    streams = [(len(p.keep), p.member.window.patch_vox, context_margin(p.member.window.patch_vox)) for p in parts]
+    columns = CropPlan.columns(grid.shape_vox, opts.block_vox or fused_column_vox(streams, len(channels), device))
+    if not parts:
+        columns = replace(columns, blocks=[])
+    writer = store.crop_writer(target.name, grid, key=f"fused_column{columns.edge}", overwrite=opts.overwrite,
                                channels=channels)
-    resume = resume_planes(writer.done)
-    todo = [(o, n, resume.get(block_id(o), 0)) for o, n in blocks if resume.get(block_id(o), 0) < n[0]]
-    if len(todo) < len(blocks) or any(z for *_, z in todo):
-        log.info("%s: resuming, %d of %d columns already written, %d partly", target.name,
-                 len(blocks) - len(todo), len(blocks), sum(1 for *_, z in todo if z))
-    num_tiles = sum(count_tiles(n, p.member.patch, opts.overlap, start_plane=z, batch_size=p.member.batch)
-                    for _, n, z in todo for p in parts)
-    with tqdm(total=num_tiles, desc=target.name, unit="tile", leave=False, disable=not progress) as bar:
-        for offset, shape, z_done in todo:
-            column = sub_grid(grid, offset, shape)
-            slabs = [predict_slabs(p.member.run.model, em, column, _window(p.member, opts, precision),
-                                   num_outputs=len(p.member.run.channels), keep=p.keep, start=z_done,
-                                   on_tiles=bar.update, host=False) for p in parts]
-            mean = averaged_slabs(slabs, parts, total, start=z_done, depth=shape[0], device=device,  # type: ignore[arg-type]
-                                  uint8=opts.uint8)
-            for z0, planes in chunked_slabs(mean, shape[0], flush, z_done):
-                writer.write_all({c: planes[k] for k, c in enumerate(channels)}, (offset[0] + z0, offset[1], offset[2]))
-                writer.mark_done(f"{block_id(offset)}:{z0 + planes.shape[1]}")
-    seconds = time.perf_counter() - started
-    mvox = math.prod(grid.shape_vox) / 1e6
-    writer.commit({"dataset": target.dataset, "split": target.split, "em_url": target.em_url, "block_vox": edge,
-                   "streamed": True, "num_channels": len(channels), "blocks": len(blocks), "tiles": num_tiles,
-                   "members": len(parts), "tta": opts.tta, "seconds": round(seconds, 3),
-                   "mvox_per_s": round(mvox / seconds, 4), "rank": rank,
-                   "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")})
-    line = (f"{target.name} ({target.dataset}, {target.split}): {'×'.join(map(str, grid.shape_vox))} vox at "
-            f"{'×'.join(f'{v:g}' for v in grid.voxel_size_nm)} nm, {len(blocks)} column(s) of ≤ {edge}² in y, x, "
-            f"{len(parts)} members, {num_tiles} tiles × {opts.tta} TTA, {seconds:.1f} s, {mvox / seconds:.3g} Mvox/s")
-    return {"crop": target.name, "shape_vox": list(grid.shape_vox), "seconds": seconds, "tiles": num_tiles,
-            "members": len(parts), "blocks": len(blocks), "block_vox": edge, "mvox_per_s": mvox / seconds,
-            "line": line}
 
+    def slabs_of(column: Grid, start: int, on_tiles: Callable[[int], None]) -> Iterator[tuple[int, np.ndarray]]:
+        slabs = [predict_slabs(p.member.run.model, em, column, p.member.window, num_outputs=len(p.member.run.channels),
+                               keep=p.keep, start=start, on_tiles=on_tiles, host=False) for p in parts]
+        return averaged_slabs(slabs, parts, total, start=start, depth=column.shape_vox[0],  # type: ignore[arg-type]
+                              device=device, uint8=opts.uint8)
 
-def _window(member: Member, opts: InferConfig, precision: runtime.Precision) -> Window:
-    return Window(patch_vox=member.patch, device=member.run.device, precision=precision, overlap=opts.overlap,
-                  batch_size=member.batch, blend=opts.blend, transforms=member.transforms, channels_last=True,
-                  pad_value=member.run.cfg.data.em_pad_value, compiled=member.compiled, tta_fold=member.fold)
+    def tiles_of(shape: Sequence[int], start: int) -> int:
+        return sum(count_tiles(shape, p.member.window.patch_vox, opts.overlap, start_plane=start,
+                               batch_size=p.member.window.batch_size) for p in parts)
+
+    tiles = write_columns(writer, columns, slabs_of, tiles_of=tiles_of, progress=progress)
+    return commit_crop(target, writer, columns, tiles=tiles, tta=opts.tta, started=started, rank=rank,
+                       attrs={"members": len(parts), "tta": opts.tta}, summary={"members": len(parts)},
+                       detail=f"{len(parts)} members, ")

@@ -55,9 +55,8 @@ def grid_to_json(grid: Grid) -> dict[str, list[float] | list[int]]:
 
 
 def grid_from_json(data: Mapping[str, Any]) -> Grid:
-    return Grid(translation_nm=tuple(float(v) for v in data["translation_nm"]),  # type: ignore[arg-type]
-                shape_vox=tuple(int(v) for v in data["shape_vox"]),  # type: ignore[arg-type]
-                voxel_size_nm=tuple(float(v) for v in data["voxel_size_nm"]))  # type: ignore[arg-type]
+    return Grid.of(translation_nm=data["translation_nm"], shape_vox=data["shape_vox"],
+                   voxel_size_nm=data["voxel_size_nm"])
 
 
 def quantise(probs: np.ndarray) -> np.ndarray:

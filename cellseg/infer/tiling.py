@@ -156,5 +156,4 @@ def plan_blocks(shape_vox: Sequence[int], block_vox: int | Sequence[int]
 def sub_grid(grid: Grid, offset: Sequence[int], shape: Sequence[int]) -> Grid:
     """The part of `grid` of `shape` voxels starting at voxel `offset`."""
     start = [t + o * v for t, o, v in zip(grid.translation_nm, offset, grid.voxel_size_nm, strict=True)]
-    return Grid(translation_nm=tuple(start), shape_vox=tuple(int(n) for n in shape),  # type: ignore[arg-type]
-                voxel_size_nm=grid.voxel_size_nm)
+    return Grid.of(translation_nm=start, shape_vox=shape, voxel_size_nm=grid.voxel_size_nm)

@@ -14,6 +14,7 @@ Example:
     >>> report = run_report(ReportOptions(runs=("runs/unet_3d", "runs/resnet_3d"), out="report"))  # doctest: +SKIP
 """
 
-from cellseg.report.ablation import Report, ReportOptions, run_report
+from cellseg.report.ablation import run_report
+from cellseg.report.results import Report, ReportOptions
 
 __all__ = ["Report", "ReportOptions", "run_report"]

@@ -15,19 +15,16 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from cellseg.eval.rules import ERA_TITLES
+from cellseg.report.results import Layout, Report, StageResult
 from cellseg.viz import load_prediction_slice, prediction_figure, save_png, scores_figure
 from cellseg.viz.figure import new_figure
 from cellseg.viz.palette import KIND_COLORS
 from cellseg.viz.scores import ScoreSet
-
-if TYPE_CHECKING:
-    from cellseg.report.ablation import Report, StageResult
 
 PANEL_WIDTH_PX = 520
 ROW_PX = 46  # height per stage in the overall chart
@@ -78,7 +75,6 @@ def write_figures(report: Report, root: Path, *, progress: bool = False) -> list
     for era in eras:
         fig = scores_figure([score_set(s, era) for s in report.stages])
         paths.append(save_png(fig, root / f"classes_{era}.png", overwrite=True))
-    from cellseg.report.ablation import Layout
 
     crops = [c for c in report.plan.scored if c in report.truth][:report.options.slices]
     segmented = {"tta": Layout(root).segmentation("tta"), "postprocessed": Path(report.stages[-1].store)}

@@ -13,14 +13,12 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cellseg import __version__
 from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance, nan_to_none
+from cellseg.report.results import Report, StageResult
 from cellseg.report.scoring import PLAIN_RULE
-
-if TYPE_CHECKING:
-    from cellseg.report.ablation import Report, StageResult
 
 FORMAT = "cellseg-ablation-report"
 VERSION = 1

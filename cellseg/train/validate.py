@@ -1,7 +1,7 @@
 """Validation during training with the challenge metric (`val.metric`: "2026" current or "2025" challenge era).
 
 For each validation crop: predict its annotated box at the training voxel size with the engine of
-`cellseg predict` (`cellseg.infer.predict.predict_volume`: half a patch of EM context on every side, the
+`cellseg predict` (`cellseg.infer.engine.predict_volume`: half a patch of EM context on every side, the
 Gaussian-blended sliding window, no test-time augmentation), threshold, and score
 every class annotated in the crop against its truth on the same grid with the official per-crop
 scoring of that era (`cellseg.eval`), only inside the annotated box. Instance classes become objects with
@@ -29,7 +29,8 @@ from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
-from cellseg.infer.predict import crop_grid, predict_volume
+from cellseg.infer.engine import predict_volume
+from cellseg.infer.plan import crop_grid
 from cellseg.postprocess.instances import segment_instances
 from cellseg.postprocess.params import InstanceParams
 

@@ -15,13 +15,14 @@ from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
 from cellseg.data.targets import CropSource
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
-from cellseg.infer.ensemble import ensemble, read_on_grid
+from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import (
     FitOptions,
     candidate_weights,
     semantic_from_counts,
     shrinkage,
 )
+from cellseg.infer.members import read_on_grid
 from cellseg.infer.store import PredictionStore, quantise
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(8, 10, 12), voxel_size_nm=(8.0, 8.0, 8.0))
@@ -142,7 +143,7 @@ def test_incompatible_classes_are_a_clear_error_or_partial(tmp_path, caplog):
     # Without --allow-partial, a boundary channel that only some members have is dropped, with a warning.
     d = write_store(tmp_path / "d.zarr", {"crop1": (GRID, random_channels(4, channels=("mito", "er")))},
                     channels=("mito", "er"))
-    with caplog.at_level(logging.WARNING, logger="cellseg.infer.ensemble"):
+    with caplog.at_level(logging.WARNING, logger="cellseg.infer.members"):
         out = ensemble([a, d], tmp_path / "ens2.zarr").store
     assert out.channels == ("mito", "er")
     assert any("mito_boundary: dropped" in r.getMessage() and str(d) in r.getMessage() for r in caplog.records)
@@ -151,7 +152,7 @@ def test_incompatible_classes_are_a_clear_error_or_partial(tmp_path, caplog):
 def test_crops_missing_in_a_member_are_skipped_with_a_log_line(tmp_path, caplog):
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0)), "crop2": (GRID, random_channels(1))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(2)), "crop3": (GRID, random_channels(3))})
-    with caplog.at_level(logging.WARNING, logger="cellseg.infer.ensemble"):
+    with caplog.at_level(logging.WARNING, logger="cellseg.infer.members"):
         result = ensemble([a, b], tmp_path / "ens.zarr")
     assert result.store.completed() == ["crop1"]
     assert result.skipped == {"crop2": [str(b)], "crop3": [str(a)]}

@@ -15,11 +15,12 @@ import yaml
 
 from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
-from cellseg.infer.ensemble import WEIGHTS_FILE, ensemble
+from cellseg.infer.ensemble import ensemble
 from cellseg.infer.fused import AVERAGE_PLANES, Contribution, averaged_slabs, predict_ensemble
 from cellseg.infer.predict import predict_run
 from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, fused_column_vox
+from cellseg.infer.weights import WEIGHTS_FILE
 
 OPTS = InferConfig(tta=8, overlap=0.0, batch_size=8, checkpoint="last", progress=False)
 GIB = 2**30

@@ -110,7 +110,7 @@ def test_more_compiled_models_than_dynamos_cache_limit_all_compile(monkeypatch):
     # ran eagerly, silently; each CompiledModel makes room for its own shapes
     from torch._dynamo.utils import counters
 
-    from cellseg.infer.engine import CompiledModel
+    from cellseg.runtime.compile import CompiledModel
 
     monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", "eager")
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # torch's default, restored afterwards

@@ -1,0 +1,183 @@
+"""A trained run, rebuilt from its directory for inference, and the settings that follow from it.
+
+The run directory alone rebuilds the model (`load_run`: `config.yaml`, `meta.json`,
+`checkpoints/<best|last>.pt`, EMA weights when the run validated with them). From the run and the inference
+options follow the axes a 2D model is sliced across (`slice_axes`), its TTA transforms (`run_transforms`), its
+sliding window (`run_window`) and what a prediction store records about it (`run_provenance`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import cellseg
+from cellseg import runtime
+from cellseg.config import load_run_config
+from cellseg.config.inference import InferConfig
+from cellseg.config.schema import RunConfig
+from cellseg.data.grid import shape3
+from cellseg.infer import tta
+from cellseg.infer.engine import Window, tta_fold
+from cellseg.models import build_model
+from cellseg.runtime.checkpoint import load as load_checkpoint
+from cellseg.runtime.compile import CompiledModel
+
+log = logging.getLogger(__name__)
+ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
+
+
+@dataclass
+class LoadedRun:
+    """A trained model rebuilt from its run directory, in eval mode on `device`."""
+
+    run_dir: Path
+    cfg: RunConfig
+    meta: dict[str, Any]
+    model: torch.nn.Module
+    checkpoint: Path
+    step: int
+    weights: str  # "ema" or "model"
+    device: torch.device
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """Output channels: the classes, then `<class>_boundary` channels (meta.json "channels")."""
+        return tuple(self.meta["channels"])
+
+    @property
+    def spatial_dims(self) -> int:
+        """2 or 3."""
+        return 2 if self.cfg.data.is_2d else 3
+
+
+def checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
+    """The checkpoint file of `checkpoint` ("best", "last" or a path); FileNotFoundError names those present."""
+    if checkpoint not in ("best", "last"):
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such checkpoint file")
+        return path
+    path = run_dir / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        present = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) if path.parent.is_dir() else []
+        hint = " (the run never validated: use --checkpoint last)" if checkpoint == "best" and present else ""
+        raise FileNotFoundError(f"{run_dir}: no checkpoint {path.name} in {path.parent} "
+                                f"(present: {', '.join(present) or 'none'}){hint}")
+    return path
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.device | str = "cpu",
+             data_root: str | None = None) -> LoadedRun:
+    """Rebuild a run's model from `config.yaml` + `meta.json` + a checkpoint.
+
+    Args:
+        run_dir: a `cellseg train` run directory.
+        checkpoint: "best", "last" or the path of a checkpoint file.
+        device: where the model goes (channels-last on CUDA).
+        data_root: replaces the run's `data.root`.
+
+    Raises:
+        FileNotFoundError: no config.yaml/meta.json, or no such checkpoint (the present ones are named).
+        ValueError: meta.json disagrees with the config or the checkpoint with the architecture.
+    """
+    run_dir, device = Path(run_dir), torch.device(device)
+    for name in ("config.yaml", "meta.json"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir / name}: missing (is {run_dir} a `cellseg train` run directory?)")
+    cfg = load_run_config(run_dir / "config.yaml", [f"data.root={data_root}"] if data_root else [])
+    meta = json.loads((run_dir / "meta.json").read_text())
+    if len(meta.get("channels", ())) != cfg.data.num_target_channels:
+        raise ValueError(f"{run_dir / 'meta.json'}: channels {meta.get('channels')} do not match the config's "
+                         f"{cfg.data.num_target_channels} output channels")
+    path = checkpoint_path(run_dir, checkpoint)
+    try:
+        ckpt = load_checkpoint(path)
+    except (RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:  # truncated or not a torch file
+        raise ValueError(f"{path}: not a readable checkpoint ({err})") from None
+    if "model" not in ckpt or "step" not in ckpt:
+        raise ValueError(f"{path}: not a cellseg checkpoint (no 'model' weights or 'step')")
+    model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **cfg.model.params)
+    # Validation during training used the EMA weights when the run kept them (`Setup.eval_model`): so do we.
+    weights = "ema" if ckpt.get("ema") is not None else "model"
+    state = ckpt["ema"] if weights == "ema" else ckpt["model"]
+    own = model.state_dict()
+    try:
+        model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()})
+    except RuntimeError as err:
+        raise ValueError(f"{path}: weights do not fit {cfg.model.name} ({cfg.model.preset}): {err}") from None
+    fmt = runtime.memory_format(2 if cfg.data.is_2d else 3, device.type == "cuda")
+    model = model.to(device=device, memory_format=fmt).eval()
+    log.info("loaded %s (%s weights, step %d) from %s", cfg.model.name, weights, ckpt["step"], path)
+    return LoadedRun(run_dir=run_dir, cfg=cfg, meta=meta, model=model, checkpoint=path, step=int(ckpt["step"]),
+                     weights=weights, device=device)
+
+
+# ----------------------------------------------------------------------------------- settings of a run
+
+
+def slice_axes(run: LoadedRun, axes_2d: str) -> tuple[str, ...]:
+    """The axes a run's slices are cut across: ("z",) for a 3D model or `--axes-2d z`, else ("z", "y", "x").
+
+    Raises:
+        ValueError: `--axes-2d zyx` on a run with anisotropic voxels.
+    """
+    if run.spatial_dims == 3 or axes_2d == "z":
+        return ("z",)
+    vs = run.cfg.data.voxel_size_nm
+    if max(vs) > min(vs) * (1 + ISOTROPY_RTOL):
+        raise ValueError(f"--axes-2d zyx needs isotropic voxels; {run.run_dir} predicts at {list(vs)} nm")
+    if set(run.cfg.data.slice_axes) != {"z", "y", "x"}:
+        log.warning("%s trained on slices across %s only; predicting across z, y and x anyway", run.run_dir,
+                    list(run.cfg.data.slice_axes))
+    return ("z", "y", "x")
+
+
+def run_transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
+    """The first `n` TTA transforms the run allows (meta.json "model", else the model's own spec)."""
+    spec = run.meta.get("model", {})
+    model_spec = getattr(run.model, "spec", None)
+    flip = spec.get("tta_axes", model_spec.tta_axes if model_spec else ())
+    swap = spec.get("tta_transpose_axes", model_spec.tta_transpose_axes if model_spec else ())
+    return tta.transforms(run.spatial_dims, flip, n, transpose_axes=swap)
+
+
+def run_window(run: LoadedRun, opts: InferConfig, *, precision: runtime.Precision,
+               transforms: Sequence[tta.Transform]) -> Window:
+    """The sliding window a run predicts with: its patch and EM pad value, `opts`' overlap and blend, tiles per
+    batch (`opts.batch_size`, else the run's own), the model under torch.compile (`opts.compile`; "auto": on
+    CUDA) and TTA passes per forward (`opts.tta_fold`, else `engine.tta_fold`).
+
+    Build it once per run: the compiled model it holds keeps its graphs across crops.
+    """
+    batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
+    compiled = CompiledModel(run.model) if opts.compile == "on" or (
+        opts.compile == "auto" and run.device.type == "cuda") else None
+    patch = run.cfg.data.patch_shape_vox
+    fold = opts.tta_fold or tta_fold(batch, patch, len(transforms), run.device)
+    return Window(patch_vox=shape3(patch), device=run.device, precision=precision, overlap=opts.overlap,
+                  batch_size=batch, blend=opts.blend, transforms=tuple(transforms),
+                  channels_last=True, pad_value=run.cfg.data.em_pad_value, compiled=compiled, tta_fold=fold)
+
+
+def run_provenance(run: LoadedRun, opts: InferConfig, tfms: Sequence[tta.Transform], axes: Sequence[str],
+                   precision: str) -> dict[str, Any]:
+    """What a prediction store records about the run and settings it came from (`cellseg predict`)."""
+    return {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(run.checkpoint.resolve()),
+            "checkpoint_step": run.step, "weights": run.weights, "model": run.cfg.model.name,
+            "preset": run.cfg.model.preset, "voxel_size_nm": list(run.cfg.data.voxel_size_nm),
+            "patch_shape_vox": list(run.cfg.data.patch_shape_vox), "tta": len(tfms),
+            "tta_transforms": [t.name for t in tfms], "overlap": opts.overlap, "blend": opts.blend,
+            "axes_2d": "".join(axes) if run.spatial_dims == 2 else None, "precision": precision,
+            "dtype": "uint8" if opts.uint8 else "float16", "channels": opts.channels, "compile": opts.compile,
+            "cellseg_version": cellseg.__version__,
+            "git_commit": run.meta.get("git_commit"), "data_root": opts.data_root or run.cfg.data.root,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

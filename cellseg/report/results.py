@@ -1,0 +1,139 @@
+"""The report's data: its options (`ReportOptions`), its scored rows (`StageResult`), everything it computed
+(`Report`) and the paths inside its directory (`Layout`). `cellseg.report.ablation` fills them in;
+`cellseg.report.render` and `cellseg.report.figures` read them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cellseg.eval.rules import ERAS, Era
+from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
+from cellseg.report.scoring import EraScores
+
+SETTINGS_FILE = "report_settings.json"  # what the stores depend on; its presence marks a report directory
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """What `cellseg report` does (its command-line options).
+
+    Attributes:
+        runs: run directories to compare (at least 2, same classes).
+        out: the report directory.
+        data_root: where crops and truth are read (default: the runs' data root).
+        crops: scored crops: "val", "test" or ids.
+        tune_crops: crops the ensemble weights and post-processing are tuned on: None (the scored crops,
+            or "val" when the scored crops are test crops), "same", "val" or ids.
+        metric: "both", "2025" or "2026": the eras scored.
+        tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
+        checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
+        slices: crops drawn as slice overlays.
+        overwrite: start over (delete the stores of an earlier report in `out`).
+    """
+
+    runs: tuple[str, ...]
+    out: str
+    data_root: str | None = None
+    crops: str = "val"
+    tune_crops: str | None = None
+    metric: str = "both"
+    tune_metric: str | None = None
+    checkpoint: str = "best"
+    overlap: float = 0.5
+    device: str = "auto"
+    slices: int = 2
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRIC_CHOICES:
+            raise ValueError(f"--metric {self.metric!r}: choose one of {METRIC_CHOICES}")
+        if self.tune_metric is not None and self.tune_metric not in ERAS:
+            raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {ERAS}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
+        if self.slices < 0:
+            raise ValueError(f"--slices {self.slices}: must be ≥ 0")
+        if not 0.0 <= self.overlap < 1.0:
+            raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
+
+    @property
+    def eras(self) -> tuple[Era, ...]:
+        """The eras scored."""
+        return ERAS if self.metric == "both" else (self.metric,)  # type: ignore[return-value]
+
+    @property
+    def tuning_era(self) -> Era:
+        """The era the weights and post-processing parameters are tuned for."""
+        return self.tune_metric or ("2026" if self.metric == "both" else self.metric)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    """One scored row: a stage or a single model.
+
+    Attributes:
+        key: file-name key ("single_<run>", "uniform", "weighted", "tta", "postprocess").
+        title: row title.
+        store: the probability store it scores (the segmentation store for post-processing).
+        scores: era → scores.
+    """
+
+    key: str
+    title: str
+    store: str
+    scores: dict[str, EraScores]
+
+    def overall(self, era: str) -> float:
+        """Overall score in `era` (NaN when not scored)."""
+        return self.scores[era].overall if era in self.scores else math.nan
+
+
+@dataclass(kw_only=True)
+class Report:
+    """Everything a report computed (rendered by `cellseg.report.render`)."""
+
+    options: ReportOptions
+    runs: list[RunInfo]
+    data_root: Path
+    plan: CropPlan
+    truth: dict[str, list[str]]
+    singles: list[StageResult]
+    best_single: dict[str, str]  # era → run name
+    stages: list[StageResult]
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    weights: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    figures: list[str] = field(default_factory=list)
+
+
+class Layout:
+    """Paths inside the report directory (listed in the docstring of `cellseg.report.ablation`)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.stores = root / "stores"
+        self.truth = root / "truth.zarr"
+        self.settings = root / SETTINGS_FILE
+        self.params = self.stores / "postprocess_params.json"
+        self.postprocessed = self.stores / "postprocessed.zarr"
+
+    def predictions(self, run: RunInfo, tta: int) -> Path:
+        """A run's probability store at `tta` transforms."""
+        return self.stores / f"predict_tta{tta}" / f"{run.name}.zarr"
+
+    def ensemble(self, name: str) -> Path:
+        """An ensemble's probability store."""
+        return self.stores / f"ensemble_{name}.zarr"
+
+    def segmentation(self, key: str) -> Path:
+        """A stage's thresholded segmentation."""
+        return self.stores / "segmentation" / f"{key}.zarr"
+
+    def submission(self, key: str) -> Path:
+        """A stage's submission zip at the truth's geometry."""
+        return self.stores / "submissions" / f"{key}.zip"
