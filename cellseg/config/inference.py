@@ -107,12 +107,12 @@ class FitConfig:
     crops: str | int = "val"
 
     def __post_init__(self) -> None:
-        _check(self.metric in ("2025", "2026"), f"ensemble.fit.metric={self.metric!r}: choose '2025' or '2026'")
+        _check(self.metric in ("2025", "2026"), f"ensemble.fit.metric={self.metric!r} (--metric): choose '2025' or '2026'")
         _check(0.0 <= self.shrink <= 1.0, f"ensemble.fit.shrink={self.shrink} (--shrink): must be in [0, 1]")
         _check(self.instance_score in ("iou", "metric"),
-               f"ensemble.fit.instance_score={self.instance_score!r}: choose 'iou' or 'metric'")
+               f"ensemble.fit.instance_score={self.instance_score!r} (--instance-score): choose 'iou' or 'metric'")
         _check(self.device in ("auto", "cpu", "cuda"),
-               f"ensemble.fit.device={self.device!r}: choose 'auto', 'cpu' or 'cuda'")
+               f"ensemble.fit.device={self.device!r} (--device): choose 'auto', 'cpu' or 'cuda'")
         if self.crops != "val":
             _check_ids(self.crops, "ensemble.fit.crops (--crops)", "'val' or crop ids such as '12,34'")
 
