@@ -1,12 +1,14 @@
-"""`cellseg postprocess PRED.zarr --out SEG.zarr`: thresholds and watershed instances, optionally tuned first."""
+"""`cellseg postprocess [CONFIG.yaml] PRED.zarr --out SEG.zarr [key=value ...]`: thresholds and watershed instances,
+optionally tuned first."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from cellseg.cli._recipe import PRECEDENCE, add_command, option, print_config, resolve, show_progress
 
 if TYPE_CHECKING:
     from cellseg.postprocess.params import ParamSet
@@ -16,8 +18,9 @@ ORDER = 55  # after predict (50) and ensemble (52)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `postprocess` sub-command."""
-    parser = subparsers.add_parser(
-        "postprocess",
+    parser = add_command(
+        subparsers, "postprocess", items="PRED.zarr", items_key="predictions", many=False,
+        items_help="the probability store",
         help="probabilities → semantic masks and instance ids (thresholds, seeded watershed)",
         description=textwrap.dedent("""\
             Turn a probability store (from `cellseg predict` or `cellseg ensemble`) into a segmentation store:
@@ -32,55 +35,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             no seed erosion, no size filter). With --tune-on, every class is first tuned on crops with truth in
             DATA_ROOT against the challenge metric of --metric; the result is written to --params (default
             OUT.params.json) and used. An existing OUT written from the same source with the same settings is
-            resumed (finished crops are kept); anything else needs --overwrite."""),
+            resumed (finished crops are kept); anything else needs --overwrite.
+
+            """) + textwrap.fill(PRECEDENCE, width=104),
         epilog="examples:\n  cellseg postprocess ens.zarr --out seg.zarr --params params.json\n"
-               "  cellseg postprocess ens.zarr --out seg.zarr --tune-on data/synth --crops 3 7 --metric 2026",
+               "  cellseg postprocess ens.zarr --out seg.zarr --tune-on data/synth --crops 3 7 --metric 2026\n"
+               "  cellseg postprocess configs/postprocess/tune_val_2026.yaml ens_val.zarr out=seg_val.zarr "
+               "postprocess.tune_on=data/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("predictions", metavar="PRED.zarr", help="probability store")
-    parser.add_argument("--out", required=True, metavar="SEG.zarr", help="segmentation store to write")
-    parser.add_argument("--params", metavar="PARAMS.json",
-                        help="per-class parameters to read (or, with --tune-on, to write; default OUT.params.json)")
-    parser.add_argument("--tune-on", metavar="DATA_ROOT",
-                        help="tune the parameters on training crops of this data root before post-processing")
-    parser.add_argument("--crops", nargs="+", metavar="ID",
-                        help="with --tune-on: the crops to tune on (12 or crop12; default: every crop of the store "
-                             "with truth in DATA_ROOT)")
-    parser.add_argument("--metric", choices=("2025", "2026"), default="2026",
-                        help="with --tune-on: the scoring era to tune for (default 2026)")
-    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda",
-                        help="cpu: the numpy/cc3d path; cuda[:N]: the torch path on a GPU; auto (default): cuda "
-                             "when available")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and the params file)")
+    option(parser, "--out", key="out", metavar="SEG.zarr", help="segmentation store to write")
+    option(parser, "--params", key="postprocess.params", metavar="PARAMS.json",
+           help="per-class parameters to read (or, with --tune-on, to write; default OUT.params.json)")
+    option(parser, "--tune-on", key="postprocess.tune_on", metavar="DATA_ROOT",
+           help="tune the parameters on training crops of this data root before post-processing")
+    option(parser, "--crops", key="postprocess.crops", nargs="+", type=str, metavar="ID", action=_JoinIds,
+           help="with --tune-on: the crops to tune on (12 or crop12; default: every crop of the store with truth "
+                "in DATA_ROOT)")
+    option(parser, "--metric", key="postprocess.metric", choices=("2025", "2026"),
+           help="with --tune-on: the scoring era to tune for (default 2026)")
+    option(parser, "--device", key="postprocess.device", metavar="auto|cpu|cuda",
+           help="cpu: the numpy/cc3d path; cuda[:N]: the torch path on a GPU; auto (default): cuda when available")
+    option(parser, "--overwrite", key="overwrite", action="store_true",
+           help="replace an existing OUT (and the params file)")
     parser.set_defaults(func=run)
+
+
+class _JoinIds(argparse.Action):
+    """`--crops 1 crop3` → "1,crop3", the comma-separated form of `postprocess.crops`."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, ",".join(values))
 
 
 def run(args: argparse.Namespace) -> int:
     """Tune (optionally), then post-process every crop."""
-    from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
+    from cellseg.config.jobs import PostprocessJob
+
+    job = resolve(PostprocessJob, args)
+    if args.print_config:
+        return print_config(job)
+    from cellseg.postprocess.apply import open_probabilities, postprocess_store
+    from cellseg.postprocess.apply import resolve as resolve_device
     from cellseg.postprocess.params import ParamSet
 
-    progress = sys.stderr.isatty() and not args.quiet
-    pred = open_probabilities(args.predictions)
-    device = resolve(args.device)
-    if args.crops and not args.tune_on:
-        raise ValueError("--crops selects tuning crops; it needs --tune-on DATA_ROOT")
-    if args.tune_on:
+    pp, progress = job.postprocess, show_progress(args)
+    pred = open_probabilities(job.predictions)
+    device = resolve_device(pp.device)
+    if pp.tune_on:
         from cellseg.postprocess.tune import tune_store
 
-        params_path = Path(args.params) if args.params else Path(f"{args.out}.params.json")
-        if params_path.exists() and not args.overwrite:
+        params_path = Path(pp.params) if pp.params else Path(f"{job.out}.params.json")
+        if params_path.exists() and not job.overwrite:
             raise ValueError(f"{params_path} exists; pass --overwrite to replace it, or drop --tune-on to use it")
-        params = tune_store(pred, args.tune_on, crops=args.crops, era=args.metric, device=device, progress=progress)
-        params.save(params_path, overwrite=args.overwrite)
+        params = tune_store(pred, pp.tune_on, crops=pp.crop_ids(), era=pp.metric, device=device, progress=progress)
+        params.save(params_path, overwrite=job.overwrite)
         print(_score_table(params))
         print(f"wrote {params_path}")
-    elif args.params:
-        params = ParamSet.load(args.params)
+    elif pp.params:
+        params = ParamSet.load(pp.params)
     else:
         params = ParamSet()
     try:
-        seg = postprocess_store(pred, args.out, params=params, device=device, overwrite=args.overwrite,
+        seg = postprocess_store(pred, job.out, params=params, device=device, overwrite=job.overwrite,
                                 progress=progress)
     except FileExistsError as err:
         raise ValueError(str(err)) from None

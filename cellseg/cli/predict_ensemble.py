@@ -1,20 +1,30 @@
-"""`cellseg predict-ensemble RUN_A RUN_B ... --crops test --out ENS.zarr`: several runs predicted in one pass,
-straight into their weighted mean (no store per member)."""
+"""`cellseg predict-ensemble [CONFIG.yaml] RUN_A RUN_B ... --crops test --out ENS.zarr [key=value ...]`: several
+runs predicted in one pass, straight into their weighted mean (no store per member)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from cellseg.cli.predict import add_predict_options, predict_options
+from cellseg.cli._recipe import (
+    PRECEDENCE,
+    add_command,
+    option,
+    print_config,
+    resolve,
+    show_progress,
+    weights_flag,
+)
+from cellseg.cli.predict import add_predict_options
 
 ORDER = 51
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `predict-ensemble` sub-command."""
-    parser = subparsers.add_parser(
-        "predict-ensemble", help="predict with several runs at once into their weighted mean (no member stores)",
+    parser = add_command(
+        subparsers, "predict-ensemble", items="RUN_DIR", items_key="ensemble.members", many=True,
+        items_help="`cellseg train` run directories (≥ 2, in the order of the weights)",
+        help="predict with several runs at once into their weighted mean (no member stores)",
         description="`cellseg predict` of every run followed by `cellseg ensemble`, in one pass: each crop column "
                     "streams through every member's sliding window in lockstep along z on the GPU, and the "
                     "weighted mean of the planes all members have finished is written; nothing per member is "
@@ -23,30 +33,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "2D members slice across z. Weights: uniform, one per run, or the weights.json that "
                     "`cellseg ensemble --weights auto` fitted on validation predictions of the same runs (same "
                     "order). Crops already in ENS.zarr are skipped, a partly written one resumes, and under "
-                    "`torchrun --nproc-per-node N` the crops are shared among the GPUs.",
+                    "`torchrun --nproc-per-node N` the crops are shared among the GPUs.\n\n" + PRECEDENCE,
         epilog="example:\n"
                "  cellseg ensemble val/*.zarr --out ens_val.zarr --weights auto\n"
                "  cellseg predict-ensemble runs/unet_3d runs/unet_2d --crops test --out ens_test.zarr "
-               "--weights ens_val.zarr/weights.json --overlap 0.25",
+               "--weights ens_val.zarr/weights.json --overlap 0.25\n"
+               "  cellseg predict-ensemble configs/ensemble/eight.yaml crops=test out=ens_test.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="`cellseg train` run directories (≥ 2), "
-                        "in the order of the weights")
-    parser.add_argument("--out", required=True, metavar="ENS.zarr", help="ensemble probability store to write")
-    parser.add_argument("--weights", default="uniform", metavar="uniform|w1,w2,...|FILE.json",
-                        help="'uniform' (default), one weight per run (normalised), or a weights.json written by "
-                             "`cellseg ensemble` (e.g. --weights auto on validation predictions)")
-    parser.add_argument("--allow-partial", action="store_true",
-                        help="runs may have different classes: each class averages the runs that have it")
+    option(parser, "--out", key="out", metavar="ENS.zarr", help="ensemble probability store to write")
+    option(parser, "--weights", key="ensemble.weights", type=weights_flag, metavar="uniform|w1,w2,...|FILE.json",
+           help="'uniform' (default), one weight per run (normalised), or a weights.json written by `cellseg "
+                "ensemble` (e.g. --weights auto on validation predictions)")
+    option(parser, "--allow-partial", key="ensemble.allow_partial", action="store_true",
+           help="runs may have different classes: each class averages the runs that have it")
     add_predict_options(parser, axes_2d=False)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Predict the ensemble; one summary line per crop is printed."""
+    from cellseg.config.jobs import PredictEnsembleJob
+    from cellseg.config.schema import replace
+
+    job = resolve(PredictEnsembleJob, args)
+    if args.print_config:
+        return print_config(job)
     from cellseg.infer.fused import predict_ensemble
 
-    opts = predict_options(args, progress=sys.stderr.isatty() and not args.quiet)
-    predict_ensemble(args.run_dirs, args.crops, args.out, weights=args.weights, allow_partial=args.allow_partial,
-                     opts=opts)
+    opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    predict_ensemble(list(job.ensemble.members), str(job.crops), job.out, weights=job.ensemble.library_weights(),
+                     allow_partial=job.ensemble.allow_partial, opts=opts)
     return 0

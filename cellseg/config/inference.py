@@ -1,18 +1,25 @@
-"""Typed configuration of inference: how a trained run predicts (`InferConfig`).
+"""Typed configuration of the inference steps, one section each: how a trained run predicts (`InferConfig`),
+how members are averaged (`EnsembleConfig`, with `FitConfig` for fitted weights) and how probabilities become
+a segmentation (`PostprocessConfig`).
 
 Same rules as the training schema (`cellseg.config.schema`): frozen, keyword-only dataclasses whose
-`__post_init__` raises `ValueError` naming the key and the valid choices; YAML files under `configs/infer/`
-set them, with `key=value` overrides (`cellseg.config.load`); `docs/config.md` is generated from here.
+`__post_init__` raises `ValueError` naming the dotted key and the valid choices. YAML recipes under
+`configs/infer/`, `configs/ensemble/` and `configs/postprocess/` set them; the commands' root configs that
+compose these sections are in `cellseg.config.jobs`; `docs/config.md` is generated from both modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Literal
 
 from cellseg.config.schema import _check
 
 STORE_CHUNK_VOX = 64  # the prediction store's chunk edge (`cellseg.data.write.DEFAULT_CHUNK`)
+WEIGHT_METHODS = ("uniform", "auto")
+_CUDA_DEVICE = re.compile(r"cuda(:\d+)?")  # "cuda" or "cuda:N"
+_CROP_ID = re.compile(r"(crop)?\d+")  # 12 or crop12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +45,7 @@ class InferConfig:
         uint8: store round(255 p) as uint8 instead of float16.
         overwrite: replace the output store entirely (default: add the missing crops to it).
         data_root: data root to read from instead of the run's `data.root` (null: the run's).
-        progress: show progress bars.
+        progress: show progress bars (the commands: on a terminal and without -q only).
     """
 
     tta: int = 8
@@ -73,3 +80,132 @@ class InferConfig:
         _check(self.compile in ("auto", "on", "off"), f"infer.compile={self.compile!r}: choose 'auto', 'on' or 'off'")
         _check(self.axes_2d in ("z", "zyx"), f"infer.axes_2d={self.axes_2d!r}: choose 'z' or 'zyx'")
         _check(self.device in ("auto", "cpu", "cuda"), f"infer.device={self.device!r}: choose 'auto', 'cpu' or 'cuda'")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitConfig:
+    """How `weights: auto` fits per-class weights on validation crops (`cellseg ensemble` only; the method is in
+    cellseg/infer/ensemble_fit.py).
+
+    Attributes:
+        metric: scoring era of the fit: "2026" (current) or "2025" (challenge era).
+        shrink: shrinkage towards uniform weights with ample validation data, in [0, 1]; fewer than 8 validation
+            crops or 10^4 truth voxels of a class shrink it more.
+        instance_score: instance classes are fitted on their foreground IoU ("iou") or on the official instance
+            score of connected components ("metric", slower).
+        device: where candidate ensembles are mixed and counted: "auto" (CUDA when available), "cpu" or "cuda".
+        truth_root: data root with the validation crops' labels (null: the members' provenance).
+        crops: crops to fit on: "val" (the validation crops of every member's run) or comma-separated crop ids,
+            e.g. "12,34".
+    """
+
+    metric: Literal["2025", "2026"] = "2026"
+    shrink: float = 0.5
+    instance_score: Literal["iou", "metric"] = "iou"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    truth_root: str | None = None
+    crops: str | int = "val"
+
+    def __post_init__(self) -> None:
+        _check(self.metric in ("2025", "2026"), f"ensemble.fit.metric={self.metric!r} (--metric): choose '2025' or '2026'")
+        _check(0.0 <= self.shrink <= 1.0, f"ensemble.fit.shrink={self.shrink} (--shrink): must be in [0, 1]")
+        _check(self.instance_score in ("iou", "metric"),
+               f"ensemble.fit.instance_score={self.instance_score!r} (--instance-score): choose 'iou' or 'metric'")
+        _check(self.device in ("auto", "cpu", "cuda"),
+               f"ensemble.fit.device={self.device!r} (--device): choose 'auto', 'cpu' or 'cuda'")
+        if self.crops != "val":
+            _check_ids(self.crops, "ensemble.fit.crops (--crops)", "'val' or crop ids such as '12,34'")
+
+    def crop_ids(self) -> list[str] | None:
+        """The fitting crops as a list of ids (None: the members' validation crops)."""
+        return None if self.crops == "val" else _ids(self.crops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnsembleConfig:
+    """Which members are averaged and with which weights (`cellseg predict-ensemble`, `cellseg ensemble`).
+
+    Attributes:
+        members: in the order of the weights: `cellseg train` run directories for `predict-ensemble`, probability
+            stores (`cellseg predict` outputs) for `ensemble`; given on the command line, they replace these.
+        weights: "uniform"; "auto" (per class, fitted on validation crops: `ensemble` only); one number per member
+            (normalised), e.g. [3, 1]; or the path of a weights.json written by an earlier `cellseg ensemble`
+            (fit on validation predictions, apply to the test predictions of the same members).
+        grid: `ensemble` only: the common grid of a crop, the finest member's ("finest") or the first member's
+            ("first"); `predict-ensemble` members share one voxel size.
+        allow_partial: members may have different classes: each class averages the members that have it.
+        fit: how "auto" weights are fitted.
+    """
+
+    members: tuple[str, ...] = ()
+    weights: str | tuple[float, ...] = "uniform"
+    grid: Literal["finest", "first"] = "finest"
+    allow_partial: bool = False
+    fit: FitConfig = field(default_factory=FitConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weights, str):
+            _check(self.weights in WEIGHT_METHODS or self.weights.endswith(".json"),
+                   f"ensemble.weights={self.weights!r} (--weights): choose 'uniform', 'auto', one number per "
+                   "member (a YAML list such as [3, 1]; --weights 3,1) or a weights.json file")
+        else:
+            _check(len(self.weights) > 0 and all(w >= 0 for w in self.weights) and sum(self.weights) > 0,
+                   f"ensemble.weights={list(self.weights)} (--weights): need one non-negative number per member, "
+                   "not all zero")
+        _check(self.grid in ("finest", "first"), f"ensemble.grid={self.grid!r} (--grid): choose 'finest' or 'first'")
+
+    def library_weights(self) -> str | list[float]:
+        """The weights as the library's `weights=` argument takes them (a list, or the method / file name)."""
+        return self.weights if isinstance(self.weights, str) else list(self.weights)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostprocessConfig:
+    """How probabilities become semantic masks and instance ids (`cellseg postprocess`; the algorithm is in
+    cellseg/postprocess/instances.py).
+
+    Attributes:
+        params: per-class parameter file (JSON) to read; with `tune_on`, the file the tuned parameters are written
+            to (null: OUT.params.json next to the output). Neither: the defaults (threshold 0.5, no seed erosion,
+            no size filter).
+        tune_on: tune every class first on crops with truth in this data root, against the `metric` of the
+            challenge (null: no tuning).
+        crops: with `tune_on`: the crops to tune on, comma-separated ids ("12,crop34"; null: every crop of the
+            store with truth in the data root).
+        metric: with `tune_on`: the scoring era to tune for, "2026" (current) or "2025".
+        device: "cpu" (numpy, cc3d and scipy), "cuda" or "cuda:N" (torch on a GPU; identical output) or "auto"
+            (CUDA when available).
+    """
+
+    params: str | None = None
+    tune_on: str | None = None
+    crops: str | int | None = None
+    metric: Literal["2025", "2026"] = "2026"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.crops is not None:
+            _check_ids(self.crops, "postprocess.crops (--crops)", "crop ids such as '12,crop34'")
+        _check(self.crops is None or self.tune_on is not None,
+               f"postprocess.crops={self.crops!r} (--crops) selects tuning crops; it needs --tune-on DATA_ROOT "
+               "(postprocess.tune_on)")
+        _check(self.metric in ("2025", "2026"),
+               f"postprocess.metric={self.metric!r} (--metric): choose '2025' or '2026'")
+        _check(self.device in ("auto", "cpu") or _CUDA_DEVICE.fullmatch(self.device) is not None,
+               f"postprocess.device={self.device!r} (--device): choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+    def crop_ids(self) -> list[str] | None:
+        """The tuning crops as a list of ids (None: every crop of the store with truth)."""
+        return None if self.crops is None else _ids(self.crops)
+
+
+def _ids(crops: str | int) -> list[str]:
+    """Crop ids of a comma-separated selection: "12,crop34" (or 12) → ["12", "crop34"]."""
+    return [c.strip() for c in str(crops).split(",") if c.strip()]
+
+
+def _check_ids(crops: str | int, key: str, expected: str) -> None:
+    ids = _ids(crops)
+    _check(bool(ids), f"{key} is empty: give {expected}")
+    bad = [c for c in ids if not _CROP_ID.fullmatch(c)]
+    _check(not bad, f"{key}: {bad[0] if bad else ''!r} is not a crop id (12 or crop12); give {expected}")

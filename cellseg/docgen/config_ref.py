@@ -3,6 +3,8 @@
 Sources, all read from the code at generation time:
 - the dataclasses of `cellseg.config.schema`; a root is a dataclass no other schema dataclass contains
   (today `RunConfig`), its dataclass fields are sections (recursively), the others are keys;
+- the inference commands' roots (`cellseg.config.jobs.JOBS`): each command's own keys, then every section
+  they compose (`cellseg.config.inference`), once;
 - a key's documentation, first found of: `field(metadata={"doc": ...})`, the class docstring's Google
   `Attributes:` entry (`a, b: text` documents both), a string literal right after the field (attribute
   docstring), and the comment on the field's line(s); an entry and a comment together read "entry (comment)".
@@ -207,19 +209,32 @@ def leaf_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if _section_type(hints[f.name])[0] is None]
 
 
+def job_roots() -> dict[str, type]:
+    """Command name → root config of the inference commands (`cellseg.config.jobs.JOBS`)."""
+    from cellseg.config.jobs import JOBS
+
+    return dict(JOBS)
+
+
+def all_roots() -> list[type]:
+    """The training roots, then the inference commands' roots."""
+    return [*schema_roots(), *job_roots().values()]
+
+
 def config_keys() -> list[str]:
     """Every dotted key of every root (what `docs/config.md` must list)."""
-    return [f"{s.prefix}{f.name}" for root in schema_roots() for s in sections(root) for f in leaf_fields(s.cls)]
+    return list(dict.fromkeys(f"{s.prefix}{f.name}" for root in all_roots() for s in sections(root)
+                              for f in leaf_fields(s.cls)))
 
 
 def undocumented_keys() -> list[str]:
     """Dotted keys with no documentation in the schema."""
     out = []
-    for root in schema_roots():
+    for root in all_roots():
         for section in sections(root):
             docs = field_docs(section.cls)
             out += [f"{section.prefix}{f.name}" for f in leaf_fields(section.cls) if f.name not in docs]
-    return out
+    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -245,6 +260,34 @@ def _render_root(root: type) -> list[str]:
         if section.prefix:
             out += [f"`{section.cls.__name__}`: " + escape(" ".join(paragraphs(docstring_intro(section.cls)))), ""]
         out += [_key_table(section), ""]
+    return out
+
+
+def _job_sections() -> list[Section]:
+    """The sections the inference commands compose, each once, in order of first use."""
+    seen: dict[str, Section] = {}
+    for root in job_roots().values():
+        for section in sections(root)[1:]:
+            seen.setdefault(section.prefix, section)
+    return list(seen.values())
+
+
+def _job_title(command: str) -> str:
+    return f"`cellseg {command}`: top-level keys"
+
+
+def _render_jobs() -> list[str]:
+    rows = [[code(root.__name__), escape(docstring_intro(root)),
+             ", ".join(code(s.prefix.rstrip(".")) for s in sections(root)[1:] if s.prefix.count(".") == 1)]
+            for root in job_roots().values()]
+    out = ["## Inference commands", "", INFERENCE_INTRO, "", table(["root", "command", "sections"], rows), ""]
+    for command, root in job_roots().items():
+        out += [f"### {_job_title(command)}", "", _key_table(Section("", root)), ""]
+    for section in _job_sections():
+        if leaf_fields(section.cls):
+            out += [f"### `{section.prefix.rstrip('.')}`", "",
+                    f"`{section.cls.__name__}`: " + escape(" ".join(paragraphs(docstring_intro(section.cls)))), "",
+                    _key_table(section), ""]
     return out
 
 
@@ -286,7 +329,23 @@ cellseg train configs/smoke/unet_3d.yaml data.root=/tmp/synth --print-config   #
 Unknown keys and wrong types are errors that name the dotted key and the valid choices. Lengths carry their
 unit in the name (`_nm` nanometres, `_vox` voxels); vectors are (z, y, x). `null` is YAML's None. The
 resolved config of a run is written to `RUN_DIR/config.yaml`. Ready-made files live in `configs/`
-(`data/`, `model/`, `train/`, `experiments/` one per architecture, `smoke/` CPU runs of seconds)."""
+(`data/`, `model/`, `train/`, `experiments/` one per architecture, `smoke/` CPU runs of seconds). The
+inference commands are configured the same way: see [Inference commands](#inference-commands)."""
+
+INFERENCE_INTRO = """\
+`cellseg predict`, `predict-ensemble`, `ensemble` and `postprocess` take a recipe file too (`configs/infer/`,
+`configs/ensemble/`, `configs/postprocess/`, composed with `include:` like the training files), and each of
+their options sets one key (its `--help` names it). Precedence, the last wins: the defaults below < CONFIG <
+the options and positional arguments < dotted `key=value` pairs. Options are what one types for one run
+(`--out`, `--crops`) and sit above the file; `key=value` is the explicit spelling of a key and wins over both.
+A recipe file may also hold the sections of another command (an ensemble recipe includes its `infer`
+settings): they are checked and left out, so one file can describe the steps of a pipeline.
+
+```bash
+cellseg predict configs/infer/test_set.yaml runs/unet_3d crops=test out=preds/unet_3d.zarr infer.overlap=0.5
+cellseg predict runs/unet_3d --crops val --out preds/unet_3d_val.zarr --tta 8      # the same keys as options
+cellseg predict-ensemble configs/ensemble/eight.yaml crops=test out=ens.zarr --print-config   # the resolved config
+```"""
 
 
 def render_config(*, generator: str) -> str:
@@ -294,15 +353,20 @@ def render_config(*, generator: str) -> str:
     roots = schema_roots()
     toc = [f"- [{_section_title(s, r).strip('`')}]({anchor(_section_title(s, r))})"
            for r in roots for s in sections(r) if leaf_fields(s.cls)]
+    toc += ["- [Inference commands](#inference-commands)"]
+    toc += [f"  - [{_job_title(c).replace('`', '')}]({anchor(_job_title(c))})" for c in job_roots()]
+    toc += [f"  - [{s.prefix.rstrip('.')}]({anchor(s.prefix.rstrip('.'))})" for s in _job_sections()
+            if leaf_fields(s.cls)]
     out = ["# Configuration reference", "",
-           f"<!-- Generated from cellseg/config/schema.py and the model registry by `{generator}`; "
-           "do not edit by hand. -->", "", INTRO, "", *toc,
+           f"<!-- Generated from cellseg/config/schema.py, cellseg/config/inference.py, cellseg/config/jobs.py "
+           f"and the model registry by `{generator}`; do not edit by hand. -->", "", INTRO, "", *toc,
            "- [`model.params` by architecture](#modelparams-by-architecture)", ""]
     for root in roots:
         out += _render_root(root)
+    out += _render_jobs()
     out += _render_model_params()
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["config_keys", "field_docs", "parse_attributes", "render_config", "schema_roots",
-           "undocumented_keys"]
+__all__ = ["all_roots", "config_keys", "field_docs", "job_roots", "parse_attributes", "render_config",
+           "schema_roots", "undocumented_keys"]
