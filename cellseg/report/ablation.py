@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellseg.eval.rules import ERAS, Era
+from cellseg.eval.eras import ERAS, Era
 from cellseg.infer.store import PredictionStore
 from cellseg.report.plan import (
     METRIC_CHOICES,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
-from cellseg.eval.rules import ERA_TITLES
+from cellseg.eval.eras import ERA_TITLES
 from cellseg.viz import load_prediction_slice, prediction_figure, save_png, scores_figure
 from cellseg.viz.figure import new_figure
 from cellseg.viz.palette import KIND_COLORS
