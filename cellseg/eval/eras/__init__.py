@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from cellseg.eval.aggregate import CropScores
 from cellseg.eval.semantic import confusion
 
 if TYPE_CHECKING:
     from cellseg.eval.resample import Aligned, Target
 
 Era = str  # the name of a registered era, e.g. "2026"
-CropScores = Mapping[str, Mapping[str, Mapping[str, Any]]]  # crop -> label -> per-crop scores
-Scores = dict[str, Any]
+Scores = dict[str, Any]  # metric name -> value, the official key names
+__all__ = ["ERAS", "ERA_TITLES", "CropScores", "Era", "Scores", "ScoringEra", "get_era", "registry"]
 
 
 class ScoringEra(abc.ABC):
