@@ -263,7 +263,7 @@ class ValidationConfig:
         max_crops: validate on at most this many crops (null: all).
     """
 
-    metric: Literal["2025", "2026"] = "2026"
+    metric: str = "2026"
     overlap: float = 0.25
     batch_size: int = 4
     threshold: float = 0.5

@@ -1,4 +1,4 @@
-"""From per-crop scores to per-class and overall scores, in each era's way.
+"""From per-crop scores to per-class and overall scores, in each era's way (`ScoringEra.combine`).
 
 2025 (official `combine_scores`, challenge era): per class, the mean of the per-crop values weighted by
 the crop's physical volume `prod(voxel_size) · num_voxels` (nm³), missing crops included with 0; the
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.eval.rules import Era, geometric_mean, is_scored_as_instance
+from cellseg.eval.rules import geometric_mean, is_scored_as_instance
 
 CropScores = Mapping[str, Mapping[str, Mapping[str, Any]]]  # crop -> label -> per-crop metrics
 KEYS_2025 = {"instance": ("accuracy", "hausdorff_distance", "normalized_hausdorff_distance", "combined_score"),
@@ -112,8 +112,3 @@ def combine_2026(crop_scores: CropScores) -> dict[str, Any]:
         "overall_semantic_score": overall_semantic,
         "overall_score": geometric_mean(overall_instance, overall_semantic),
     }
-
-
-def combine(crop_scores: CropScores, era: Era) -> dict[str, Any]:
-    """Class and overall scores of one era."""
-    return combine_2025(crop_scores) if era == "2025" else combine_2026(crop_scores)

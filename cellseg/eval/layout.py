@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cellseg.eval.io import CropListing, Source, list_crop
-from cellseg.eval.rules import Era
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,28 +62,33 @@ def _match(folders: dict[str, str], truth: set[str]) -> tuple[dict[str, str], bo
     return {f"crop{name}": key for name, key in folders.items() if f"crop{name}" in truth}, True
 
 
-def discover(source: Source, truth_crops: Iterable[str], *, era: Era) -> Layout:
-    """Map truth crop names to submission crop folders the way `era`'s evaluator would (see module doc)."""
+def discover(source: Source, truth_crops: Iterable[str], *, repairs: bool) -> Layout:
+    """Map truth crop names to submission crop folders the way an evaluator would (see module doc).
+
+    Args:
+        repairs: the evaluator repairs the layout as 2026 does; without, it reads crop folders at the root
+            only and rejects what 2026 repairs, as 2025 does (`ScoringEra.repairs_layout`).
+    """
     truth = set(truth_crops)
     notes: list[str] = []
     failure: list[str] = []
     nested, several = _nested_root(source)
     if several:
         notes.append(f"the submission holds {several}; read from its root")
-        if era == "2026":
+        if repairs:  # it would repair a nested store, but cannot tell which one
             failure.append("it contains several *.zarr folders")
     root_folders = _folders(source, None)
     folders = root_folders
-    if nested and not (era == "2025" and any(n in truth for n in root_folders)):
+    if nested and (repairs or not any(n in truth for n in root_folders)):
         folders = _folders(source, nested)
         notes.append(f"the store was zipped inside the folder {posixpath.dirname(nested) or nested!r}; read it "
                      "from there (2026 repairs this)")
-        if era == "2025" and not any(n in truth for n in root_folders):
+        if not repairs:
             failure.append("crop folders are not at the root of the archive")
     mapping, prefixed = _match(folders, truth)
     if prefixed and mapping:
         notes.append("crop folders are bare numbers; read them as crop<N> (2026 repairs this)")
-        if era == "2025":
+        if not repairs:
             failure.append("crop folder names lack the 'crop' prefix")
     if not mapping:
         failure.append("no crop folder matches a truth crop ('No volumes found to score')")
@@ -94,7 +98,7 @@ def discover(source: Source, truth_crops: Iterable[str], *, era: Era) -> Layout:
     no_group = [name for name, listing in crops.items() if not listing.has_zgroup]
     if no_group:
         notes.append(f"crop folders without .zgroup: {', '.join(no_group)} (2026 repairs this)")
-        if era == "2025":
+        if not repairs:
             failure.append(f"crop folders without .zgroup ({', '.join(no_group)})")
     used = set(mapping.values())
     unmatched = tuple(sorted(name for name, key in folders.items() if key not in used))

@@ -1,7 +1,8 @@
 """Rendering an `Evaluation`: a JSON document with the official key names, and a readable table.
 
 Both always name the era: JSON `"metric": "2025" | "2026"` plus `"metric_title"`, and the table's
-first line "2025 challenge-era metric" / "2026 current metric". Non-finite numbers (an infinite
+first line "2025 challenge-era metric" / "2026 current metric" (`ScoringEra.title`); the columns shown are
+the era's (`ScoringEra.class_columns`, `crop_columns`). Non-finite numbers (an infinite
 Hausdorff distance, the NaN overall score of the 2025 era when a kind of class is absent) are written as
 `null`, as the official evaluators write them.
 """
@@ -12,21 +13,10 @@ import json
 import os
 from typing import Any
 
-from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance, nan_to_none
+from cellseg.eval.eras import get_era
+from cellseg.eval.rules import is_scored_as_instance, nan_to_none
 from cellseg.eval.score import Evaluation
 
-COLUMNS = {
-    ("2025", "instance"): ("combined_score", "accuracy", "normalized_hausdorff_distance", "hausdorff_distance"),
-    ("2025", "semantic"): ("iou", "dice_score"),
-    ("2026", "instance"): ("combined_score", "f1", "normalized_hausdorff_distance", "tp", "fp", "fn"),
-    ("2026", "semantic"): ("iou", "tp", "fp", "fn"),
-}
-CROP_COLUMNS = {
-    ("2025", "instance"): ("combined_score", "accuracy", "normalized_hausdorff_distance", "hausdorff_distance"),
-    ("2025", "semantic"): ("iou", "dice_score"),
-    ("2026", "instance"): ("tp", "fp", "fn", "n_hausdorff", "hausdorff_norm_sum", "status"),
-    ("2026", "semantic"): ("tp", "fp", "fn", "status"),
-}
 SHORT = {"combined_score": "combined", "normalized_hausdorff_distance": "norm_hd", "hausdorff_distance": "hd_nm",
          "dice_score": "dice", "hausdorff_norm_sum": "hd_sum", "n_hausdorff": "n_hd", "accuracy": "acc"}
 
@@ -45,7 +35,7 @@ def to_json(ev: Evaluation) -> dict[str, Any]:
     scored = sum(not s["is_missing"] for labels in ev.crop_scores.values() for s in labels.values())
     return _clean({
         "metric": ev.metric,
-        "metric_title": ERA_TITLES[ev.metric],
+        "metric_title": get_era(ev.metric).title,
         "overall_score": ev.overall_score,
         "overall_instance_score": ev.overall_instance_score,
         "overall_semantic_score": ev.overall_semantic_score,
@@ -88,20 +78,21 @@ def _rows(keys: tuple[str, ...], items: list[tuple[str, dict[str, Any]]], indent
 
 def format_table(ev: Evaluation, *, per_crop: bool = False) -> str:
     """Readable summary: era, overall scores, one line per class (and per crop with `per_crop`)."""
-    lines = [f"cellseg evaluate: {ERA_TITLES[ev.metric]}",
+    era = get_era(ev.metric)
+    lines = [f"cellseg evaluate: {era.title}",
              f"overall {_fmt(ev.overall_score)}   instance {_fmt(ev.overall_instance_score)}   "
              f"semantic {_fmt(ev.overall_semantic_score)}"]
     for kind in ("instance", "semantic"):
         labels = [k for k in sorted(ev.label_scores) if is_scored_as_instance(k) == (kind == "instance")]
         if not labels:
             continue
-        lines += ["", f"{kind} classes ({ERA_TITLES[ev.metric]})"]
+        lines += ["", f"{kind} classes ({era.title})"]
         for label in labels:
-            lines += _rows(COLUMNS[(ev.metric, kind)], [(label, ev.label_scores[label])])
+            lines += _rows(era.class_columns[kind], [(label, ev.label_scores[label])])
             if per_crop:
                 crops = [(c, s[label]) for c, s in sorted(ev.crop_scores.items()) if label in s]
                 crops = [(c + (" (missing)" if s["is_missing"] else ""), s) for c, s in crops]
-                lines += _rows(CROP_COLUMNS[(ev.metric, kind)], crops, indent="    ")
+                lines += _rows(era.crop_columns[kind], crops, indent="    ")
     lines += _problem_lines(ev)
     return "\n".join(lines)
 
@@ -123,7 +114,7 @@ def _problem_lines(ev: Evaluation) -> list[str]:
     lines += array_notes[:20] + ([f"... and {len(array_notes) - 20} more notes (see the JSON)"]
                                  if len(array_notes) > 20 else [])
     if ev.official_failures:
-        lines.append(f"the official {ERA_TITLES[ev.metric]} evaluator would have failed here:")
+        lines.append(f"the official {get_era(ev.metric).title} evaluator would have failed here:")
         lines += [f"  {f}" for f in ev.official_failures[:20]]
         if len(ev.official_failures) > 20:
             lines.append(f"  ... and {len(ev.official_failures) - 20} more (see the JSON)")

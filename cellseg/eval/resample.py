@@ -35,7 +35,6 @@ from cellseg.eval.rules import (
     CHUNKED_LOAD_BYTES_2026,
     MAX_VOLUME_SIZE_RATIO_2026,
     SEMANTIC_THRESHOLD,
-    Era,
 )
 
 VOXEL_SIZE_KEYS = ("voxel_size", "resolution", "scale")
@@ -135,10 +134,12 @@ def voxel_offset(translation_nm: Sequence[float], target: Target) -> np.ndarray:
     return ((np.abs(snapped - ttr) // tvs) * np.sign(snapped - ttr)).astype(int)
 
 
-def place(image: np.ndarray, shape: Sequence[int], offset: Sequence[int], *, era: Era) -> tuple[np.ndarray, int]:
+def place(image: np.ndarray, shape: Sequence[int], offset: Sequence[int], *, copy_length_bug: bool
+          ) -> tuple[np.ndarray, int]:
     """Shift by `offset` voxels, then crop/zero-pad to `shape` (returns the array and voxels dropped by quirk 7).
 
-    A positive offset means the prediction starts inside the crop.
+    A positive offset means the prediction starts inside the crop; with `copy_length_bug` (2025) such a
+    prediction, smaller than the crop, loses its last `offset` voxels.
     """
     if not any(offset) and tuple(image.shape) == tuple(shape):
         return image, 0
@@ -152,10 +153,9 @@ def place(image: np.ndarray, shape: Sequence[int], offset: Sequence[int], *, era
             src.append(slice(start, stop))
             dst.append(slice(0, length))
         else:
-            end = min(size, n_in) if era == "2025" else min(size, n_in + off)
+            end = min(size, n_in) if copy_length_bug else min(size, n_in + off)
             length = end - off
-            if era == "2025":
-                dropped = max(dropped, min(size, n_in + off) - off - length)
+            dropped = max(dropped, min(size, n_in + off) - off - length)  # 0 without the bug
             src.append(slice(0, length))
             dst.append(slice(off, end))
         if length <= 0:
@@ -164,12 +164,17 @@ def place(image: np.ndarray, shape: Sequence[int], offset: Sequence[int], *, era
     return result, dropped
 
 
-def rescale_like_official(image: np.ndarray, scale: np.ndarray, *, instance: bool, era: Era) -> np.ndarray:
-    """`skimage.transform.rescale` with each era's arguments (bool semantic input cast to float32)."""
+def rescale_like_official(image: np.ndarray, scale: np.ndarray, *, instance: bool, keep_id_range: bool
+                          ) -> np.ndarray:
+    """`skimage.transform.rescale` with the official arguments (bool semantic input cast to float32).
+
+    Instance ids are resampled at order 0; `keep_id_range` (2026) keeps their range and dtype, without it
+    (2025) skimage converts them to floats as it pleases.
+    """
     from skimage.transform import rescale
 
     if instance:
-        if era == "2025":
+        if not keep_id_range:
             return rescale(image, scale, order=0, mode="constant")
         return rescale(image, scale, order=0, mode="constant", preserve_range=True).astype(image.dtype)
     if image.dtype == bool:
@@ -194,7 +199,7 @@ def chunked_rescale_2026(array: Any, scale: np.ndarray, *, instance: bool) -> np
                 lo = (z0, y0, x0)
                 block = np.asarray(array[tuple(slice(a, min(a + edge, n)) for a, n in zip(lo, array.shape, strict=True))])
                 if instance:
-                    small = rescale_like_official(block, scale, instance=True, era="2026")
+                    small = rescale_like_official(block, scale, instance=True, keep_id_range=True)
                 else:
                     from skimage.transform import rescale
 
@@ -230,24 +235,26 @@ def _align_2025(image: np.ndarray, attrs: dict[str, Any], *, instance: bool, tar
     if not strict:
         out.official_failure = "attributes are not plain lists of 3 numbers"
     if vs is not None and any(a != b for a, b in zip(vs[-3:], target.voxel_size_nm, strict=True)):
-        image = _rescale(image, np.divide(vs[-3:], target.voxel_size_nm), instance=instance, era="2025", out=out)
+        image = _rescale(image, np.divide(vs[-3:], target.voxel_size_nm), instance=instance, bool_fails=True,
+                         keep_id_range=False, out=out)
     offset = voxel_offset(tr[-3:], target) if tr is not None else np.zeros(3, dtype=int)
-    placed, dropped = place(image, target.shape_vox, offset, era="2025")
+    placed, dropped = place(image, target.shape_vox, offset, copy_length_bug=True)
     if dropped:
         out.notes.append(f"2025 copy-length bug: the last {dropped} voxel(s) of the prediction along an axis were "
                          "dropped (it is smaller than the crop and starts inside it)")
     return placed
 
 
-def _rescale(image: np.ndarray, scale: np.ndarray, *, instance: bool, era: Era, out: Aligned) -> np.ndarray:
-    if era == "2025" and not instance and image.dtype == bool:
+def _rescale(image: np.ndarray, scale: np.ndarray, *, instance: bool, bool_fails: bool, keep_id_range: bool,
+             out: Aligned) -> np.ndarray:
+    if bool_fails and not instance and image.dtype == bool:
         out.official_failure = ("bool semantic array needs resampling: skimage refuses bool at order 1 (cellseg "
                                 "casts to float32 as the 2026 evaluator does)")
     if not instance and image.dtype.kind == "f" and np.isnan(image).any():
         out.notes.append("NaN voxels spread through the linear resampling and count as background")
     out.notes.append(f"resampled by {tuple(round(float(s), 4) for s in scale)} "
                      f"({'nearest' if instance else 'linear, then > 0.5'})")
-    return rescale_like_official(image, scale, instance=instance, era=era)
+    return rescale_like_official(image, scale, instance=instance, keep_id_range=keep_id_range)
 
 
 def _align_2026(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target, out: Aligned
@@ -266,27 +273,46 @@ def _align_2026(array: Any, attrs: dict[str, Any], *, instance: bool, target: Ta
     else:
         image = np.asarray(array[...])
         if vs is not None and not np.allclose(np.asarray(vs[-3:], dtype=float), tvs):
-            image = _rescale(image, np.asarray(vs[-3:], dtype=float) / tvs, instance=instance, era="2026", out=out)
+            image = _rescale(image, np.asarray(vs[-3:], dtype=float) / tvs, instance=instance, bool_fails=False,
+                             keep_id_range=True, out=out)
         elif vs is None and image.shape != target.shape_vox:
             out.notes.append(f"no voxel_size attribute: centre-cropped/padded {image.shape} to the crop")
             image = centre_crop_pad(image, target.shape_vox)
     offset = voxel_offset(tr[-3:], target) if tr is not None else np.zeros(3, dtype=int)
-    return place(image, target.shape_vox, offset, era="2026")[0]
+    return place(image, target.shape_vox, offset, copy_length_bug=False)[0]
 
 
-def align_prediction(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target, era: Era) -> Aligned:
-    """Bring a submitted array (numpy or zarr, read lazily) into the truth grid as `era` does.
-
-    Raises:
-        BadAttributes: voxel size / translation attributes no era can use, or an array that is not 3-D.
-    """
+def _check_3d(array: Any) -> None:
     if len(array.shape) != 3:
         raise BadAttributes(f"array has shape {tuple(array.shape)}; expected 3 axes (z, y, x)")
-    out = Aligned(data=np.zeros(0))
-    if era == "2025":
-        out.data = _align_2025(np.asarray(array[...]), attrs, instance=instance, target=target, out=out)
-    else:
-        out.data = _align_2026(array, attrs, instance=instance, target=target, out=out)
+
+
+def _checked(out: Aligned, target: Target) -> Aligned:
     if tuple(out.data.shape) != tuple(target.shape_vox):  # cannot happen; guards the scorers' assumptions
         raise AssertionError(f"aligned shape {out.data.shape} != {target.shape_vox}")
     return out
+
+
+def align_2025(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target) -> Aligned:
+    """Bring a submitted array onto the truth grid as the 2025 evaluator does (`match_crop_space`).
+
+    Raises:
+        BadAttributes: unusable voxel size / translation attributes, or an array that is not 3-D.
+    """
+    _check_3d(array)
+    out = Aligned(data=np.zeros(0))
+    out.data = _align_2025(np.asarray(array[...]), attrs, instance=instance, target=target, out=out)
+    return _checked(out, target)
+
+
+def align_2026(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target) -> Aligned:
+    """Bring a submitted array (numpy or zarr, read lazily) onto the truth grid as the 2026 evaluator does
+    (`MatchedCrop.load_aligned`).
+
+    Raises:
+        BadAttributes: unusable voxel size / translation attributes, or an array that is not 3-D.
+    """
+    _check_3d(array)
+    out = Aligned(data=np.zeros(0))
+    out.data = _align_2026(array, attrs, instance=instance, target=target, out=out)
+    return _checked(out, target)

@@ -2,20 +2,16 @@
 
 Everything here is restated from the official evaluators (CSC `evaluate.py` as it stood 2025-04 to
 2025-11 for "2025", `utils/eval_utils/*` + `utils/matched_crop.py` of 2026 for "2026"); see
-`docs/scoring.md` for the full list of rules and quirks.
+`docs/scoring.md` for the full list of rules and quirks. The eras themselves, with their names and titles,
+are the modules of `cellseg.eval.eras`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
-
-Era = Literal["2025", "2026"]
-ERAS: tuple[Era, ...] = ("2025", "2026")
-ERA_TITLES: dict[str, str] = {"2025": "2025 challenge-era metric", "2026": "2026 current metric"}
 
 # The official INSTANCE_CLASSES list decides the scoring branch in both eras. `vim` and `instance` are in
 # it although no test manifest lists them; any other label name (including `<label>_mask` arrays of the

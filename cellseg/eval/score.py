@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellseg.eval.aggregate import combine
+from cellseg.eval.eras import Era, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, list_crop, open_source
 from cellseg.eval.layout import Layout, discover
 from cellseg.eval.pool import DEFAULT_BUDGET_FRACTION, available_memory_bytes, map_bounded
-from cellseg.eval.rules import ERAS, MASK_SUFFIX, Era
+from cellseg.eval.rules import MASK_SUFFIX
 from cellseg.eval.safezip import ZipLimits
 from cellseg.eval.tasks import Task, TaskResult, missing_scores, run_task
 
@@ -151,16 +151,15 @@ def evaluate(submission: str | os.PathLike[str], truth: str | os.PathLike[str], 
     """Score `submission` (zarr directory or zip) against `truth` (ground-truth zarr) with `metric`'s rules.
 
     Raises:
-        ValueError: unknown metric, unusable truth, a corrupt or unsafe zip.
+        ValueError: unknown metric (era), unusable truth, a corrupt or unsafe zip.
         FileNotFoundError: a path does not exist.
     """
-    if metric not in ERAS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(ERAS)}")
+    era = get_era(metric)
     budget = int(memory_budget_bytes or DEFAULT_BUDGET_FRACTION * available_memory_bytes())
     truth_source = open_source(truth)
     truth_crops = _truth_crops(truth_source)
     submission_source = open_source(submission, zip_limits=zip_limits)
-    layout = discover(submission_source, truth_crops, era=metric)
+    layout = discover(submission_source, truth_crops, repairs=era.repairs_layout)
     notes = list(layout.notes)
     tasks, missing = build_tasks(truth_crops, layout, era=metric, max_bytes=budget, notes=notes)
     for crop, labels in missing["multiscale_groups"].items():
@@ -168,7 +167,7 @@ def evaluate(submission: str | os.PathLike[str], truth: str | os.PathLike[str], 
                      "arrays only and score them as missing (write single-scale arrays)")
     results = run_tasks(tasks, truth_source, submission_source, workers=workers, budget=budget, progress=progress)
     crop_scores, array_notes, failures = _collect(results, missing, notes)
-    combined = combine(crop_scores, metric)
+    combined = era.combine(crop_scores)
     whole = [f"the whole submission: {reason}" for reason in layout.official_failure]
     return Evaluation(metric=metric, crop_scores=crop_scores, label_scores=combined["label_scores"],
                       overall_score=combined["overall_score"],

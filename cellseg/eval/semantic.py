@@ -29,9 +29,8 @@ def confusion(pred: np.ndarray, truth: np.ndarray) -> tuple[int, int, int]:
     return tp, n_pred - tp, n_truth - tp
 
 
-def score_semantic_2025(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    """Per-crop 2025 semantic scores: iou, dice_score."""
-    tp, fp, fn = confusion(pred, truth)
+def semantic_counts_2025(tp: int, fp: int, fn: int) -> dict[str, float]:
+    """Per-crop 2025 semantic scores from confusion counts: iou, dice_score."""
     if tp + fp + fn == 0:
         return {"iou": 1, "dice_score": 1}
     iou = float(np.float64(tp) / np.float64(tp + fp + fn))
@@ -39,7 +38,16 @@ def score_semantic_2025(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]
     return {"iou": iou, "dice_score": dice}
 
 
-def score_semantic_2026(pred: np.ndarray, truth: np.ndarray) -> dict[str, int | str]:
+def semantic_counts_2026(tp: int, fp: int, fn: int) -> dict[str, int | str]:
     """Per-crop 2026 semantic counts: tp, fp, fn, status."""
-    tp, fp, fn = confusion(pred, truth)
     return {"tp": tp, "fp": fp, "fn": fn, "status": "scored"}
+
+
+def score_semantic_2025(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """Per-crop 2025 semantic scores of a (prediction, truth) pair: iou, dice_score."""
+    return semantic_counts_2025(*confusion(pred, truth))
+
+
+def score_semantic_2026(pred: np.ndarray, truth: np.ndarray) -> dict[str, int | str]:
+    """Per-crop 2026 semantic counts of a (prediction, truth) pair: tp, fp, fn, status."""
+    return semantic_counts_2026(*confusion(pred, truth))

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.eval.instance_2025 import MatrixTooLarge, score_relabelled_2025
-from cellseg.eval.instance_2026 import score_relabelled_2026
+from cellseg.eval.crop_score import align_prediction, score_class, score_missing
+from cellseg.eval.eras import Era, get_era
+from cellseg.eval.instance_2025 import MatrixTooLarge
 from cellseg.eval.io import ArrayInfo, ArrayRefused, CompactArray, Source, open_zarr, read_array
 from cellseg.eval.relabel import relabel_26
-from cellseg.eval.resample import BadAttributes, Target, align_prediction
-from cellseg.eval.rules import Era, is_scored_as_instance
-from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
+from cellseg.eval.resample import BadAttributes, Target
+from cellseg.eval.rules import is_scored_as_instance
 
 # Working memory of scoring, in bytes per truth voxel, on top of the arrays themselves.
 INSTANCE_WORK_BYTES_PER_VOXEL = 4  # components (2-4 bytes) while the prediction is still held
@@ -83,19 +83,11 @@ def truth_target(truth: ArrayInfo) -> Target:
     return Target(voxel_size_nm=vs, translation_nm=tr, shape_vox=tuple(truth.shape))
 
 
-def missing_scores(task: Task, truth: np.ndarray | None) -> dict[str, Any]:
-    """The official score of a label absent from the submission."""
-    if task.era == "2025":
-        if task.instance:
-            return {"accuracy": 0, "hausdorff_distance": 0, "normalized_hausdorff_distance": 0, "combined_score": 0}
-        return {"iou": 0, "dice_score": 0}
-    if not task.instance:
-        return {"tp": 0, "fp": 0, "fn": task.truth.num_voxels, "status": "missing"}
-    import fastremap
-
-    ids = fastremap.unique(truth) if truth is not None else np.zeros(0)
-    count = int(np.count_nonzero(ids))
-    return {"tp": 0, "fp": 0, "fn": count, "hausdorff_norm_sum": 0.0, "n_hausdorff": count, "status": "missing"}
+def missing_scores(task: Task, truth_source: Source | None) -> dict[str, Any]:
+    """The official score of a label absent from the submission (its truth read from `truth_source` if the
+    era needs it; None: counted as no object)."""
+    truth = None if truth_source is None else lambda: _read_truth(task, truth_source)
+    return score_missing(label=task.label, era=task.era, num_voxels=task.truth.num_voxels, truth=truth)
 
 
 def _metadata(task: Task, scores: dict[str, Any], *, missing: bool) -> dict[str, Any]:
@@ -143,22 +135,18 @@ def _score(task: Task, holder: list[np.ndarray], mask: np.ndarray | None, truth_
         pred_cc, num_pred = relabel_26(holder.pop())
         truth = _read_truth(task, truth_source)
         truth = truth * mask if mask is not None else truth
-        if task.era == "2025":
-            return score_relabelled_2025(pred_cc, num_pred, truth, vs, max_matrix_bytes=task.max_bytes)
-        if truth.size and int(np.max(truth)) >= truth.size:
-            result.official_failure = ("a truth id is ≥ the crop's voxel count; the 2026 evaluator's "
-                                       "cc3d.statistics call fails on it")
-        return score_relabelled_2026(pred_cc, num_pred, truth, vs)
+        result.official_failure = get_era(task.era).truth_failure(truth) or result.official_failure
+        return score_class(pred_cc, truth, label=task.label, era=task.era, voxel_size_nm=vs, num_components=num_pred,
+                           max_bytes=task.max_bytes)
     if holder[0].dtype.kind == "f" and (nans := int(np.isnan(holder[0]).sum())):
         result.notes.append(f"{nans} NaN voxels count as background (NaN > 0 is false)")
     truth = _read_truth(task, truth_source)
     truth = truth * mask if mask is not None else truth
-    return score_semantic_2025(holder.pop(), truth) if task.era == "2025" else score_semantic_2026(holder.pop(), truth)
+    return score_class(holder.pop(), truth, label=task.label, era=task.era, voxel_size_nm=vs)
 
 
 def _missing(task: Task, truth_source: Source) -> dict[str, Any]:
-    truth = _read_truth(task, truth_source) if task.instance and task.era == "2026" else None
-    return _metadata(task, missing_scores(task, truth), missing=True)
+    return _metadata(task, missing_scores(task, truth_source), missing=True)
 
 
 def run_task(task: Task, truth_source: Source, submission: Source) -> TaskResult:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellseg.data.crops import Crop, Geometry, crop_id, is_crop_name
+from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
 from cellseg.eval.layout import discover
 from cellseg.eval.pool import default_budget, map_bounded
@@ -39,7 +40,6 @@ from cellseg.eval.resample import (
     voxel_offset,
 )
 from cellseg.eval.rules import (
-    ERAS,
     MAX_VOLUME_SIZE_RATIO_2026,
     RATIO_CUTOFF_2025,
     is_scored_as_instance,
@@ -60,7 +60,8 @@ class Issue:
     eras: tuple[str, ...] = BOTH
 
     def __str__(self) -> str:
-        eras = "both eras" if set(self.eras) == set(ERAS) else f"{'/'.join(self.eras)} metric"
+        every = "both eras" if len(ERAS) == 2 else "all eras"
+        eras = every if set(self.eras) == set(ERAS) else f"{'/'.join(self.eras)} metric"
         return f"{self.severity:<7} {self.where}: {self.message} [{eras}]"
 
 
@@ -69,12 +70,12 @@ def _target(geometry: Geometry) -> Target:
                   shape_vox=tuple(geometry.shape_vox))
 
 
-def _covered(n_in: int, offset: int, size: int, era: str) -> tuple[int, int]:
+def _covered(n_in: int, offset: int, size: int, *, copy_length_bug: bool) -> tuple[int, int]:
     """(target voxels covered along one axis, prediction voxels dropped by the 2025 copy-length bug)."""
     if offset < 0:
         return max(0, min(size, n_in + offset)), 0
     correct = max(0, min(size, n_in + offset) - offset)
-    if era == "2025":
+    if copy_length_bug:
         buggy = max(0, min(size, n_in) - offset)
         return buggy, correct - buggy
     return correct, 0
@@ -126,7 +127,9 @@ def _offset_issues(where: str, tr: tuple[float, ...] | None, target: Target, res
                                 f"crop voxels, not the intended {tuple(np.round(intended, 2).tolist())} (the evaluators "
                                 "floor the translation onto the crop grid)"))
     for era in ERAS:
-        cover = [_covered(n, int(o), s, era) for n, o, s in zip(resampled, offset, target.shape_vox, strict=True)]
+        bug = get_era(era).copy_length_bug
+        cover = [_covered(n, int(o), s, copy_length_bug=bug)
+                 for n, o, s in zip(resampled, offset, target.shape_vox, strict=True)]
         fraction = math.prod(c / s for (c, _), s in zip(cover, target.shape_vox, strict=True))
         dropped = max(d for _, d in cover)
         if dropped:
@@ -332,11 +335,12 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
         return [Issue("error", "submission", str(err))]
     names = {c.name for c in crops.values()}
     issues: list[Issue | DataCheck] = []
-    layouts = {era: discover(source, names, era=era) for era in ERAS}
+    layouts = {era: discover(source, names, repairs=get_era(era).repairs_layout) for era in ERAS}
     for era, layout in layouts.items():
         issues += [Issue("error", "submission", f"the {era} evaluator rejects the submission: {r}", (era,))
                    for r in layout.official_failure]
-    layout = layouts["2026"]
+    # crops are checked where an evaluator that repairs the layout finds them (the most it reads)
+    layout = next((layouts[e] for e in ERAS if get_era(e).repairs_layout), layouts[ERAS[-1]])
     issues += [Issue("warning", "submission", f"folder {f!r} matches no test crop (ignored)") for f in layout.unmatched
                if not f.startswith(".")]
     for crop in sorted(crops.values(), key=lambda c: c.id):

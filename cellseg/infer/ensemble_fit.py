@@ -9,14 +9,15 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
    paths the datasplit rows record, else from the data root the members' provenance names
    (`cellseg.infer.fit_crops`).
 2. **Truth on the ensemble grid** (the grid the ensemble is written on, `ensemble_grid`):
-   `CropSource.read_targets(grid, use_all=False)`, scored only where the class is known, exactly as
-   validation during training scores (`cellseg.train.validate.score_crop`).
+   `cellseg.eval.truth.read_class_truth`, scored only where the class is annotated, exactly as validation
+   during training scores (`cellseg.train.validate.score_crop`).
 3. **Candidate weightings**: each member alone (one-hot), uniform, and, when M_c ≤ 4, every point of the
    simplex grid with step 1/n, n the largest ≤ 10 that keeps ≤ 40 points (11 points for 2 members, 36
    for 3, 35 for 4).
 4. **Score of a candidate w**: threshold Σ w·p at 0.5, score each crop with the era's per-crop semantic
-   scorer, and combine the crops exactly as that era's leaderboard does (`cellseg.eval.aggregate`: 2025
-   volume-weighted mean IoU, 2026 pooled IoU). Instance classes are fitted on the IoU of their foreground
+   scorer (from confusion counts, `cellseg.eval.crop_score.semantic_from_counts`), and combine the crops
+   exactly as that era's leaderboard does (`cellseg.eval.crop_score.combine`: 2025 volume-weighted mean
+   IoU, 2026 pooled IoU). Instance classes are fitted on the IoU of their foreground
    by default (`instance_score="iou"`, a proxy): the probabilities only decide the foreground, the
    objects come from the watershed tuned afterwards, and the instance metric of plain connected
    components mostly measures how touching objects merge (the post-processing's job), which is very
@@ -56,12 +57,9 @@ import numpy as np
 from cellseg.classes import get_class, is_instance
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource
-from cellseg.eval.aggregate import combine
-from cellseg.eval.instance_2025 import score_instance_2025
-from cellseg.eval.instance_2026 import score_instance_2026
-from cellseg.eval.relabel import relabel_26
-from cellseg.eval.rules import ERAS, Era
+from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
+from cellseg.eval.eras import Era, get_era
+from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.infer.weights import Weights, normalised
@@ -86,7 +84,7 @@ class FitOptions:
     """How `--weights auto` fits (method in the module docstring).
 
     Attributes:
-        metric: scoring era, "2026" (current) or "2025" (challenge era).
+        metric: scoring era, e.g. "2026" (current) or "2025" (challenge era).
         shrink: λ0, the shrinkage towards uniform with ample validation data (more with less).
         instance_score: "iou" (foreground IoU proxy) or "metric" (official instance scorer).
         threshold: probability threshold of the candidate ensembles.
@@ -100,8 +98,7 @@ class FitOptions:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.metric not in ERAS:
-            raise ValueError(f"metric {self.metric!r} is not one of {ERAS}")
+        get_era(self.metric)  # a ValueError naming the registered eras
         if not 0.0 <= self.shrink <= 1.0:
             raise ValueError(f"--shrink {self.shrink} must be in [0, 1]")
         if self.instance_score not in INSTANCE_SCORES:
@@ -134,16 +131,6 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
     if parts == 1:
         return [(total,)]
     return [(first, *rest) for first in range(total, -1, -1) for rest in _compositions(total - first, parts - 1)]
-
-
-def semantic_from_counts(tp: int, fp: int, fn: int, era: Era) -> dict[str, Any]:
-    """The per-crop semantic scores of `cellseg.eval.semantic` from confusion counts (same formulas)."""
-    if era == "2026":
-        return {"tp": tp, "fp": fp, "fn": fn, "status": "scored"}
-    if tp + fp + fn == 0:
-        return {"iou": 1, "dice_score": 1}
-    return {"iou": float(np.float64(tp) / np.float64(tp + fp + fn)),
-            "dice_score": 1 - float((fn + fp) / np.array(2.0 * tp + fn + fp))}
 
 
 def candidate_counts(probs_MN: np.ndarray, truth_N: np.ndarray, candidates_PM: np.ndarray, *, threshold: float,
@@ -239,47 +226,37 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
         return tallies
     for entry in tqdm(entries, desc="fitting weights", unit="crop", disable=not progress, leave=False):
         try:
-            source = CropSource.open(entry, tuple(candidates), boundaries=False)
+            source = open_crop(entry, tuple(candidates))
         except ValueError as err:
             log.info("%s: not used for fitting: %s", entry.crop_name, err)
             continue
         target_grid, _ = ensemble_grid(stores, entry.crop_name, grid)
-        target, known = source.read_targets(target_grid, use_all=False)
-        for k, class_plan in enumerate(source.plans):
-            if class_plan.read:
-                _score_class(stores, plan, source, target_grid, target[k], known[k], tallies[class_plan.name],
-                             k=k, options=options, device=device)
+        for name in source.classes:
+            read = read_class_truth(source, name, target_grid)
+            if read is not None:
+                _score_class(stores, plan, entry.crop_name, name, target_grid, *read, tallies[name],
+                             options=options, device=device)
     return tallies
 
 
-def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, source: CropSource, grid: Grid,
-                 target: np.ndarray, known: np.ndarray, tally: Tally, *, k: int, options: FitOptions,
-                 device: str) -> None:
-    name, crop = source.plans[k].name, source.name
+def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, crop: str, name: str, grid: Grid,
+                 truth: np.ndarray, known: np.ndarray, tally: Tally, *, options: FitOptions, device: str) -> None:
+    """Score every candidate of `tally` on one crop: `truth` as `read_class_truth` gives it, 0 outside `known`."""
     probs_MZYX = np.stack([read_on_grid(stores[i], crop, name, grid) for i in plan.members_of[name]])
     num_known = int(np.count_nonzero(known))
     extra = {"num_voxels": num_known, "voxel_size": list(grid.voxel_size_nm)}
     if tally.key == "combined_score":  # the official instance scorer on 26-connected components
-        truth = _instance_truth(source, k, grid, target) * known
-        scorer = score_instance_2026 if options.metric == "2026" else score_instance_2025
         for p, w in enumerate(tally.candidates):
             pred = (_mix(probs_MZYX, w) > options.threshold) & known
-            tally.crop_scores[p][crop] = {**scorer(pred, truth, grid.voxel_size_nm), **extra}
-    else:
-        counts = candidate_counts(probs_MZYX[:, known], target[known], tally.candidates,
+            scores = score_class(pred, truth, label=name, era=options.metric, voxel_size_nm=grid.voxel_size_nm)
+            tally.crop_scores[p][crop] = {**scores, **extra}
+    else:  # foreground IoU from counts (instance truth: its objects' union)
+        counts = candidate_counts(probs_MZYX[:, known], truth[known] > 0, tally.candidates,
                                   threshold=options.threshold, device=device)
         for p, (tp, fp, fn) in enumerate(counts.tolist()):
             tally.crop_scores[p][crop] = {**semantic_from_counts(tp, fp, fn, options.metric), **extra}
     tally.num_crops += 1
-    tally.truth_voxels += int(np.count_nonzero(target & known))
-
-
-def _instance_truth(source: CropSource, k: int, grid: Grid, target: np.ndarray) -> np.ndarray:
-    """Truth object ids on the grid, read as validation reads them (ids on disk, else components of the union)."""
-    plan = source.plans[k]
-    if len(plan.read) == 1:
-        return source.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
-    return relabel_26(target)[0]
+    tally.truth_voxels += int(np.count_nonzero(truth))
 
 
 # -------------------------------------------------------------------------------------------------- fitting

@@ -1,12 +1,12 @@
 """Tune post-processing parameters per class on validation crops, against the challenge metric of one era.
 
 For every class of the store annotated in at least one tuning crop, the crops' probabilities and truth
-(read at the store's grid, exactly as validation during training reads it: semantic truth from the class
-arrays, instance truth as the ids on disk, or the 26-connected components of a group's union) are held in
-memory; each candidate setting segments every crop, scores it with the official per-crop scorer of the era
-(`score_semantic_2025/2026`, `score_instance_2025/2026`, inside the annotated voxels only) and combines
-the crops as the leaderboard does (`cellseg.eval.aggregate.combine`): class IoU for semantic classes, the
-class combined score for instance classes.
+(read at the store's grid by `cellseg.eval.truth.read_class_truth`, exactly as validation during training
+reads it: semantic truth from the class arrays, instance truth as the ids on disk, or the 26-connected
+components of a group's union) are held in memory; each candidate setting segments every crop, scores it
+with the official per-crop scorer of the era (`cellseg.eval.crop_score.score_class`, inside the annotated
+voxels only) and combines the crops as the leaderboard does (`cellseg.eval.crop_score.combine`): class IoU
+for semantic classes, the class combined score for instance classes.
 
 Search (small on purpose: validation sets are small, a fine grid would fit their noise):
 - semantic: the threshold over `SEMANTIC_THRESHOLDS`;
@@ -32,15 +32,11 @@ import numpy as np
 
 from cellseg.classes import is_instance
 from cellseg.data.crops import Catalog, crop_name, crop_sort_key
-from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource
-from cellseg.eval.aggregate import combine
-from cellseg.eval.instance_2025 import score_instance_2025
-from cellseg.eval.instance_2026 import score_instance_2026
-from cellseg.eval.relabel import relabel_26
-from cellseg.eval.rules import ERAS
-from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
+from cellseg.eval.crop_score import combine, score_class
+from cellseg.eval.eras import get_era
+from cellseg.eval.rules import is_scored_as_instance
+from cellseg.eval.truth import read_class_truth
 from cellseg.infer.store import PredictionStore, boundary_channel
 from cellseg.postprocess.apply import read_class, segment_class
 from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet, SemanticParams, default_params
@@ -67,22 +63,16 @@ class Sample:
 def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
                   device: str = "cpu") -> float:
     """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`."""
-    instance = is_instance(class_name)
     crop_scores: dict[str, dict[str, dict[str, Any]]] = {}
     for s in samples:
         seg = segment_class(class_name, s.prob, s.boundary, voxel_size_nm=s.voxel_size_nm, params=params,
                             device=device)
-        if instance:
-            seg = np.where(s.inside, seg, 0).astype(seg.dtype)
-            fn = score_instance_2026 if era == "2026" else score_instance_2025
-            score = fn(seg, s.truth, s.voxel_size_nm)
-        else:
-            fn = score_semantic_2026 if era == "2026" else score_semantic_2025
-            score = fn(seg & s.inside, s.truth)
+        seg = np.where(s.inside, seg, 0).astype(seg.dtype) if is_instance(class_name) else seg & s.inside
+        score = score_class(seg, s.truth, label=class_name, era=era, voxel_size_nm=s.voxel_size_nm)
         crop_scores[s.crop] = {class_name: {**score, "num_voxels": int(s.inside.sum()),
                                             "voxel_size": list(s.voxel_size_nm)}}
     label = combine(crop_scores, era)["label_scores"][class_name]
-    return float(label["combined_score" if instance else "iou"])
+    return float(label["combined_score" if is_scored_as_instance(class_name) else "iou"])
 
 
 class _Search:
@@ -115,8 +105,7 @@ class _Search:
 def tune_class(class_name: str, samples: Sequence[Sample], *, era: str, device: str = "cpu",
                on_score: Callable[[], None] = lambda: None) -> tuple[ClassParams, dict[str, float]]:
     """Best parameters of one class on the samples, with {"score", "default_score"} (module docstring)."""
-    if era not in ERAS:
-        raise ValueError(f"era must be one of {ERAS}, got {era!r}")
+    get_era(era)  # a ValueError naming the registered eras
     if not samples:
         raise ValueError(f"{class_name}: no tuning samples")
     search = _Search(class_name, samples, era=era, device=device, on_score=on_score)
@@ -187,29 +176,12 @@ def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: Predic
     return [split_entry(catalog, by_name[n].id) for n in names]
 
 
-def read_truth(entry: SplitEntry, class_name: str, grid: Grid) -> tuple[np.ndarray, np.ndarray] | None:
-    """(truth, annotated voxels) of one class on `grid`, or None where the crop does not annotate it."""
-    try:
-        crop = CropSource.open(entry, (class_name,), backend="zarr")
-    except ValueError:
-        return None  # the class is not annotated in this crop
-    target, known = crop.read_targets(grid, use_all=False)
-    plan, inside = crop.plans[0], known[0]
-    if not is_instance(class_name):
-        return target[0] & inside, inside
-    if len(plan.read) == 1:  # ids on disk
-        ids = crop.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
-    else:  # a union of atoms: its objects are the connected components
-        ids = relabel_26(target[0])[0]
-    return np.where(inside, ids, 0).astype(ids.dtype), inside
-
-
 def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str) -> list[Sample]:
     """The class's samples over the tuning crops that annotate it."""
     samples = []
     for entry in entries:
         grid = store.grid(entry.crop_name)
-        truth = read_truth(entry, class_name, grid)
+        truth = read_class_truth(entry, class_name, grid)
         if truth is None:
             continue
         prob, boundary = read_class(store, entry.crop_name, class_name)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cellseg.eval.rules import Era
+from cellseg.eval.eras import Era
 from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc

@@ -29,7 +29,7 @@ from cellseg.config import load_run_config
 from cellseg.config.schema import RunConfig
 from cellseg.data.crops import Catalog, crop_name, crop_sort_key
 from cellseg.data.split import read_datasplit
-from cellseg.eval.rules import ERAS
+from cellseg.eval.eras import ERAS
 from cellseg.infer.run import checkpoint_path
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cellseg import __version__
-from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance, nan_to_none
+from cellseg.eval.eras import ERA_TITLES
+from cellseg.eval.rules import is_scored_as_instance, nan_to_none
 from cellseg.report.results import Report, StageResult
 from cellseg.report.scoring import PLAIN_RULE
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from cellseg.classes import is_instance
+from cellseg.eval.eras import Era
 from cellseg.eval.io import open_source
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.report import to_json
-from cellseg.eval.rules import Era, is_scored_as_instance
+from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.score import evaluate
 from cellseg.eval.submit import write_submission
 from cellseg.eval.validate import crops_from_truth
@@ -71,7 +72,7 @@ class EraScores:
     """One era's scores of one stage: the summary and the whole evaluation document.
 
     Attributes:
-        era: "2025" or "2026".
+        era: the era's name, e.g. "2025" or "2026".
         overall, instance, semantic: the overall scores (NaN where the era gives none).
         classes: class → its score (instance: combined score; semantic: IoU).
         document: `cellseg.eval.report.to_json` of the evaluation (per crop, per class, notes).

@@ -1,10 +1,10 @@
-"""Validation during training with the challenge metric (`val.metric`: "2026" current or "2025" challenge era).
+"""Validation during training with the challenge metric of one era (`val.metric`, e.g. "2026" or "2025").
 
 For each validation crop: predict its annotated box at the training voxel size with the engine of
 `cellseg predict` (`cellseg.infer.engine.predict_volume`: half a patch of EM context on every side, the
-Gaussian-blended sliding window, no test-time augmentation), threshold, and score
-every class annotated in the crop against its truth on the same grid with the official per-crop
-scoring of that era (`cellseg.eval`), only inside the annotated box. Instance classes become objects with
+Gaussian-blended sliding window, no test-time augmentation), threshold, and score every class annotated
+in the crop against its truth on the same grid (`cellseg.eval.truth`) with the official per-crop scoring of
+that era (`cellseg.eval.crop_score`), only inside the annotated voxels. Instance classes become objects with
 the post-processing of `cellseg postprocess` at its default parameters (`cellseg.postprocess`: seeds from the
 mask minus the boundary channel, seeded growth back into the mask, holes filled) before scoring.
 Per-crop scores are combined exactly as the leaderboard of that era combines them.
@@ -24,11 +24,9 @@ from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
 from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
-from cellseg.eval.aggregate import combine
-from cellseg.eval.instance_2025 import score_instance_2025
-from cellseg.eval.instance_2026 import score_instance_2026
-from cellseg.eval.relabel import relabel_26
-from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
+from cellseg.eval.crop_score import combine, score_class
+from cellseg.eval.eras import get_era
+from cellseg.eval.truth import read_class_truth
 from cellseg.infer.engine import predict_volume
 from cellseg.infer.plan import crop_grid
 from cellseg.postprocess.instances import segment_instances
@@ -38,38 +36,36 @@ log = logging.getLogger(__name__)
 
 
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Per-class scores of one crop in the era of `cfg.val.metric`."""
-    era, th, vs = cfg.val.metric, cfg.val.threshold, grid.voxel_size_nm
-    target, known = crop.read_targets(grid, use_all=False)  # truth from the class arrays themselves
+    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`)."""
+    era, th, vs = get_era(cfg.val.metric), cfg.val.threshold, grid.voxel_size_nm
     boundary_of = {c: len(cfg.data.classes) + j for j, c in enumerate(cfg.data.boundary_classes)}
     scores = {}
-    for k, plan in enumerate(crop.plans):
-        if not plan.read:
+    for k, name in enumerate(crop.classes):
+        read = read_class_truth(crop, name, grid)
+        if read is None:
             continue  # not annotated here: nothing to score against
-        inside = known[k]
-        if is_instance(plan.name):
-            boundary = probs[boundary_of[plan.name]] if plan.name in boundary_of else None
+        truth, inside = read
+        if is_instance(name):
+            boundary = probs[boundary_of[name]] if name in boundary_of else None
             params = InstanceParams(threshold=th, boundary_threshold=th)
-            pred_ids = segment_instances(np.where(inside, probs[k], np.float32(0)), boundary, voxel_size_nm=vs,
-                                         params=params)
-            if len(plan.read) == 1:
-                truth = crop.image(plan.read[0]).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0)
-            else:
-                truth = relabel_26(target[k])[0]
-            truth = truth * inside
-            fn = score_instance_2026 if era == "2026" else score_instance_2025
-            s = fn(pred_ids, truth, vs)
+            pred = segment_instances(np.where(inside, probs[k], np.float32(0)), boundary, voxel_size_nm=vs,
+                                     params=params)
         else:
-            fn = score_semantic_2026 if era == "2026" else score_semantic_2025
-            s = fn((probs[k] > th) & inside, target[k] & inside)
-        scores[plan.name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(vs)}
+            pred = (probs[k] > th) & inside
+        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=vs)
+        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(vs)}
     return scores
 
 
 @torch.inference_mode()
 def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
                    precision: runtime.Precision) -> dict[str, Any]:
-    """Predict and score the validation crops; returns overall, per-class and per-crop scores with the era."""
+    """Predict and score the validation crops; returns overall, per-class and per-crop scores with the era.
+
+    Raises:
+        ValueError: `cfg.val.metric` names no registered era.
+    """
+    get_era(cfg.val.metric)  # fail before predicting
     was_training = model.training
     model.eval()
     crop_scores = {}

@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from cellseg.eval.rules import ERA_TITLES
+from cellseg.eval.eras import ERA_TITLES
 from cellseg.viz.figure import new_figure
 from cellseg.viz.palette import CLASS_COLORS
 

@@ -24,7 +24,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from cellseg.eval.rules import ERA_TITLES, is_scored_as_instance
+from cellseg.eval.eras import ERA_TITLES
+from cellseg.eval.rules import is_scored_as_instance
 from cellseg.viz.figure import new_figure, read_json_object
 from cellseg.viz.palette import KIND_COLORS
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from cellseg.eval import resample
-from cellseg.eval.resample import BadAttributes, Target, align_prediction, voxel_offset
+from cellseg.eval.crop_score import align_prediction
+from cellseg.eval.resample import BadAttributes, Target, voxel_offset
 
 T8 = Target(voxel_size_nm=(8.0, 8.0, 8.0), translation_nm=(0.0, 0.0, 0.0), shape_vox=(10, 10, 10))
 

@@ -11,8 +11,9 @@ from cellseg.cli import main
 from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
 from cellseg.data.targets import touching
+from cellseg.eval.truth import read_class_truth as read_truth
 from cellseg.infer.store import PredictionStore
-from cellseg.postprocess.tune import read_truth, split_entry
+from cellseg.postprocess.tune import split_entry
 
 ISO = (8.0, 8.0, 8.0)
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(24, 24, 36), voxel_size_nm=ISO)
