@@ -11,11 +11,11 @@ parameters; CUDA when present), each timed; with `--members 1` the one store is 
 grid over the crop's box, every label of crop `--crop` (as `cellseg submit`), and the zip validated with its
 data checks (as `cellseg validate-submission`), each timed: seconds per submitted voxel on arrays the size of
 the real 2-4 nm crops' (512³ at 4 nm), with objects as many and as compressible as the segmentation's. Writes
-`--out` (JSON) for `bench/test_set.py --rates`.
+`--out` (JSON) for `python -m bench.test_set --rates`.
 
 Usage (GPU host):  PYTHONPATH=. python bench/ensemble_steady.py --out OUT/ensemble_steady.json
 Smoke (CPU):       PYTHONPATH=. python bench/ensemble_steady.py --shape 48 --members 2 --out /tmp/es.json
-Fused ensemble:    PYTHONPATH=. python bench/ensemble_steady.py --members 1 --out OUT/post_submit_steady.json
+Fused ensemble:    PYTHONPATH=. python bench/ensemble_steady.py --members 1 --out OUT/ensemble_steady_1member.json
 """
 
 from __future__ import annotations

@@ -8,16 +8,15 @@ full challenge output channels of which ``--keep`` are kept), in bf16 autocast, 
 * ``compiled``: the same under ``torch.compile`` (static shapes), as ``cellseg predict --compile on``;
 * ``frozen``: compiled with inductor's ``freezing`` (weights become constants: BatchNorm folded into the
   convolutions, constant folding; inference only), the config patched around the calls as ``CompiledModel``
-  does; ``frozen_options``: the same flag passed as ``torch.compile(options=...)``, which has no effect (the
-  ``*_run2*`` / ``*_run3*`` results' ``frozen``, ``frozen_wide`` and ``graphs*`` rows were measured that way;
-  ``*_run1*``'s ``frozen`` with the patch);
+  does; ``frozen_options``: the same flag passed as ``torch.compile(options=...)``, which has no effect (kept to
+  show it);
 * ``graphs``: frozen + CUDA graphs (inductor's ``triton.cudagraphs``);
 * ``wide``: compiled at ``--wide`` × the batch (what folding the 8 TTA passes into one batch would give);
 * ``encoder``: compiled encoder alone (ViT / Swin), to split encoder from decoder;
 * ``engine``: ``predict_volume`` with TTA 8 over a ``--box`` volume (3D: box³, 2D: 32 × box²), compiled,
   reported per tile and per forward, to compare with 8 × ``compiled`` (the engine's own overhead);
   ``engine_nofreeze``: without inductor freezing; ``engine_eager_post``: the kept channels' sigmoid run
-  eagerly after the compiled model (``engine.COMPILE_PROBABILITIES`` off), as before session 7;
+  eagerly after the compiled model (``engine.COMPILE_PROBABILITIES`` off), to compare with the compiled sigmoid;
 * ``--profile``: the top CUDA kernels of one compiled forward (torch.profiler), grouped by kind.
 
 Times are milliseconds per tile (one forward of one tile), median of ``--repeats`` timed calls after warm-up,
@@ -220,7 +219,7 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
     with tempfile.TemporaryDirectory() as tmp:
         size = args.box
         em, _, grid = write_volume(Path(tmp), size)
-        if spec.spatial_dims == 2:  # 32 slices of box²: the 2D steady-state probe of bench/test_set.py
+        if spec.spatial_dims == 2:  # 32 slices of box²: the 2D steady-state probe of bench.test_set
             grid = Grid(translation_nm=grid.translation_nm, shape_vox=(32, size, size), voxel_size_nm=grid.voxel_size_nm)
         tiles = [0]
         from cellseg.infer.engine import tta_fold

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One batched GPU job on a 4-GPU host (64 cores), for issue #6:
+# One batched GPU job on a 4-GPU host (64 cores): training curves and the loader with boundary channels:
 #   GPU 0      the longest training curve one call allows: unet_3d on `medium`, all 48 classes + boundary
 #              channels (cached), 1 GPU, 16 cores, validation with the 2026 metric every VAL_EVERY steps,
 #              SIGTERM after CURVE_S seconds (checkpoint + exit 0);

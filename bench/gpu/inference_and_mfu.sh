@@ -2,7 +2,7 @@
 # One batched GPU job on a 4-GPU host (64 cores), one job per GPU, 16 cores each:
 #   GPU 0  bench/inference.py per architecture (ours TTA 1/8 vs MONAI), each under its own timeout, merged;
 #   GPU 1  the CUDA tests (pytest -m gpu), then bench/postprocess.py at 512³ (GPU path vs scipy/scikit-image);
-#   GPU 2  bench/test_set.py: the 8-model × 8-TTA ensemble over the synthetic mirror of the 16 test crops;
+#   GPU 2  python -m bench.test_set: the 8-model × 8-TTA ensemble over the synthetic mirror of the 16 test crops;
 #   GPU 3  bench/gpu/mfu.sh: the unet_3d MFU matrix (compile modes, batch 8/16, profile).
 #   OUT=DIR bash bench/gpu/inference_and_mfu.sh
 set -uo pipefail
@@ -27,7 +27,7 @@ start=$SECONDS
 ) &
 (
   export CUDA_VISIBLE_DEVICES=2
-  timeout "$(( BUDGET_S - 10 ))" taskset -c 32-47 python3 bench/test_set.py --out "$OUT/test_set" --workers 16 \
+  timeout "$(( BUDGET_S - 10 ))" taskset -c 32-47 python3 -m bench.test_set --out "$OUT/test_set" --workers 16 \
     > "$OUT/test_set.log" 2>&1
 ) &
 (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MFU matrix of the 3D UNet trainer step on ONE GPU (issue #6: unet_3d 32 -> 320 at 128³, goal >= 30 % MFU).
+# MFU matrix of the 3D UNet trainer step on ONE GPU (unet_3d 32 -> 320 at 128³; target >= 30 % MFU).
 #
 # How to reproduce the MFU matrix
 #   OUT=DIR bash bench/gpu/mfu.sh       # one H100/H200; about 8 minutes wall at most (BUDGET_S=450 s of runs)

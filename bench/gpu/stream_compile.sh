@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched job on a 2-GPU host (32 cores; 16 per GPU) for the streaming engine and the compiled forward:
-#   GPU 0  bench/test_set.py --predict-only for the 3D models (the 8-model × 8-TTA ensemble over the synthetic
+#   GPU 0  python -m bench.test_set --predict-only for the 3D models (the 8-model × 8-TTA ensemble over the synthetic
 #          mirror of the 16 test crops, with the steady-state probe per model), then --downstream-from both
 #          halves: ensemble of all 8 stores, post-processing, submission, validation, the projection;
 #   GPU 1  the same for the 2D models; then the CUDA tests (pytest -m gpu) and bench/inference.py per
@@ -13,7 +13,7 @@ MODELS="${MODELS:-unet_3d resnet_3d vit_3d swin_3d unet_2d resnet_2d vit_2d swin
 mkdir -p "$OUT/inference"
 start=$SECONDS
 half() {  # GPU, cores, name, models
-  CUDA_VISIBLE_DEVICES=$1 timeout "$(( BUDGET_S - 90 ))" taskset -c "$2" python3 bench/test_set.py --predict-only \
+  CUDA_VISIBLE_DEVICES=$1 timeout "$(( BUDGET_S - 90 ))" taskset -c "$2" python3 -m bench.test_set --predict-only \
     --models "$4" --work "$WORK/$3" --out "$OUT/test_set_$3" --workers 16 > "$OUT/test_set_$3.log" 2>&1
 }
 infer() {  # GPU, cores, models...
@@ -34,8 +34,8 @@ first=$!
   infer 1 16-31 "${models[@]}" > "$OUT/inference.log" 2>&1
 ) &
 wait "$first"
-while [ ! -f "$OUT/test_set_2d.json" ] || pgrep -f "test_set.py --predict-only" > /dev/null; do sleep 2; done
-CUDA_VISIBLE_DEVICES=0 timeout "$(( BUDGET_S - (SECONDS - start) ))" taskset -c 0-15 python3 bench/test_set.py \
+while [ ! -f "$OUT/test_set_2d.json" ] || pgrep -f "bench.test_set --predict-only" > /dev/null; do sleep 2; done
+CUDA_VISIBLE_DEVICES=0 timeout "$(( BUDGET_S - (SECONDS - start) ))" taskset -c 0-15 python3 -m bench.test_set \
   --downstream-from "$OUT/test_set_3d.json" "$OUT/test_set_2d.json" --work "$WORK/all" --out "$OUT/test_set" \
   > "$OUT/test_set.log" 2>&1
 wait

@@ -1,8 +1,8 @@
-"""bench/test_set.py runs end to end on CPU (`--quick`), so the GPU run is known to start and to report."""
+"""bench/test_set runs end to end on CPU (`--quick`), so the GPU run is known to start and to report."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -10,16 +10,15 @@ from pathlib import Path
 from cellseg.data.crops import Catalog
 from cellseg.synth.presets import mirror_crops, mirror_preset
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "test_set.py"
+REPO = Path(__file__).resolve().parents[2]
 STAGES = ("generate", "build_runs", "predict", "ensemble", "postprocess", "submit", "validate")
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_test_set", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(bench)
-    return bench
+    """The `bench.test_set` package of this checkout (`python -m bench.test_set` from the repository root)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module("bench.test_set")
 
 
 def test_mirrored_test_crops_follow_the_real_ones() -> None:
