@@ -20,7 +20,9 @@ from cellseg.eval.submit import load_manifest
 def ensemble_stage(stores: Sequence[Path], out: Path, smallest: str) -> dict[str, Any]:
     """Uniform-weight ensemble of the member stores, as `cellseg ensemble --weights uniform`; then the smallest
     crop alone (`write_ensemble`, what `ensemble` runs) for the cost per crop that does not grow with voxels."""
-    from cellseg.infer.ensemble import ensemble, open_members, plan_channels, uniform_weights, write_ensemble
+    from cellseg.infer.ensemble import ensemble, write_ensemble
+    from cellseg.infer.members import open_members, plan_channels
+    from cellseg.infer.weights import uniform_weights
 
     record: dict[str, Any] = {}
     with timed(record):

@@ -25,7 +25,8 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     import torch
 
     from cellseg.config.inference import InferConfig
-    from cellseg.infer.predict import load_run, predict_run
+    from cellseg.infer.predict import predict_run
+    from cellseg.infer.run import load_run
     from cellseg.infer.store import PredictionStore
 
     opts = InferConfig(tta=TTA, checkpoint="last", device=device, progress=False)

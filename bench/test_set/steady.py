@@ -26,8 +26,9 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     from cellseg.data.arrays import MultiscaleImage
     from cellseg.data.grid import Grid
     from cellseg.data.write import write_multiscale
-    from cellseg.infer.engine import tta_fold
-    from cellseg.infer.predict import CompiledModel, load_run, predict_volume, run_transforms
+    from cellseg.infer.engine import predict_volume, tta_fold
+    from cellseg.infer.run import load_run, run_transforms
+    from cellseg.runtime.compile import CompiledModel
     from cellseg.infer.store import PredictionStore
     from cellseg.infer.tiling import count_tiles
 

@@ -85,7 +85,7 @@ def make_forward(model: torch.nn.Module, *, device: torch.device, precision: run
 def probabilities(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """float32 sigmoid of the `index` channels of the logits (B, K, *S) → (B, k, *S). Eagerly, three passes over
     memory (a gather, a cast, the sigmoid): on a 2D model the gather alone was 8 % of the GPU time (H200
-    profile, `forward_probe_h200_s6_profile_2d.json`); compiled (`compiled_probabilities`), one kernel.
+    profile, `forward_probe_h200_profile_2d.json`); compiled (`compiled_probabilities`), one kernel.
     `index_select` on the channels-last logits: made channels-first first, it was slower (8.7 vs 7.4 ms per
     unet_3d tile pass, H200, bench/forward_probe.py)."""
     return torch.sigmoid(logits.index_select(1, index).float())
