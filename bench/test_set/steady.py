@@ -28,9 +28,9 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     from cellseg.data.write import write_multiscale
     from cellseg.infer.engine import predict_volume, tta_fold
     from cellseg.infer.run import load_run, run_transforms
-    from cellseg.runtime.compile import CompiledModel
     from cellseg.infer.store import PredictionStore
     from cellseg.infer.tiling import count_tiles
+    from cellseg.runtime.compile import CompiledModel
 
     run = load_run(run_dir, "last", device=device)
     patch = run.cfg.data.patch_shape_vox
