@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellseg.eval.rules import ERAS, Era
+from cellseg.eval.eras import ERAS, Era
 from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
 from cellseg.report.scoring import EraScores
 
