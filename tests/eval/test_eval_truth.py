@@ -46,7 +46,7 @@ def _grids(crop: CropSource) -> list[Grid]:
 def test_read_class_truth_equals_the_targets_of_the_crop(tiny_synth_root, crop_id):
     entry = split_entry(Catalog.from_dir(tiny_synth_root), crop_id)
     classes = ("mito", "er", "nuc", "ld", "ecs", "cell", "ves", "perox", "mito_mem")
-    crop = CropSource(entry=entry, classes=classes, backend="zarr")
+    crop = CropSource.open(entry, classes, backend="zarr")
     kinds = set()
     for grid in _grids(crop):
         for k, name in enumerate(classes):
