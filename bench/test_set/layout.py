@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cellseg.config.inference import InferConfig
+from cellseg.config.load import from_dict, read_yaml
 from cellseg.data.crops import Crop
 from cellseg.eval.submit import load_manifest
 from cellseg.synth.presets import MirroredCrop, mirror_dataset_name
@@ -19,7 +21,18 @@ EXPERIMENTS = REPO / "configs" / "experiments"
 SMOKE = REPO / "configs" / "smoke"  # --quick: tiny presets, 32-voxel patches, 6 classes
 MODEL_VOXEL_NM = 8.0  # every configs/experiments model predicts at 8 nm
 GOAL_MINUTES = 60.0  # the target: the whole test set within 60 minutes on one H200
-TTA = 8
+# The inference settings come from the recipes users run (`cellseg predict CONFIG ...`): the measured stages
+# predict as configs/infer/tta8.yaml says, the projection prices tiles at the overlap of configs/infer/test_set.yaml.
+MEASURE_RECIPE = REPO / "configs" / "infer" / "tta8.yaml"
+PROJECTION_RECIPE = REPO / "configs" / "infer" / "test_set.yaml"
+
+
+def load_infer(path: Path) -> InferConfig:
+    """The `infer` section of a recipe file (with its `include:`s), checked as `cellseg predict` checks it."""
+    return from_dict(InferConfig, read_yaml(path).get("infer", {}), prefix="infer")
+
+
+TTA = load_infer(MEASURE_RECIPE).tta
 # 5.9 M model voxels at 8 nm and 55 M EM voxels (seconds to generate); predict is bound by its tiles, which
 # the crops' context keeps from shrinking with the crops (3D: 226 tiles of 128³ here, 306 at scale 16).
 DEFAULT_SCALE = 24.0
@@ -38,7 +51,7 @@ POLICIES = {
     "max8_ov25": "as max8, with tiles overlapping by 0.25 instead of 0.5 (`cellseg predict --overlap 0.25`; "
                  "tiles counted at that overlap, each at the measured seconds per tile)",
 }
-LOW_OVERLAP = 0.25  # the overlap of the "max8_ov25" policy
+LOW_OVERLAP = load_infer(PROJECTION_RECIPE).overlap  # the overlap of the "max8_ov25" policy (0.25)
 STEADY_BOX = (256, 256, 256)  # 3D steady-state probe (voxels): 125 tiles of 128³ at overlap 0.5, context included
 STEADY_SLICES = (32, 512, 512)  # 2D probe: 32 slices, 800 tiles of 256²
 QUICK_STEADY = (32, 32, 32)  # --quick: probe box for both (tiny models on a CPU)

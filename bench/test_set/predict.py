@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -12,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.test_set.layout import QUICK_STEADY, REPO, STEADY_BOX, TTA
+from bench.test_set.layout import MEASURE_RECIPE, QUICK_STEADY, REPO, STEADY_BOX, TTA, load_infer
 from bench.test_set.records import store_channel_voxels, store_voxels, timed
 from bench.test_set.steady import steady_probe
 from cellseg.data.inspect import disk_bytes
@@ -24,12 +25,11 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     steady-state probe (`steady_probe`)."""
     import torch
 
-    from cellseg.config.inference import InferConfig
     from cellseg.infer.predict import predict_run
     from cellseg.infer.run import load_run
     from cellseg.infer.store import PredictionStore
 
-    opts = InferConfig(tta=TTA, checkpoint="last", device=device, progress=False)
+    opts = dataclasses.replace(load_infer(MEASURE_RECIPE), checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {}
     if warmup is not None:  # torch.compile and cuDNN autotuning on the smallest crop, outside the timed run
         with timed(record, "warmup_seconds"):
@@ -70,12 +70,11 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
     warm-up then loads them as a test-set job would."""
     import torch
 
-    from cellseg.config.inference import InferConfig
     from cellseg.infer.fused import predict_ensemble
     from cellseg.infer.store import PredictionStore
 
     runs = [Path(b["run_dir"]) for b in builds.values()]
-    opts = InferConfig(tta=TTA, checkpoint="last", device=device, progress=False)
+    opts = dataclasses.replace(load_infer(MEASURE_RECIPE), checkpoint="last", device=device, progress=False)
     record: dict[str, Any] = {"members": {n: {"patch_shape_vox": b["patch_shape_vox"], "channels": b["channel_names"],
                                               "batch_size": b["batch_size"], **({"steady": steady[n]} if n in steady else {})}
                                           for n, b in builds.items()}}
