@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         # Disk full, read-only file system, permissions: the system's words and the path, in one line.
         logging.getLogger("cellseg").debug("traceback", exc_info=True)
-        where = f": {err.filename}" if err.filename and str(err.filename) not in str(err) else ""
-        print(f"cellseg {args.command}: error: {err}{where}", file=sys.stderr)
+        print(f"cellseg {args.command}: error: {err}", file=sys.stderr)  # str(OSError) names its file, if any
         return 1
 
 

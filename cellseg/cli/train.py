@@ -42,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     """Load the config and train; 75 (`EXIT_RESUMABLE`) when stopped early with a checkpoint."""
     from cellseg.train.stop import EXIT_RESUMABLE, StopRequest
 
-    stop = StopRequest()  # before torch is imported: a signal during the start-up is kept too
+    stop = StopRequest()  # before torch is imported: a signal during the start-up counts too
     try:
         from cellseg.config import dump, load_run_config
+        from cellseg.train.checkpoint import NonFiniteError
         from cellseg.train.trainer import TrainingStopped, train
 
         overrides = list(args.overrides) + ([f"train.profile_steps={args.profile}"] if args.profile else [])
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         except TrainingStopped as err:
             print(f"cellseg train: {err}", file=sys.stderr)
             return EXIT_RESUMABLE
+        except NonFiniteError as err:  # the run diverged: not resumable as it is; one line is enough
+            print(f"cellseg train: error: {err}", file=sys.stderr)
+            return 1
         return 0
     finally:
         stop.restore()

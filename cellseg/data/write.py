@@ -170,7 +170,8 @@ def describe(path: str | os.PathLike[str]) -> str:
     if ".zgroup" in entries or ".zattrs" in entries:
         return "a zarr store that cellseg did not write"
     shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-    return f"a folder of {len(entries)} entries that cellseg did not write ({shown})" if entries else "an empty folder"
+    count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    return f"a folder of {count} that cellseg did not write ({shown})" if entries else "an empty folder"
 
 
 def check_replaceable(path: Path, *, overwrite: bool, kind: str | None) -> None:
@@ -191,11 +192,13 @@ def check_replaceable(path: Path, *, overwrite: bool, kind: str | None) -> None:
 
 
 def with_path(err: OSError, path: Path) -> OSError:
-    """The same error (same errno and class) with a message naming `path`; errors without errno pass unchanged."""
+    """The same error (same errno and class) with a message naming `path`, the target the caller knows (an error
+    already named by an inner writer is renamed for the outer target); errors without errno pass unchanged."""
     if err.errno is None:
         return err
-    out = OSError(err.errno, f"{err.strerror or err} (writing {path})")
-    out.filename = err.filename
+    reason = getattr(err, "reason", None) or err.strerror or str(err)
+    out = OSError(err.errno, f"{reason} (writing {path})")
+    out.reason = reason  # type: ignore[attr-defined]
     return out
 
 

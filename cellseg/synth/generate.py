@@ -83,12 +83,17 @@ class SynthSummary:
 
 
 def _init_worker(scenes: list[Scene]) -> None:
-    """Set up a worker; an error is kept and raised by its first task, so that it reaches the parent."""
-    try:
-        from numcodecs import blosc
+    from numcodecs import blosc
 
-        blosc.use_threads = False  # see `_deterministic_blosc`
-        _SCENES[:] = scenes
+    blosc.use_threads = False  # see `_deterministic_blosc`
+    _SCENES[:] = scenes
+
+
+def _guarded_init(initializer: Callable[[list[Scene]], None], scenes: list[Scene]) -> None:
+    """Run a worker's initializer; its error is kept and raised by every task, so that it reaches the parent
+    (an initializer that raises only makes the pool start another worker, which fails the same way)."""
+    try:
+        initializer(scenes)
     except BaseException as err:  # whatever it is, the parent must see it (`_task`)
         err.add_note("in the initializer of a `cellseg synth` worker process")
         _INIT_ERROR.append(err)
@@ -161,7 +166,7 @@ def _run_pool(fn: Callable[[Any], Any], tasks: list[Any], *, workers: int, scene
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(_PRELOAD))
     pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context,
-                                                  initializer=_init_worker, initargs=(scenes,))
+                                                  initializer=_guarded_init, initargs=(_init_worker, scenes))
     try:
         futures = [pool.submit(_task, fn, task) for task in tasks]
         for future in concurrent.futures.as_completed(futures):

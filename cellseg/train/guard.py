@@ -4,7 +4,8 @@
 raises `NonFiniteError` naming it at the next log, validation or checkpoint step: no host sync is added to
 the steps in between, and nothing computed after that step is ever logged as a loss or written as a
 checkpoint. "skip" decides every step (one host sync, and under DDP one collective so that every rank skips
-the same steps): the step's update is dropped, `nonfinite_skips` counts it in metrics.jsonl, and
+the same steps): the step's update of the parameters is dropped (BatchNorm running statistics, which move in
+the forward pass, are not rolled back), `nonfinite_skips` counts it in metrics.jsonl, and
 `max_nonfinite_skips` skips in a row end the run with the error. With fp16, infinite gradients are the
 GradScaler's to handle (it skips the update and lowers its scale); only the loss is checked then.
 """
@@ -67,8 +68,8 @@ class NonFiniteGuard:
             torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
         step = int(first.item())
         if step < NONE_YET:
-            raise NonFiniteError(f"step {step}: NaN or infinite loss or gradients (train.nonfinite=error); training "
-                                 f"stopped, and no checkpoint holds weights from that step on. {HINT}")
+            raise NonFiniteError(f"step {step}: NaN or infinite loss or gradients (train.nonfinite=error): training "
+                                 f"stopped, and no checkpoint holds weights from that step on; {HINT}")
 
     def counts(self) -> dict[str, int]:
         """Skipped steps since the last call, for metrics.jsonl ("skip" mode only)."""

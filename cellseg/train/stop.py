@@ -83,15 +83,23 @@ class StopRequest:
         name = signal.Signals(signum).name
         if signum == signal.SIGINT and self.requested:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the checkpoint
-        if not self.requested:
-            self._flags[_STOP] = 1
-            self.signal_name = name
-            log.warning("received %s: stopping after the current step with a checkpoint (resumable)%s", name,
-                        "; Ctrl-C again aborts without one" if signum == signal.SIGINT else "")
+        if self.requested:
+            return
+        self._flags[_STOP] = 1
+        self.signal_name = name
+        if self._flags[_DONE]:
+            log.warning("received %s after the training loop ended; finishing", name)
+        else:
+            log.warning("received %s: stopping at the end of the current step, with a checkpoint (resumable)%s",
+                        name, "; Ctrl-C again aborts without one" if signum == signal.SIGINT else "")
+
+    def release_workers(self) -> None:
+        """The training loop is over: loader workers obey SIGTERM again (their process ends them with it)."""
+        self._flags[_DONE] = 1
 
     def restore(self) -> None:
-        """Put the previous handlers back; workers obey SIGTERM again (the loop no longer needs them)."""
-        self._flags[_DONE] = 1
+        """Put the previous handlers back (and `release_workers`)."""
+        self.release_workers()
         for sig, handler in self._previous.items():
             if sig != signal.SIGCHLD or not self.requested:  # workers may still die of the stop signal
                 signal.signal(sig, handler)

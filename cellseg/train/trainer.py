@@ -160,6 +160,7 @@ class Trainer:
                         self._checkpoint()
         finally:
             batches.close()
+            stop.release_workers()
             if self.stop is None:
                 stop.restore()
             run_log.close()
@@ -264,8 +265,8 @@ class Trainer:
 def train(cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None) -> dict[str, Any]:
     """Build a `Trainer` and run it; writes `result.json` only when training reached `train.max_steps`.
 
-    Stop signals are caught from here on (or from where the caller made `stop`); the run directory is
-    released and the process group torn down afterwards, whatever happened.
+    Stop signals are caught from here on (or from where the caller made `stop`, who then restores the
+    handlers); the run directory is released and the process group torn down afterwards, whatever happened.
 
     Raises:
         TrainingStopped: stopped early on a signal (resumable; `cellseg train` exits with 75 then).
