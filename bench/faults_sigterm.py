@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,20 @@ def _env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1"}
 
 
-def run(command: list[str], log: Path, *, signal_after: float | None = None) -> tuple[int, float]:
-    """Run `command` in its own process group (SIGTERM to the group after `signal_after` s); (status, seconds)."""
+def run(command: list[str], log: Path, *, signal_after: float | None = None,
+        signal_when: Callable[[], bool] | None = None) -> tuple[int, float]:
+    """Run `command` in its own process group; (status, seconds).
+
+    SIGTERM goes to the group after `signal_after` seconds, or as soon as `signal_when()` holds.
+    """
     start = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
-        if signal_after is not None:
-            try:
-                proc.wait(timeout=signal_after)
-            except subprocess.TimeoutExpired:
+        if signal_after is not None or signal_when is not None:
+            deadline = start + (signal_after if signal_after is not None else TIMEOUT_S)
+            while proc.poll() is None and time.perf_counter() < deadline and not (signal_when and signal_when()):
+                time.sleep(0.02)
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         try:
             status = proc.wait(timeout=TIMEOUT_S)
@@ -78,11 +84,14 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train"]["loss"] for r in records if "train" in r}
 
 
-def trial(root: Path, run_dir: Path, *, steps: int, workers: int, delay: float, reference: dict[int, float]
-          ) -> dict[str, Any]:
-    """One interrupted-and-resumed run, judged as the module docstring says."""
+def trial(root: Path, run_dir: Path, *, steps: int, workers: int, reference: dict[int, float],
+          delay: float | None = None, after_steps: int | None = None) -> dict[str, Any]:
+    """One interrupted-and-resumed run, judged as the module docstring says; the signal comes after `delay`
+    seconds or once `after_steps` steps are logged."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    status, _ = run(train_command(root, run_dir, steps, workers), run_dir.with_suffix(".stop.log"), signal_after=delay)
+    when = (lambda: len(losses(run_dir)) >= after_steps) if after_steps else None
+    status, _ = run(train_command(root, run_dir, steps, workers), run_dir.with_suffix(".stop.log"), signal_after=delay,
+                    signal_when=when)
     text = run_dir.with_suffix(".stop.log").read_text()
     problems = []
     if status not in (EXIT_RESUMABLE, 0, -signal.SIGTERM):
@@ -101,7 +110,7 @@ def trial(root: Path, run_dir: Path, *, steps: int, workers: int, delay: float, 
     wrong = [s for s in reference if after.get(s) != reference[s]]
     if wrong:
         problems.append(f"losses differ from the uninterrupted run at steps {wrong}")
-    return {"delay_s": round(delay, 3), "status": status, "steps_before": max(before, default=0),
+    return {"delay_s": None if delay is None else round(delay, 3), "status": status, "steps_before": max(before, default=0),
             "ok": not problems, "problems": problems}
 
 
