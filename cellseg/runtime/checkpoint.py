@@ -18,7 +18,6 @@ import logging
 import os
 import pickle
 import subprocess
-import zipfile
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -134,15 +133,28 @@ def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu")
         with torch.serialization.safe_globals(_numpy_globals()):
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = str(err).split("\n\n")[-1].strip().splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{path}: refusing to load: it holds objects other than tensors and plain data, "
-                              f"which could run code ({reason}). Only load checkpoints written by cellseg") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({first})") from None
+        reason = _unpickling_reason(err)
+        if "Unsupported global" in reason:
+            raise CheckpointError(f"{path}: refusing to load: it holds objects other than tensors and plain data, "
+                                  f"which could run code ({reason}). Only load checkpoints written by cellseg") from None
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({reason})") from None
+    except Exception as err:  # a damaged file raises RuntimeError, EOFError, IndexError, ... depending on where
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint "
+                              f"({_first_sentence(str(err)) or type(err).__name__})") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path}: not a cellseg checkpoint (holds a {type(ckpt).__name__}, not a dict)")
     return ckpt
+
+
+def _unpickling_reason(err: pickle.UnpicklingError) -> str:
+    """The line of torch's weights-only error that says what was refused (not its advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    named = [line for line in lines if "WeightsUnpickler error" in line or "Unsupported" in line]
+    return _first_sentence((named or lines or [type(err).__name__])[0].removeprefix("WeightsUnpickler error: "))
+
+
+def _first_sentence(text: str) -> str:
+    return text.strip().splitlines()[0].split(". ")[0].rstrip(".") if text.strip() else text
 
 
 def nonfinite_tensors(state: Mapping[str, Any]) -> list[str]:

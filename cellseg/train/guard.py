@@ -32,6 +32,7 @@ class NonFiniteGuard:
         self.mode, self.limit, self.dist, self.fp16_scaler = tc.nonfinite, tc.max_nonfinite_skips, dist, fp16_scaler
         self.first_bad = torch.full((), NONE_YET, dtype=torch.int64, device=dist.device)
         self.in_row = self.in_window = self.total = 0
+        self.last_ok = True  # whether the last step updated the weights (always, in "error" mode)
 
     def update_ok(self, loss: torch.Tensor, grad_norm: torch.Tensor, *, step: int) -> bool:
         """Whether step `step` (1-based, as logged) may update the weights."""
@@ -44,7 +45,8 @@ class NonFiniteGuard:
         ok = finite.to(torch.float32)
         if self.dist.distributed:
             torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
-        if bool(ok.item()):
+        self.last_ok = bool(ok.item())
+        if self.last_ok:
             self.in_row = 0
             return True
         self.in_row, self.in_window, self.total = self.in_row + 1, self.in_window + 1, self.total + 1

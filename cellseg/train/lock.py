@@ -2,8 +2,9 @@
 
 Two trainings in one directory would both append every step to `metrics.jsonl` and overwrite each other's
 checkpoints, so the second one fails at once, naming the holder. The lock file is written complete under a
-temporary name and hard-linked into place (`link` fails when the name exists, also on NFS), and holds the
-host, pid and start time, plus the torchrun / SLURM job and restart count when there are any.
+temporary name and hard-linked into place (`link` fails when the name exists, also on NFS; file systems
+without hard links get an exclusive create), and holds the host, pid and start time, plus the torchrun /
+SLURM job and restart count when there are any.
 
 A lock left by a process that no longer runs is taken over with a warning: a dead pid on this host, or an
 earlier attempt of this same job (a torchrun elastic restart or a SLURM requeue, which may land on another
@@ -85,15 +86,28 @@ class RunLock:
             self._finalizer()
 
     def _create(self) -> bool:
+        """Create the lock file, complete, unless it exists; False if it does."""
+        text = json.dumps(self.me)
         tmp = self.path.with_name(f".{LOCK_FILE}.{self.me['host']}-{self.me['pid']}")
-        tmp.write_text(json.dumps(self.me))
+        tmp.write_text(text)
         try:
             os.link(tmp, self.path)
             return True
         except FileExistsError:
             return False
+        except OSError:  # a file system without hard links: exclusive creation, then the content
+            return self._create_exclusive(text)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _create_exclusive(self, text: str) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return True
 
     def _read(self) -> dict[str, Any] | None:
         try:

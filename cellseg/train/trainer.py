@@ -137,23 +137,25 @@ class Trainer:
         run_log = RunLog(s.run_dir, enabled=s.dist.is_main, total_steps=tc.max_steps, start_step=s.state.step)
         stop = self.stop or StopRequest()
         batches, last = self._batches(stop), {}
-        window_start, window_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=s.dist.device)
+        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+        loss_sum = torch.zeros((), device=s.dist.device)
         try:
             with self._profiler() as prof:
                 while s.state.step < tc.max_steps:
                     if self._stop_requested(stop):
                         self._stop(stop, run_log)
-                    step_batches = self._next_batches(batches, stop, run_log)
-                    loss, grad_norm = self.train_step(step_batches)
-                    loss_sum += loss
+                    loss, grad_norm = self.train_step(self._next_batches(batches, stop, run_log))
+                    if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
+                        loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
                     window_steps += 1
                     if prof is not None:
                         prof.step()
                     step = s.state.step
                     if step % tc.log_every == 0 or step == tc.max_steps:
-                        last = self._log(run_log, loss_sum / window_steps, grad_norm, window_steps,
-                                         time.perf_counter() - window_start)
-                        window_start, window_steps, loss_sum = time.perf_counter(), 0, loss_sum.zero_()
+                        mean = loss_sum / loss_steps if loss_steps else torch.full_like(loss_sum, float("nan"))
+                        last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start)
+                        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+                        loss_sum = torch.zeros_like(loss_sum)
                     if step % tc.val_every == 0 or step == tc.max_steps:
                         last["val"] = self._validate(run_log)
                     elif step % tc.checkpoint_every == 0:
