@@ -132,8 +132,10 @@ def _only_levels(path: Path, attrs: Mapping[str, Any]) -> bool:
 def artifact_kind(path: str | os.PathLike[str]) -> str | None:
     """What cellseg wrote at `path`, read from the marker it wrote there; None for anything else.
 
-    "probabilities store" / "segmentation store" (the `cellseg` entry of `.zattrs`), "synthetic data root"
-    (`synth.json` by `cellseg synth`), "multiscale image" (a group holding only its levels), "zarr array".
+    Stores and roots carry a marker: "probabilities store" / "segmentation store" (the `cellseg` entry of
+    `.zattrs`), "synthetic data root" (`synth.json` by `cellseg synth`). Single images are recognised by their
+    form, which is what `write_array` / `write_multiscale` callers name: "zarr array", "multiscale image" (a
+    group holding only its levels).
     """
     path = Path(path)
     if not path.is_dir():
@@ -154,6 +156,8 @@ def artifact_kind(path: str | os.PathLike[str]) -> str | None:
 def describe(path: str | os.PathLike[str]) -> str:
     """What `path` is, in words, for error messages ("a training run directory", "a data root", ...)."""
     path = Path(path)
+    if path.is_symlink():
+        return f"a symbolic link (to {os.readlink(path)})"
     if not path.exists():
         return "absent"
     if not path.is_dir():

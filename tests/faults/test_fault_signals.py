@@ -112,3 +112,23 @@ def test_ctrl_c_stops_with_a_checkpoint(tiny_synth_root: Path, tmp_path: Path) -
     step = load(run / "checkpoints" / "last.pt")["step"]
     assert step == max(losses(run)) >= 3  # nothing trained after the last checkpoint is lost
     assert f"stopped early at step {step} on SIGINT" in text
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_torchrun_group_stops_every_rank_at_one_step(tiny_synth_root: Path, tmp_path: Path) -> None:
+    # Two DDP ranks (gloo) with a loader worker each, as on a two-GPU node: the ranks agree on a step, rank 0
+    # writes the checkpoint, and no worker's death is raised inside it. torchrun reports the signal itself.
+    run = tmp_path / "run"
+    proc = start(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541", "-m", "cellseg",
+                  "-q", "train", str(REPO / "configs" / "smoke" / "unet_3d.yaml"), f"data.root={tiny_synth_root}",
+                  f"run_dir={run}", "train.max_steps=100000", "train.log_every=2", "train.val_every=100000",
+                  "train.batch_size=1", "loader.num_workers=1", "loader.samples_per_epoch=16"], log=tmp_path / "log")
+    wait_for(lambda: len(losses(run)) >= 2, proc=proc, timeout=240)
+    os.killpg(proc.pid, signal.SIGTERM)
+    finish(proc)
+    text = (tmp_path / "log").read_text()
+    step = load(run / "checkpoints" / "last.pt")["step"]
+    assert step == max(losses(run)) and step % 2 == 0
+    assert f"stopped early at step {step} on SIGTERM" in text
+    assert "exited unexpectedly" not in text and "killed by signal" not in text
+    assert not (run / "result.json").exists() and not (run / "train.lock").exists()
