@@ -117,9 +117,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
         if self.guard.update_ok(loss, grad_norm, step=s.state.step + 1):
             s.scaler.step(s.optimizer)
-            s.scaler.update()
             if s.ema is not None:
                 s.ema.update(runtime.unwrap(s.net))
+        s.scaler.update()  # after a skipped step too: it ends the scaler's step (and lowers an fp16 scale)
         s.scheduler.step()  # a skipped step still counts: the schedule and the sample stream stay functions of it
         s.optimizer.zero_grad(set_to_none=True)
         s.state.step += 1

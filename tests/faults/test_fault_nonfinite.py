@@ -61,9 +61,10 @@ def _nan_output_at(trainer: Trainer, steps: set[int]) -> None:
     trainer.s.model.register_forward_hook(hook)
 
 
-def test_skip_mode_drops_the_update_and_counts_it(tiny_synth_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # fp16: with a GradScaler, which must still end the step
+def test_skip_mode_drops_the_update_and_counts_it(tiny_synth_root: Path, tmp_path: Path, precision: str) -> None:
     trainer = Trainer(config(tiny_synth_root, tmp_path / "run", "train.max_steps=5", "train.val_every=5",
-                             "train.nonfinite=skip"))
+                             "train.nonfinite=skip", f"train.precision={precision}"))
     _nan_output_at(trainer, {3})
     before = {}
 
