@@ -3,6 +3,10 @@
 Each sub-command module defines `register(subparsers)`, which adds its parser and sets `func`
 to a handler taking the parsed arguments and returning an exit code. Handlers import heavy
 libraries (torch, tensorstore) lazily so that `cellseg --help` stays instant.
+
+Errors a user can fix are one line on stderr, without a traceback (`-vv` logs it): wrong arguments, config
+keys or paths (exit status 2) and operating-system errors such as a full disk, a read-only file system or
+missing permissions (exit status 1, naming the file).
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return 0
+    except OSError as err:
+        # Disk full, read-only file system, permissions: the system's words and the path, in one line.
+        logging.getLogger("cellseg").debug("traceback", exc_info=True)
+        print(f"cellseg {args.command}: error: {err}", file=sys.stderr)  # str(OSError) names its file, if any
+        return 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("truth", help="ground-truth zarr directory (crop<N>/<label> arrays)")
     parser.add_argument("--metric", required=True, choices=("2025", "2026"), help="scoring era")
     parser.add_argument("--json", metavar="OUT", help="write the full results (official key names) to this file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="processes scoring (crop, label) pairs in parallel (default 1)")
     parser.add_argument("--memory-gb", type=float, default=None,
@@ -41,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from cellseg.eval.safezip import ZipLimits
     from cellseg.eval.score import evaluate
 
-    if args.workers < 1:
-        raise ValueError("--workers must be at least 1")
+    _check_args(args)
     budget = int(args.memory_gb * 2**30) if args.memory_gb else None
     evaluation = evaluate(args.submission, args.truth, metric=args.metric, workers=args.workers,
                           memory_budget_bytes=budget, zip_limits=ZipLimits(max_total_bytes=int(args.max_zip_gb * 2**30)),
@@ -52,3 +52,17 @@ def run(args: argparse.Namespace) -> int:
         write_json(evaluation, args.json)
         print(f"\nwrote {args.json} ({evaluation.metric} metric)")
     return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range numbers and an existing --json file before any scoring."""
+    from pathlib import Path
+
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    if args.memory_gb is not None and not args.memory_gb > 0:
+        raise ValueError(f"--memory-gb must be a positive number of GiB, got {args.memory_gb}")
+    if not args.max_zip_gb > 0:
+        raise ValueError(f"--max-zip-gb must be a positive number of GiB, got {args.max_zip_gb}")
+    if args.json and Path(args.json).exists() and not args.overwrite:
+        raise FileExistsError(f"--json {args.json} already exists; pass --overwrite to replace it")

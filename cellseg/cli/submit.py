@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="which packaged official test manifest to use without --manifest (default 2026)")
     parser.add_argument("--out", required=True, help="submission zip to write")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
-    parser.add_argument("--threshold", type=float, default=0.5, help="threshold for float probabilities (0.5)")
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="threshold for float probabilities, in [0, 1): a voxel is foreground when p > threshold "
+                             "(default 0.5)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
@@ -37,8 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the submission and list what was missing."""
-    from cellseg.eval.submit import load_manifest, write_submission
+    from cellseg.eval.submit import check_threshold, load_manifest, write_submission
 
+    check_threshold(args.threshold)
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
     if args.manifest:
         crops = load_manifest(args.manifest)
     else:

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--preset", default="small", choices=("tiny", "small", "medium"),
                         help="size of the dataset (default small)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty --out: only a root made by `cellseg synth` and holding nothing else "
+                             "(never a run directory, a data root or other files)")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                         help="worker processes (default: CPU cores, at most 8)")
     parser.set_defaults(func=run)

@@ -75,6 +75,20 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _form(tp: Any) -> str:
+    """How a type reads in an error message: "an int", "'auto'", "a list", ..."""
+    if get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    names = {int: "an int", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+    if tp in names:
+        return names[tp]
+    if get_origin(tp) in (list, tuple):
+        return "a list"
+    if get_origin(tp) in (dict, Mapping) or dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return _type_name(tp)
+
+
 def _convert(value: Any, tp: Any, key: str) -> Any:
     """Check and convert one value to the annotated type (YAML lists become tuples where declared)."""
     origin, args = get_origin(tp), get_args(tp)
@@ -83,13 +97,18 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
         errors = []
-        for arg in (a for a in args if a is not type(None)):
+        for arg in options:
             try:
                 return _convert(value, arg, key)
             except ValueError as err:
                 errors.append(str(err))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {_type_name(tp)}")
+        if len(errors) == 1:
+            raise ValueError(errors[0])
+        forms = [_form(a) for a in options] + (["null"] if type(None) in args else [])
+        accepted = f"neither {forms[0]} nor {forms[1]}" if len(forms) == 2 else f"none of {', '.join(forms)}"
+        raise ValueError(f"{key}: {value!r} is {accepted}")
     if origin is Literal:
         if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
             value = "on" if value else "off"

@@ -303,6 +303,12 @@ class TrainConfig:
         val_every, checkpoint_every, log_every: periods in optimizer steps.
         keep_top_k: best checkpoints kept by validation score (plus `last`).
         profile_steps: write a torch.profiler trace of this many steps to run_dir/profile (0: off).
+        nonfinite: what a NaN or infinite loss or gradient does: "error" stops training with an error naming
+            the step (checked at every log, validation and checkpoint step, with no host sync in between);
+            "skip" drops that step's update (checked every step: one host sync per step), counts it in
+            metrics.jsonl (`nonfinite_skips`) and stops with the error after `max_nonfinite_skips` in a row.
+            With fp16 the GradScaler already skips steps with infinite gradients; only the loss is checked.
+        max_nonfinite_skips: consecutive skipped steps that end training when `nonfinite` is "skip".
     """
 
     seed: int = 0
@@ -326,9 +332,12 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_top_k: int = 3
     profile_steps: int = 0
+    nonfinite: Literal["error", "skip"] = "error"
+    max_nonfinite_skips: int = 10
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, "train.max_steps must be >= 1")
+        _check(self.max_nonfinite_skips >= 1, "train.max_nonfinite_skips must be >= 1")
         _check(self.compile_mode in COMPILE_MODES,
                f"train.compile_mode={self.compile_mode!r} must be one of {list(COMPILE_MODES)}")
         _check(self.batch_size == "auto" or (isinstance(self.batch_size, int) and self.batch_size >= 1),

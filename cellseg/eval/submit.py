@@ -11,13 +11,16 @@ How values are brought onto the grid (decided here, documented in docs/scoring.m
   never wrapped (the official packer's uint8 cast turns id 256 into background);
 - semantic labels with integer or bool values (binary masks): nearest, then `> 0`;
 - semantic labels with float values (probabilities): "area" averaging when down-sampling, linear
-  otherwise, then `> threshold` (default 0.5). Writing binary masks matters: the evaluator thresholds
-  an unresampled array at `> 0`, so a raw probability of 0.01 would count as foreground.
+  otherwise, then `> threshold` (default 0.5, in [0, 1)). Writing binary masks matters: the evaluator
+  thresholds an unresampled array at `> 0`, so a raw probability of 0.01 would count as foreground.
+  NaN or infinite values are refused with an error naming the crop and label: thresholded, they would
+  silently become background.
 
 Output: a zip whose root holds the zarr store (`.zgroup`, `crop<N>/.zgroup`, `crop<N>/<label>/...`) as
 the official packer writes it (arrays at the root are read by both evaluators; a store zipped inside a
 folder is rejected by the 2025 one). Every array is single-scale, with `voxel_size`, `translation` and
-`shape` attributes from the manifest. The zip is built under a temporary name and renamed when complete.
+`shape` attributes from the manifest. The zip is built under a temporary name (carrying host and pid, so the
+next submission to the same path removes what a killed one left) and renamed when complete.
 
 Arrays are written by a pool of threads (`workers`; zarr's codecs and numpy release the GIL on large
 arrays: spawned processes were no faster, 3.6 vs 3.4 s for 2.7 G voxels on a 16-core H200 host), at most
@@ -30,12 +33,13 @@ finished store in sorted order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-import tempfile
+import shutil
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +47,23 @@ import numpy as np
 
 from cellseg.data import resample as grid
 from cellseg.data.crops import Catalog, Crop, Geometry
+from cellseg.data.write import sweep_stale, temp_sibling, with_path
 from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.rules import is_scored_as_instance
 
 log = logging.getLogger(__name__)
 TRAIN_HEADER = "crop_name,dataset,class_label,voxel_size,translation,shape\n"
+
+
+def check_threshold(threshold: float) -> None:
+    """Refuse a probability threshold outside [0, 1), which would make every mask empty or full.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"threshold must be in [0, 1) (a voxel is foreground when its probability is > threshold), "
+                         f"got {threshold}")
 
 
 def default_workers() -> int:
@@ -151,13 +167,33 @@ def _read_prediction(path: Path, label: str, target: Geometry) -> np.ndarray:
 
 
 def prediction_on_grid(path: Path, label: str, target: Geometry, *, threshold: float = 0.5) -> np.ndarray:
-    """A prediction store's label on the crop grid, as the submission stores it (ids or a binary mask)."""
+    """A prediction store's label on the crop grid, as the submission stores it (ids or a binary mask).
+
+    Raises:
+        ValueError: NaN or infinite probabilities, or ids that are not non-negative integers (naming `path`).
+    """
     data = _read_prediction(path, label, target)
     if is_scored_as_instance(label):
         return to_instance_ids(data, str(path))
     if data.dtype.kind == "f":
+        bad = int(np.count_nonzero(~np.isfinite(data)))
+        if bad:
+            raise ValueError(f"{path}: {bad} NaN or infinite probabilities on the crop's grid; refusing to threshold "
+                             "them into background (check the prediction or ensemble that wrote this store)")
         return (data > threshold).astype(np.uint8)
     return (data > 0).astype(np.uint8)
+
+
+@contextlib.contextmanager
+def _temp_dir(out: Path) -> Iterator[Path]:
+    """A hidden working directory beside `out` (named for this host and pid), removed afterwards."""
+    sweep_stale(out)
+    tmp = temp_sibling(out)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _zip_store(store: Path, destination: Path) -> None:
@@ -215,10 +251,10 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     a memory budget; the zip's members and the report are the same for any number.
 
     Raises:
-        FileExistsError: `out` exists and `overwrite` is False.
+        FileExistsError: `out` exists and `overwrite` is False, or `out` is a directory.
         FileNotFoundError: `predictions` does not exist.
-        ValueError: `workers` < 1; a prediction that cannot be submitted (the error names its crop/label;
-            nothing is written).
+        ValueError: `workers` < 1; a threshold outside [0, 1); a prediction that cannot be submitted (NaN
+            probabilities, bad ids: the error names its crop/label; nothing is written).
     """
     from tqdm import tqdm
 
@@ -227,15 +263,18 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     out, predictions = Path(out), Path(predictions)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
+    if out.is_dir():
+        raise FileExistsError(f"{out} is a directory; the submission is a zip file: choose a file name")
     if not predictions.is_dir():
         raise FileNotFoundError(f"{predictions}: no prediction store here")
+    check_threshold(threshold)
     workers = default_workers() if workers is None else workers
     wanted = set(labels) if labels else None
     rows = [(c, label, g) for c in crops.values() for label, g in sorted(c.labels.items())
             if wanted is None or label in wanted]
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent) as tmp:
-        store = Path(tmp) / "submission.zarr"
+    with _temp_dir(out) as tmp:
+        store = tmp / "submission.zarr"
         ensure_groups(store)
         for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
             ensure_groups(store / name)
@@ -243,9 +282,12 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
         with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
             found = map_bounded(_write_job, jobs, workers, done=bar.update, cost=_Job.estimate_bytes,
                                 budget=default_budget())
-        partial = Path(tmp) / out.name
-        _zip_store(store, partial)
-        os.replace(partial, out)
+        partial = tmp / out.name
+        try:
+            _zip_store(store, partial)
+            os.replace(partial, out)
+        except OSError as err:
+            raise with_path(err, out) from err
     names = [f"{c.name}/{label}" for c, label, _ in rows]
     return SubmitReport(written=[n for n, ok in zip(names, found, strict=True) if ok],
                         missing=[n for n, ok in zip(names, found, strict=True) if not ok])

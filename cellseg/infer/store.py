@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +32,14 @@ import numpy as np
 
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
-from cellseg.data.write import DEFAULT_CHUNK, atomic_dir, create_multiscale_level
+from cellseg.data.write import (
+    DEFAULT_CHUNK,
+    atomic_dir,
+    create_multiscale_level,
+    replace_dir,
+    sweep_stale,
+    with_path,
+)
 
 Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
@@ -80,8 +86,12 @@ class PredictionStore:
                overwrite: bool = False, resume: bool = False) -> PredictionStore:
         """Create a store, or with `resume` reopen an existing one written with the same channels.
 
+        `overwrite` replaces only a store of the same kind that cellseg wrote (the `cellseg` entry of its
+        `.zattrs` is the marker), never a run directory, a data root or other files.
+
         Raises:
-            FileExistsError: `path` exists and neither `overwrite` nor `resume` is given.
+            FileExistsError: `path` exists and neither `overwrite` nor `resume` is given, or it is not a cellseg
+                store of this kind (the message says what it is).
             ValueError: `resume` of a store with other kind or channels; an unknown kind; duplicate channels.
         """
         path = Path(path)
@@ -100,7 +110,7 @@ class PredictionStore:
             return store
         attrs = {"kind": kind, "channels": list(channels), "instance_channels": list(instance_channels),
                  "provenance": dict(provenance or {})}
-        with atomic_dir(path, overwrite=overwrite) as tmp:
+        with atomic_dir(path, overwrite=overwrite, kind=f"{kind} store") as tmp:
             tmp.mkdir()
             (tmp / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
             (tmp / ".zattrs").write_text(json.dumps({"cellseg": attrs}, indent=2))
@@ -261,6 +271,7 @@ class CropWriter:
                  overwrite: bool, channels: tuple[str, ...]) -> None:
         self.store, self.crop, self.grid, self.overwrite, self.channels = store, crop, grid, overwrite, channels
         self.path = store.path / f".{crop}{PARTIAL_SUFFIX}"
+        sweep_stale(store.path / crop)  # a replaced crop that a killed writer did not finish removing
         self._chunks = chunks
         self._progress: dict[str, Any] = {"grid": grid_to_json(grid), "key": key, "chunks": list(chunks),
                                           "channels": list(channels), "done": []}
@@ -296,10 +307,13 @@ class CropWriter:
                 o < 0 or o + n > s for o, n, s in zip(offset, data.shape, shape, strict=True)):
             raise ValueError(f"{where}: region {data.shape} at {tuple(offset)} is not inside the grid {shape}")
         stored = self.store.stored(where, channel, data)
-        array = self._array(channel, stored.dtype)
-        if array.dtype != stored.dtype:
-            raise ValueError(f"{where}: writing {stored.dtype} into a {array.dtype} array")
-        array[tuple(slice(o, o + n) for o, n in zip(offset, data.shape, strict=True))] = stored
+        try:
+            array = self._array(channel, stored.dtype)
+            if array.dtype != stored.dtype:
+                raise ValueError(f"{where}: writing {stored.dtype} into a {array.dtype} array")
+            array[tuple(slice(o, o + n) for o, n in zip(offset, data.shape, strict=True))] = stored
+        except OSError as err:  # disk full, read-only, permissions: name the store and channel
+            raise with_path(err, Path(where)) from err
 
     def write_all(self, arrays: Mapping[str, np.ndarray], offset: Sequence[int] = (0, 0, 0)) -> None:
         """`write` several channels' regions at the same offset, in parallel (compression releases the GIL)."""
@@ -327,15 +341,9 @@ class CropWriter:
             meta["cellseg_crop"]["channels"] = list(self.channels)
         (self.path / ".zattrs").write_text(json.dumps(meta, indent=2))  # the marker of a complete crop
         final = self.store.path / self.crop
-        if final.exists():
-            if not self.overwrite:
-                raise FileExistsError(f"{final} already exists; pass overwrite=True (--overwrite) to replace it")
-            old = final.with_name(f".{self.crop}.old-{uuid.uuid4().hex[:8]}")
-            final.rename(old)
-            self.path.rename(final)
-            shutil.rmtree(old)
-        else:
-            self.path.rename(final)
+        if final.exists() and not self.overwrite:
+            raise FileExistsError(f"{final} already exists; pass overwrite=True (--overwrite) to replace it")
+        replace_dir(self.path, final)
 
     def _array(self, channel: str, dtype: np.dtype) -> Any:
         if channel not in self._arrays:

@@ -78,10 +78,20 @@ def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None
 
 
 def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(probability, boundary probability or None) of one class of one crop, float32."""
+    """(probability, boundary probability or None) of one class of one crop, float32.
+
+    Raises:
+        ValueError: NaN or infinite probabilities (thresholded, they would silently become empty masks); the
+            message names the store, crop and channel.
+    """
     aux = boundary_channel(class_name)
     boundary = store.read(crop, aux) if is_instance(class_name) and aux in store.crop_channels(crop) else None
-    return store.read(crop, class_name), boundary
+    prob = store.read(crop, class_name)
+    for name, data in ((class_name, prob), (aux, boundary)):
+        if data is not None and (bad := int(np.count_nonzero(~np.isfinite(data)))):
+            raise ValueError(f"{store.path}/{crop}/{name}: {bad} NaN or infinite probabilities; refusing to "
+                             "segment them (check the prediction or ensemble that wrote this store)")
+    return prob, boundary
 
 
 def open_probabilities(path: str | os.PathLike[str]) -> PredictionStore:

@@ -7,12 +7,19 @@ Stages (each parallel over `workers` processes; `workers=1` runs everything in t
 4. validation choice (`splits.py`), manifests, datasplit and `synth.json`.
 
 Everything is written under a hidden temporary sibling of the output directory that is renamed into
-place at the end, so an interrupted run leaves nothing that looks like a finished root.
+place at the end, so an interrupted run leaves nothing that looks like a finished root (and the next run
+for the same output removes what a killed one left). `overwrite` replaces only a root `cellseg synth`
+made (its `synth.json`) and holding nothing else.
+
+Workers run in a `ProcessPoolExecutor`: a worker that dies or whose initializer fails ends the command
+with that error (a `multiprocessing.Pool` would start replacements for ever).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import logging
 import multiprocessing
 import time
@@ -25,7 +32,7 @@ import numpy as np
 
 from cellseg import __version__
 from cellseg.data.inspect import disk_bytes, human_bytes
-from cellseg.data.write import atomic_dir
+from cellseg.data.write import SYNTH_ROOT, atomic_dir, check_replaceable
 from cellseg.synth import layout
 from cellseg.synth.presets import Preset, get_preset
 from cellseg.synth.render import blocks, render_block
@@ -34,6 +41,10 @@ from cellseg.synth.splits import choose_validation
 
 log = logging.getLogger(__name__)
 _SCENES: list[Scene] = []  # the scenes tasks refer to by index (set in each worker by `_init_worker`)
+_INIT_ERROR: list[BaseException] = []  # what `_init_worker` raised in this worker, re-raised by every task
+# Top-level entries of a synthetic root besides its datasets (`layout.py`): what `overwrite` may remove.
+_ROOT_FILES = {layout.GROUND_TRUTH, "manifest.csv", "train_crop_manifest.csv", "test_crop_manifest.csv",
+               "datasplit.csv", "synth.json"}
 _PRELOAD = ("cellseg.synth.generate", "scipy.ndimage", "cc3d", "zarr", "numcodecs.blosc")
 
 
@@ -76,6 +87,23 @@ def _init_worker(scenes: list[Scene]) -> None:
 
     blosc.use_threads = False  # see `_deterministic_blosc`
     _SCENES[:] = scenes
+
+
+def _guarded_init(initializer: Callable[[list[Scene]], None], scenes: list[Scene]) -> None:
+    """Run a worker's initializer; its error is kept and raised by every task, so that it reaches the parent
+    (an initializer that raises only makes the pool start another worker, which fails the same way)."""
+    try:
+        initializer(scenes)
+    except BaseException as err:  # whatever it is, the parent must see it (`_task`)
+        err.add_note("in the initializer of a `cellseg synth` worker process")
+        _INIT_ERROR.append(err)
+
+
+def _task(fn: Callable[[Any], Any], task: Any) -> Any:
+    """Run one task in a worker, or raise its initializer's error."""
+    if _INIT_ERROR:
+        raise _INIT_ERROR[0]
+    return fn(task)
 
 
 @contextlib.contextmanager
@@ -126,22 +154,26 @@ def _run(fn: Callable[[Any], Any], tasks: list[Any], *, workers: int, scenes: li
             bar.update()
         _SCENES.clear()
     else:
-        # forkserver: workers never inherit threads (blosc, tqdm) from this process; the server imports
-        # the heavy modules once so that each worker starts in milliseconds.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(_PRELOAD))
-        pool = context.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(scenes,))
-        try:
-            for result in pool.imap_unordered(fn, tasks, chunksize=1):
-                yield result
-                bar.update()
-            pool.close()  # workers exit normally and release what they registered (blosc's semaphore)
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
+        yield from _run_pool(fn, tasks, workers=workers, scenes=scenes, bar=bar)
     bar.close()
+
+
+def _run_pool(fn: Callable[[Any], Any], tasks: list[Any], *, workers: int, scenes: list[Scene], bar: Any
+              ) -> Iterator[Any]:
+    """Results of `fn` over `tasks` from worker processes, in completion order; the first error ends it all."""
+    # forkserver: workers never inherit threads (blosc, tqdm) from this process; the server imports
+    # the heavy modules once so that each worker starts in milliseconds.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOAD))
+    pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context,
+                                                  initializer=_guarded_init, initargs=(_init_worker, scenes))
+    try:
+        futures = [pool.submit(_task, fn, task) for task in tasks]
+        for future in concurrent.futures.as_completed(futures):
+            yield future.result()  # a worker's exception, or BrokenProcessPool when one died
+            bar.update()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # workers exit normally (blosc releases its semaphore)
 
 
 def _crop_ids(preset: Preset) -> list[list[int]]:
@@ -157,11 +189,20 @@ def _crop_ids(preset: Preset) -> list[list[int]]:
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
+    """Check `out` before any work: absent, empty, or (with `overwrite`) a root this command made."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ValueError(f"--out {out} is not empty; pass --overwrite to replace it")
+        check_replaceable(out, overwrite=True, kind=SYNTH_ROOT)
+        made = json.loads((out / "synth.json").read_text())
+        expected = _ROOT_FILES | {d["name"] for d in made.get("datasets", [])}
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in expected)
+        if foreign:
+            raise FileExistsError(f"--out {out} is a synthetic data root that also holds what `cellseg synth` did "
+                                  f"not write ({', '.join(foreign[:5])}); --overwrite would delete it: move it out "
+                                  "first or choose another --out")
     elif out.is_dir():
         out.rmdir()  # an empty directory is simply replaced
 
@@ -199,6 +240,8 @@ def generate(out: str | Path, *, preset: str | Preset = "tiny", seed: int = 0, w
 
     Raises:
         ValueError: unknown preset, or `out` is a file or a non-empty directory without `overwrite`.
+        FileExistsError: `overwrite` of something other than a synthetic root this command made (or one
+            holding other files too).
     """
     start_time = time.perf_counter()
     spec, out = (preset if isinstance(preset, Preset) else get_preset(preset)), Path(out).resolve()
@@ -207,7 +250,7 @@ def generate(out: str | Path, *, preset: str | Preset = "tiny", seed: int = 0, w
     build_tasks = [(spec, seed, i, ids[i]) for i in range(len(spec.datasets))]
     scenes = sorted(_run(_build, build_tasks, workers=workers, scenes=[], desc="scenes"), key=lambda s: s.index)
     log.info("built %d scenes (%d shapes)", len(scenes), sum(len(s.shapes) for s in scenes))
-    with atomic_dir(out, overwrite=overwrite) as root, _deterministic_blosc():
+    with atomic_dir(out, overwrite=overwrite, kind=SYNTH_ROOT) as root, _deterministic_blosc():
         root.mkdir(parents=True)
         crops = _render_and_write(root, scenes, spec, workers)
         present = {cid: {c for c, n in counts.items() if n} for cid, (role, counts) in crops.items() if role == "train"}

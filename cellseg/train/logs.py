@@ -1,6 +1,7 @@
-"""What a run tells its user: `metrics.jsonl`, TensorBoard events, a progress bar, and pre-emption signals.
+"""What a run tells its user: `metrics.jsonl`, TensorBoard events and a progress bar.
 
-Only rank 0 writes. Every record carries the step; validation records carry the metric era.
+Only rank 0 writes. Every record carries the step; validation records carry the metric era. Pre-emption
+signals are `cellseg.train.stop`'s.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -40,8 +40,11 @@ class RunLog:
         if not self.enabled:
             return
         entry = {"step": step, "time": time.time(), prefix: values}
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        try:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+        except OSError as err:  # disk full, quota: name the file
+            raise OSError(err.errno, f"cannot append to {self.path}: {err.strerror}") from err
         if self.tb is not None:
             for key, value in _flatten(values):
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -68,27 +71,3 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
         else:
             out.append((name, value))
     return out
-
-
-class StopRequest:
-    """Turns SIGTERM / SIGUSR1 (SLURM pre-emption, `scancel --signal`) into a flag the loop polls."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = {}
-        for sig in self.SIGNALS:
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: signals cannot be caught here
-                pass
-
-    def _handle(self, signum: int, frame: object) -> None:
-        log.warning("received %s: checkpointing and stopping after this step", signal.Signals(signum).name)
-        self.requested = True
-
-    def restore(self) -> None:
-        """Put the previous handlers back."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)

@@ -1,6 +1,10 @@
 """Everything a training job needs before its first step, in order: process group and backends → seeds →
-run directory (config.yaml, meta.json) → model → batch size → data → loss/optimizer/schedule → resume →
-compile → DDP. `Setup` holds the results and knows how to write and read a checkpoint of them.
+model → batch size → run directory (its lock, config.yaml, meta.json) → data → loss/optimizer/schedule →
+resume → compile → DDP. `Setup` holds the results and knows how to write and read a checkpoint of them.
+
+The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
+reads the newest intact checkpoint (`cellseg.train.checkpoint.load_latest`: a corrupt `last.pt` is named and
+skipped).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, get_entry
-from cellseg.runtime.checkpoint import git_commit, load, versions
+from cellseg.runtime.checkpoint import git_commit, versions
 from cellseg.train.batch import find_batch_size
-from cellseg.train.checkpoint import CheckpointKeeper, set_rng_state
+from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.compile import maybe_compile, maybe_compile_loss
+from cellseg.train.lock import RunLock
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
 
@@ -65,6 +70,13 @@ class Setup:
     voxels_per_sample: int
     state: TrainState = field(default_factory=TrainState)
     meta: dict[str, Any] = field(default_factory=dict)
+    lock: RunLock | None = None  # held by rank 0 until `close`
+    resumed_from: Path | None = None  # the checkpoint the run continues from
+
+    def close(self) -> None:
+        """Release the run directory."""
+        if self.lock is not None:
+            self.lock.release()
 
     def state_dict(self, *, metric: float | None, rng: dict[str, Any]) -> dict[str, Any]:
         """A complete checkpoint (see `cellseg.train.checkpoint`)."""
@@ -159,10 +171,34 @@ def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> Non
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
-def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
-    """Assemble a training job (module docstring); resumes from `run_dir/checkpoints/last.pt` if asked.
+def _claim(run_dir: Path, d: runtime.Dist) -> RunLock | None:
+    """Rank 0 locks the run directory; every rank raises if that failed (none waits at a barrier for ever)."""
+    lock, error = None, None
+    if d.is_main:
+        try:
+            lock = RunLock(run_dir).acquire()
+        except FileExistsError as err:
+            error = str(err)
+    error = runtime.broadcast_object(error, d)
+    if error:
+        raise FileExistsError(error)
+    return lock
 
-    `resume="auto"` continues when that checkpoint exists and starts fresh otherwise.
+
+def _resume_wanted(resume: bool | str, ckpt_dir: Path) -> bool:
+    """`resume="auto"` continues when a checkpoint exists; a torchrun restart always continues."""
+    if resume == "auto":
+        resume = bool(candidates(ckpt_dir)) if ckpt_dir.is_dir() else False
+    return bool(resume) or runtime.restart_count() > 0
+
+
+def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
+    """Assemble a training job (module docstring); resumes from the run's newest intact checkpoint if asked.
+
+    `resume="auto"` continues when a checkpoint exists and starts fresh otherwise.
+
+    Raises:
+        FileExistsError: another training holds `run_dir`, or it holds a run and `resume` is not given.
     """
     tc = cfg.train
     d = runtime.init_distributed(tc.device)
@@ -171,17 +207,26 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
     seed_everything(tc.seed + d.rank)
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
-    if resume == "auto":
-        resume = (ckpt_dir / "last.pt").is_file()
-    resume = bool(resume) or runtime.restart_count() > 0
-    if d.is_main and not resume and (ckpt_dir / "last.pt").exists():
-        raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
     spatial_dims = 2 if cfg.data.is_2d else 3
     fmt = runtime.memory_format(spatial_dims, tc.channels_last and d.device.type == "cuda")
     model = _make_model(cfg, d.device, fmt)
     batch = _batch_size(cfg, model, d, precision, fmt)
-    if d.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _claim(run_dir, d)
+    try:
+        return _assemble(cfg, d, precision, model, batch, fmt, lock=lock, resume=_resume_wanted(resume, ckpt_dir))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, model: torch.nn.Module, batch: int,
+              fmt: torch.memory_format, *, lock: RunLock | None, resume: bool) -> Setup:
+    """The rest of `build_setup`, holding the run directory's lock."""
+    tc, run_dir = cfg.train, Path(cfg.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
+        raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
     runtime.barrier(d)
     data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
                             world_size=d.world_size,
@@ -207,13 +252,16 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
               flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
                                                       preset=cfg.model.preset, params=_model_params(cfg)),
               peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
-              state=TrainState(micro_batch=batch), meta=meta)
+              state=TrainState(micro_batch=batch), meta=meta, lock=lock)
+    if d.is_main and ckpt_dir.is_dir():
+        s.keeper.remove_partial_files()
     if resume:
-        s.load_state(load(ckpt_dir / "last.pt", map_location=d.device))
+        ckpt, s.resumed_from = load_latest(ckpt_dir, map_location=d.device)
+        s.load_state(ckpt)
         override = run_dir / MICRO_BATCH_FILE
         if override.is_file():
             s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
-        log.info("resumed %s at step %d", run_dir, s.state.step)
+        log.info("resumed %s at step %d from %s", run_dir, s.state.step, s.resumed_from.name)
     compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt, batch=s.state.micro_batch)
     s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
                                                            batch=s.state.micro_batch)

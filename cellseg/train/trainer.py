@@ -4,6 +4,11 @@ Setup (`cellseg.train.setup`) builds the run directory, model, data, optimizer a
 this file is the loop. A step consumes `grad_accum_steps` loader batches, augments each on the GPU
 (deterministically from the step), splits them into micro-batches (smaller after an OOM), and runs forward
 under autocast and backward without DDP synchronisation except on the last micro-step.
+
+Nothing non-finite is kept (`train.nonfinite`, `cellseg.train.guard`): a NaN or infinite loss or gradient
+stops training with an error naming the step, or skips the step's update, and no checkpoint is written with
+non-finite weights. A stop signal (`cellseg.train.stop`) ends the run at the current step with a checkpoint
+and `TrainingStopped`; no `result.json` is written then.
 """
 
 from __future__ import annotations
@@ -13,16 +18,20 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
 from cellseg import runtime
 from cellseg.config.schema import RunConfig
+from cellseg.runtime.checkpoint import save_atomic_text
 from cellseg.train.batch import free_memory, shrink
 from cellseg.train.checkpoint import rng_state, set_rng_state
-from cellseg.train.logs import RunLog, StopRequest
+from cellseg.train.guard import NonFiniteGuard
+from cellseg.train.logs import RunLog
 from cellseg.train.setup import Setup, build_setup
+from cellseg.train.stop import StopRequest, TrainingStopped
 from cellseg.train.validate import run_validation
 
 log = logging.getLogger(__name__)
@@ -37,18 +46,30 @@ class Trainer:
         >>> Trainer(load_run_config("configs/smoke/unet_3d.yaml", ["data.root=/tmp/synth"])).fit()
     """
 
-    def __init__(self, cfg: RunConfig, *, resume: bool | str = False):
+    def __init__(self, cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None):
         self.cfg = cfg
+        self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
         self.s: Setup = build_setup(cfg, resume=resume)
+        self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
+        # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
+        resumed = self.s.resumed_from
+        self._saved_step = self.s.state.step if resumed is not None and resumed.name == "last.pt" else -1
+
+    def close(self) -> None:
+        """Release the run directory (its lock)."""
+        self.s.close()
 
     # -- data -------------------------------------------------------------------------------------------
-    def _batches(self) -> Iterator[Batch]:
+    def _batches(self, stop: StopRequest) -> Iterator[Batch]:
         """Loader batches from where the run stands (the sample stream is a pure function of the index)."""
-        sampler = self.s.data.sampler
+        sampler, loader = self.s.data.sampler, self.s.data.loader
+        loader.worker_init_fn = stop.worker_init_fn
         epoch, offset = divmod(self.s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
         while True:
             sampler.set_epoch(epoch, start_batch=offset)
-            yield from self.s.data.loader
+            with stop.shield_workers():  # workers start here (the first time, or every epoch if not persistent)
+                batches = iter(loader)
+            yield from batches
             epoch, offset = epoch + 1, 0
 
     def _to_device(self, batch: Batch) -> Batch:
@@ -73,7 +94,8 @@ class Trainer:
         return loss_sum
 
     def train_step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward/backward over the step's micro-batches (with OOM back-off), then the optimizer update."""
+        """Forward/backward over the step's micro-batches (with OOM back-off), then the optimizer update
+        (dropped when `train.nonfinite` is "skip" and the loss or gradients are not finite)."""
         s = self.s
         while True:
             try:
@@ -93,47 +115,78 @@ class Trainer:
         clip = self.cfg.optim.grad_clip_norm
         params = [p for p in s.net.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
-        s.scaler.step(s.optimizer)
-        s.scaler.update()
-        s.scheduler.step()
+        if self.guard.update_ok(loss, grad_norm, step=s.state.step + 1):
+            s.scaler.step(s.optimizer)
+            if s.ema is not None:
+                s.ema.update(runtime.unwrap(s.net))
+        s.scaler.update()  # after a skipped step too: it ends the scaler's step (and lowers an fp16 scale)
+        s.scheduler.step()  # a skipped step still counts: the schedule and the sample stream stay functions of it
         s.optimizer.zero_grad(set_to_none=True)
-        if s.ema is not None:
-            s.ema.update(runtime.unwrap(s.net))
         s.state.step += 1
         return loss, grad_norm
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train to `train.max_steps` (or until SIGTERM/SIGUSR1); returns the last logged values."""
+        """Train to `train.max_steps`; returns the last logged values.
+
+        Raises:
+            TrainingStopped: a stop signal ended the run early; `last.pt` holds it at the current step.
+            NonFiniteError: the loss or gradients became NaN or infinite (`train.nonfinite`).
+        """
         s, tc = self.s, self.cfg.train
         run_log = RunLog(s.run_dir, enabled=s.dist.is_main, total_steps=tc.max_steps, start_step=s.state.step)
-        stop, batches, last = StopRequest(), self._batches(), {}
-        window_start, window_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=s.dist.device)
+        stop = self.stop or StopRequest()
+        batches, last = self._batches(stop), {}
+        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+        loss_sum = torch.zeros((), device=s.dist.device)
         try:
             with self._profiler() as prof:
                 while s.state.step < tc.max_steps:
-                    loss, grad_norm = self.train_step([next(batches) for _ in range(tc.grad_accum_steps)])
-                    loss_sum += loss
+                    if self._stop_requested(stop):
+                        self._stop(stop, run_log)
+                    loss, grad_norm = self.train_step(self._next_batches(batches, stop, run_log))
+                    if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
+                        loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
                     window_steps += 1
                     if prof is not None:
                         prof.step()
                     step = s.state.step
                     if step % tc.log_every == 0 or step == tc.max_steps:
-                        last = self._log(run_log, loss_sum / window_steps, grad_norm, window_steps,
-                                         time.perf_counter() - window_start)
-                        window_start, window_steps, loss_sum = time.perf_counter(), 0, loss_sum.zero_()
+                        mean = loss_sum / loss_steps if loss_steps else torch.full_like(loss_sum, float("nan"))
+                        last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start)
+                        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+                        loss_sum = torch.zeros_like(loss_sum)
                     if step % tc.val_every == 0 or step == tc.max_steps:
                         last["val"] = self._validate(run_log)
                     elif step % tc.checkpoint_every == 0:
                         self._checkpoint()
-                    if self._stop_requested(stop):
-                        log.warning("stopping at step %d on request; checkpoint saved", step)
-                        self._checkpoint()
-                        break
         finally:
-            stop.restore()
+            batches.close()
+            stop.release_workers()
+            if self.stop is None:
+                stop.restore()
             run_log.close()
         return last
+
+    def _next_batches(self, batches: Iterator[Batch], stop: StopRequest, run_log: RunLog) -> list[Batch]:
+        """The step's loader batches; a loader whose workers died of a stop signal ends the run here, before
+        the step changes anything."""
+        try:
+            return [next(batches) for _ in range(self.cfg.train.grad_accum_steps)]
+        except RuntimeError:
+            if not stop.requested or self.s.dist.distributed:
+                raise
+            log.warning("the loader's workers ended with the %s", stop.signal_name)
+            self._stop(stop, run_log)
+
+    def _stop(self, stop: StopRequest, run_log: RunLog) -> NoReturn:
+        """Checkpoint the current step and raise `TrainingStopped`."""
+        path = self._checkpoint()
+        step = self.s.state.step
+        run_log.record(step, {"signal": stop.signal_name, "checkpoint": str(path)}, prefix="stopped")
+        log.warning("stopped at step %d on %s; checkpoint %s written: resume with --resume", step,
+                    stop.signal_name, path)
+        raise TrainingStopped(step=step, signal_name=str(stop.signal_name), checkpoint=str(path))
 
     def _stop_requested(self, stop: StopRequest) -> bool:
         """Single process: the flag itself, no GPU involved. DDP: every rank must stop at the same step, which
@@ -150,11 +203,12 @@ class Trainer:
     def _log(self, run_log: RunLog, loss: torch.Tensor, grad_norm: torch.Tensor, steps: int, seconds: float
              ) -> dict[str, Any]:
         s = self.s
+        self.guard.check()  # errors before a NaN is logged as if it were a loss
         loss_v = float(runtime.all_reduce_mean(loss, s.dist))
         samples = steps * s.batch_size * self.cfg.train.grad_accum_steps * s.dist.world_size
         values = {"loss": loss_v, "grad_norm": float(grad_norm), "lr": s.scheduler.get_last_lr()[0],
                   "samples_per_s": samples / seconds, "mvox_per_s": samples * s.voxels_per_sample / seconds / 1e6,
-                  "micro_batch": s.state.micro_batch}
+                  "micro_batch": s.state.micro_batch, **self.guard.counts()}
         if s.peak_tflops:
             per_gpu = values["samples_per_s"] / s.dist.world_size * s.flops_per_sample / 1e12
             values.update(tflops_per_gpu=per_gpu, mfu=per_gpu / s.peak_tflops,
@@ -168,6 +222,7 @@ class Trainer:
 
     def _validate(self, run_log: RunLog) -> dict[str, Any]:
         s, result = self.s, {}
+        self.guard.check()
         if s.dist.is_main and s.data.val_crops:
             model = s.eval_model()
             result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision)
@@ -178,14 +233,19 @@ class Trainer:
         self._checkpoint(score=result.get("overall_score"))
         return result
 
-    def _checkpoint(self, score: float | None = None) -> None:
+    def _checkpoint(self, score: float | None = None) -> Path:
+        """Write `last.pt` (and offer it for `best.pt` with a validation score); returns the path of `last.pt`."""
         s = self.s
-        if s.dist.is_main:
+        self.guard.check()
+        path = s.keeper.directory / "last.pt"
+        if s.dist.is_main and (self._saved_step != s.state.step or score is not None):
             state = s.state_dict(metric=score, rng=rng_state())
-            s.keeper.save_last(state)
+            path = s.keeper.save_last(state)
             if score is not None:
                 s.keeper.offer(state, s.state.step, score)
+        self._saved_step = s.state.step
         runtime.barrier(s.dist)
+        return path
 
     @contextlib.contextmanager
     def _profiler(self) -> Iterator[torch.profiler.profile | None]:
@@ -204,16 +264,31 @@ class Trainer:
         (out / "summary.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
 
 
-def train(cfg: RunConfig, *, resume: bool | str = False) -> dict[str, Any]:
-    """Build a `Trainer` and run it; the process group is torn down afterwards."""
+def train(cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None) -> dict[str, Any]:
+    """Build a `Trainer` and run it; writes `result.json` only when training reached `train.max_steps`.
+
+    Stop signals are caught from here on (or from where the caller made `stop`, who then restores the
+    handlers); the run directory is released and the process group torn down afterwards, whatever happened.
+
+    Raises:
+        TrainingStopped: stopped early on a signal (resumable; `cellseg train` exits with 75 then).
+        NonFiniteError: the loss or gradients became NaN or infinite (`train.nonfinite`).
+    """
+    own = stop is None
+    stop = stop or StopRequest()
+    trainer = None
     try:
-        trainer = Trainer(cfg, resume=resume)
+        trainer = Trainer(cfg, resume=resume, stop=stop)
         result = trainer.fit()
         if trainer.s.dist.is_main:
-            (trainer.s.run_dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
+            save_atomic_text(json.dumps(result, indent=1, default=str), trainer.s.run_dir / "result.json")
         return result
     finally:
+        if trainer is not None:
+            trainer.close()
+        if own:
+            stop.restore()
         runtime.shutdown_distributed()
 
 
-__all__ = ["Trainer", "set_rng_state", "train"]
+__all__ = ["Trainer", "TrainingStopped", "set_rng_state", "train"]

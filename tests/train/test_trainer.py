@@ -14,6 +14,7 @@ import torch
 
 from cellseg.cli import main as cli
 from cellseg.config import load_run_config
+from cellseg.train.stop import EXIT_RESUMABLE
 from cellseg.train.trainer import Trainer, train
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke" / "unet_3d.yaml"
@@ -57,7 +58,7 @@ def test_resume_continues_exactly(tiny_synth_root, tmp_path):
     train(_cfg(tiny_synth_root, tmp_path / "c", "train.max_steps=1", *common), resume="auto")
 
 
-def test_sigterm_checkpoints_and_exits_zero(tiny_synth_root, tmp_path):
+def test_sigterm_checkpoints_and_exits_resumable(tiny_synth_root, tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "cellseg", "train", str(SMOKE), f"data.root={tiny_synth_root}", f"run_dir={run}",
            "train.max_steps=100000", "train.log_every=1", "train.val_every=100000"]
@@ -67,9 +68,10 @@ def test_sigterm_checkpoints_and_exits_zero(tiny_synth_root, tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    step = torch.load(run / "checkpoints" / "last.pt", weights_only=False)["step"]
+    assert proc.returncode == EXIT_RESUMABLE == 75, err[-2000:]  # stopped early: resumable, not finished
+    step = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
     assert 2 <= step < 100000
+    assert not (run / "result.json").exists()
 
 
 def test_oom_backoff_keeps_training(tiny_synth_root, tmp_path):
