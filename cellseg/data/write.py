@@ -65,6 +65,7 @@ def ensure_groups(path: str | os.PathLike[str]) -> None:
 # What `atomic_dir` may replace when its caller names no kind (`write_array`, `write_multiscale` callers, stores).
 OUTPUT_KINDS = ("zarr array", "multiscale image", "probabilities store", "segmentation store")
 SYNTH_ROOT = "synthetic data root"
+IMPORTED_ROOT = "imported data root"  # written by `cellseg import` (its `import.json`)
 _TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -133,7 +134,8 @@ def artifact_kind(path: str | os.PathLike[str]) -> str | None:
     """What cellseg wrote at `path`, read from the marker it wrote there; None for anything else.
 
     Stores and roots carry a marker: "probabilities store" / "segmentation store" (the `cellseg` entry of
-    `.zattrs`), "synthetic data root" (`synth.json` by `cellseg synth`). Single images are recognised by their
+    `.zattrs`), "synthetic data root" (`synth.json` by `cellseg synth`), "imported data root" (`import.json`
+    by `cellseg import`). Single images are recognised by their
     form, which is what `write_array` / `write_multiscale` callers name: "zarr array", "multiscale image" (a
     group holding only its levels).
     """
@@ -150,6 +152,8 @@ def artifact_kind(path: str | os.PathLike[str]) -> str | None:
         return "multiscale image"
     if _read_json(path / "synth.json").get("generator") == "cellseg synth":
         return SYNTH_ROOT
+    if _read_json(path / "import.json").get("generator") == "cellseg import":
+        return IMPORTED_ROOT
     return None
 
 

@@ -200,7 +200,23 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
         lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
         if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
             out = slab[:, lo - z0:hi - z0][crop].to(dtype)
+            _check_finite(out, lo - lead, axis)
             yield lo - lead, (to_host(out).movedim(1, 1 + a).numpy() if host else out.movedim(1, 1 + a))
+
+
+def _check_finite(probs: torch.Tensor, first_plane: int, axis: str) -> None:
+    """Refuse NaN or infinite probabilities (broken weights or input) before they reach a store. One reduction
+    where the slab lives; the copy to the host that follows synchronises anyway.
+
+    Raises:
+        ValueError: naming the output channels (model order of the kept ones) and the planes affected.
+    """
+    finite = torch.isfinite(probs).flatten(1).all(dim=1)
+    if not bool(finite.all()):
+        bad = torch.nonzero(~finite).flatten().tolist()
+        raise ValueError(f"the model predicted NaN or infinite probabilities in output channel(s) {bad} (of those "
+                         f"kept), planes {first_plane}-{first_plane + probs.shape[1] - 1} along {axis}: its weights "
+                         "or its input are broken; nothing was written for these planes")
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:

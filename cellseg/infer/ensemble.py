@@ -128,7 +128,7 @@ def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str
     out = Path(out)
     provenance = _provenance(stores, weights, grid, plan)
     doc = {**weights.to_json(), "members": member_summary(stores), "grid": grid, "crops": list(crops)}
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, kind="probabilities store") as tmp:
         store = PredictionStore.create(tmp, kind="probabilities", channels=plan.channels,
                                        instance_channels=plan.instance_channels, provenance=provenance)
         for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):

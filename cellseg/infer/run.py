@@ -28,6 +28,7 @@ from cellseg.data.grid import shape3
 from cellseg.infer import tta
 from cellseg.infer.engine import Window, tta_fold
 from cellseg.models import build_model
+from cellseg.runtime.checkpoint import check_checkpoint_channels, check_finite_weights
 from cellseg.runtime.checkpoint import load as load_checkpoint
 from cellseg.runtime.compile import CompiledModel
 
@@ -106,9 +107,11 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
     if "model" not in ckpt or "step" not in ckpt:
         raise ValueError(f"{path}: not a cellseg checkpoint (no 'model' weights or 'step')")
     model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **cfg.model.params)
+    check_checkpoint_channels(ckpt, meta["channels"], source=str(path))  # same count, other order: refused
     # Validation during training used the EMA weights when the run kept them (`Setup.eval_model`): so do we.
     weights = "ema" if ckpt.get("ema") is not None else "model"
     state = ckpt["ema"] if weights == "ema" else ckpt["model"]
+    check_finite_weights(state, source=f"{path} ({weights} weights)")
     own = model.state_dict()
     try:
         model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()})

@@ -21,7 +21,7 @@ from typing import Literal
 from cellseg import __version__
 from cellseg.classes import tested_classes
 from cellseg.data.crops import Geometry
-from cellseg.data.write import atomic_dir
+from cellseg.data.write import IMPORTED_ROOT, atomic_dir
 from cellseg.ingest import configs, layout
 from cellseg.ingest.intensity import (
     DEFAULT_PERCENTILES,
@@ -229,7 +229,7 @@ def import_volume(opts: ImportOptions, *, progress: bool = True) -> ImportSummar
     _check_out(out, opts.overwrite)
     p = plan(opts)
     warnings = []
-    with atomic_dir(out, overwrite=opts.overwrite) as root:
+    with atomic_dir(out, overwrite=opts.overwrite, kind=IMPORTED_ROOT) as root:
         root.mkdir()
         with tqdm(total=pyramid_sections(opts.voxel_size_nm, p.em.shape), desc="EM", unit="section",
                   disable=not progress, leave=False) as bar:
