@@ -81,9 +81,17 @@ class DataConfig:
         slice_axes: 2D only: axes a 2D patch may be cut across (`["z"]`; all three for isotropic data).
         max_annotation_voxel_size_nm: keep crops annotated at this voxel size or finer on every axis;
             default (null): the training voxel size (an 8 nm model trains on crops annotated at ≤ 8 nm).
-        datasplit: an official `datasplit.csv` (5- or 3-column); default: split the catalogue by crop.
-        validation_fraction: share of crops held out when splitting the catalogue.
+        datasplit: which crops train and which validate: null (default) = the data root's `datasplit.csv` when it
+            has one (the user's own or the official one), else the automatic split; "auto" = always the automatic
+            split (stratified by class, crops grouped by space: see cellseg/data/split.py); or the path of an
+            official `datasplit.csv` (5- or 3-column). Crops annotated coarser than
+            `max_annotation_voxel_size_nm` are left out either way (logged).
+        validation_fraction: share of crops held out by the automatic split.
         split_seed: seed of that split.
+        split_margin_nm: crops of one dataset closer than this (nm) stay on the same side of the split
+            (null: one patch edge, the largest of `patch_shape_vox` × `voxel_size_nm`).
+        report_fraction: share of the validation crops kept for the *report* part that no decision touches (the
+            rest, the *tuning* part, selects checkpoints, fits ensemble weights, tunes post-processing).
         sampler: "class_balanced" (every class, rare ones included, is seen regularly) or "uniform".
         em_pad_value: EM value marking "outside the imaged volume"; such voxels are unknown.
         intensity_stats: optional per-dataset (mean, std) of the EM in uint8 units; default scales 0-255 to 0-1.
@@ -105,6 +113,8 @@ class DataConfig:
     datasplit: str | None = None
     validation_fraction: float = 0.15
     split_seed: int = 0
+    split_margin_nm: float | None = None
+    report_fraction: float = 0.5
     sampler: Literal["class_balanced", "uniform"] = "class_balanced"
     em_pad_value: int = 0
     intensity_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -125,6 +135,8 @@ class DataConfig:
         bad_axes = set(self.slice_axes) - set(AXIS_NAMES)
         _check(not bad_axes and bool(self.slice_axes), f"data.slice_axes={self.slice_axes}: choose from {AXIS_NAMES}")
         _check(0 < self.validation_fraction < 1, "data.validation_fraction must be in (0, 1)")
+        _check(0 <= self.report_fraction < 1, "data.report_fraction must be in [0, 1)")
+        _check(self.split_margin_nm is None or self.split_margin_nm >= 0, "data.split_margin_nm must be >= 0 or null")
 
     @property
     def boundary_classes(self) -> tuple[str, ...]:
@@ -132,6 +144,13 @@ class DataConfig:
         from cellseg.classes import is_instance
 
         return tuple(c for c in self.classes if is_instance(c)) if self.instance_boundaries else ()
+
+    @property
+    def split_margin(self) -> float:
+        """`split_margin_nm`, or one patch edge (nm) when it is null."""
+        if self.split_margin_nm is not None:
+            return self.split_margin_nm
+        return max(n * v for n, v in zip(self.patch_shape_vox, self.voxel_size_nm, strict=True))
 
     @property
     def num_target_channels(self) -> int:

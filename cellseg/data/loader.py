@@ -21,20 +21,53 @@ from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
 from cellseg.data.sampling import PatchSampler, build_foreground_index
-from cellseg.data.split import SplitEntry, read_datasplit, split_catalog, write_datasplit
+from cellseg.data.split import (
+    SplitEntry,
+    eligible,
+    read_datasplit,
+    split_catalog,
+    with_roles,
+    write_datasplit,
+)
 from cellseg.data.targets import CropSource, NoRequestedClass
 
 log = logging.getLogger(__name__)
+DATASPLIT_FILE = "datasplit.csv"  # a data root's own split (the official one, or a user's)
 AXIS_INDEX = {"z": 0, "y": 1, "x": 2}
 
 
 def make_split(cfg: DataConfig) -> list[SplitEntry]:
-    """The run's split: read `cfg.datasplit` or build one from the data root's catalogue."""
-    if cfg.datasplit:
-        return read_datasplit(cfg.datasplit)
+    """The run's split (`data.datasplit`: the data root's datasplit.csv, a given one, or the automatic split),
+    every validation crop with its role (tuning or report); says which it is."""
+    catalog = Catalog.from_dir(cfg.root)
     limit = cfg.max_annotation_voxel_size_nm or max(cfg.voxel_size_nm)
-    return split_catalog(Catalog.from_dir(cfg.root), cfg.classes, validation_fraction=cfg.validation_fraction,
-                         seed=cfg.split_seed, max_voxel_size_nm=limit)
+    root_file = Path(cfg.root) / DATASPLIT_FILE
+    if cfg.datasplit == "auto" or (cfg.datasplit is None and not root_file.is_file()):
+        why = "data.datasplit=auto" if cfg.datasplit == "auto" else f"no {DATASPLIT_FILE} in {cfg.root}"
+        entries = split_catalog(catalog, cfg.classes, validation_fraction=cfg.validation_fraction,
+                                seed=cfg.split_seed, max_voxel_size_nm=limit, margin_nm=cfg.split_margin,
+                                report_fraction=cfg.report_fraction)
+        log.info("%s: automatic split (seed %d, crops within %g nm kept together): %d training, %d validation "
+                 "crops", why, cfg.split_seed, cfg.split_margin, *_counts(entries))
+        return entries
+    path = Path(cfg.datasplit or root_file)
+    entries = read_datasplit(path)
+    eligible_names = {c.name for c in catalog.train.values() if eligible(c, cfg.classes, limit)}
+    known = {c.name for c in catalog.train.values()}
+    dropped = [e.crop_name for e in entries if e.crop_name in known and e.crop_name not in eligible_names]
+    entries = [e for e in entries if e.crop_name not in dropped]
+    if dropped:
+        log.info("%s: %d crops left out (annotated coarser than %g nm or none of the classes): %s", path,
+                 len(dropped), limit, ", ".join(dropped))
+    entries = with_roles(entries, catalog, cfg.classes, margin_nm=cfg.split_margin,
+                         report_fraction=cfg.report_fraction)
+    log.info("using %s: %d training, %d validation crops", path, *_counts(entries))
+    return entries
+
+
+def _counts(entries: Sequence[SplitEntry]) -> tuple[int, int]:
+    val = sum(e.split == "validate" for e in entries)
+    return len(entries) - val, val
 
 
 def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:

@@ -1,20 +1,31 @@
-"""Train/validation splits by crop: built from a catalogue (stratified) or read from a `datasplit.csv`.
+"""Train/validation splits, grouped by space: built from a catalogue (stratified) or read from a `datasplit.csv`.
 
-A split is a list of `SplitEntry` (split name, EM group location, crop label folder, annotated classes).
-It is written next to each run as `datasplit.csv` in the official 5-column form, so a run records
-exactly what it trained and validated on and the file loads in the challenge's own tools too.
+A split is a list of `SplitEntry` (split name, EM group location, crop label folder, annotated classes, and for
+validation crops their role). It is written next to each run as `datasplit.csv` in the official 5-column form,
+so a run records exactly what it trained and validated on and the file loads in the challenge's own tools too;
+the roles go beside it in `validation_roles.csv` (`ROLES_FILE`).
 
-Stratification rule (`split_catalog`): crops are shuffled with the seed; then, rarest class first, a
-class annotated in ≥ 2 eligible crops but in no validation crop yet moves one of its crops (the one
-annotating the fewest other classes, to keep training rich) to validation; finally random crops are
-added until `validation_fraction` of the crops is reached. "Annotated" means listed for the crop in the
-manifest: the manifests list classes that are annotated even where absent, so presence of foreground is
-not checked here.
+Grouping (`spatial_groups`): crops of one dataset whose boxes overlap, or come closer than a margin (one patch
+by default: a patch of one crop could then hold voxels of the other), are one group, and a group never straddles
+the split. The official manifest has 35 overlapping pairs among the crops annotated at ≤ 8 nm (crop 247 overlaps
+nine others): split crop by crop, validation would score voxels the model trained on.
+
+Stratification rule (`split_catalog`): groups are shuffled with the seed; then, rarest class first, a class
+annotated in ≥ 2 eligible groups but in no validation group yet moves one of its groups (the one annotating the
+fewest classes, to keep training rich) to validation; finally random groups are added until `validation_fraction`
+of the crops is reached. "Annotated" means listed for the crop in the manifest: the manifests list classes that
+are annotated even where absent, so presence of foreground is not checked here.
+
+Roles (`assign_roles`): validation is split again into a **tuning** part (what every decision — checkpoint,
+ensemble weights, post-processing — is made on) and a **report** part that no decision touches, group by group:
+rarest class first, a class in ≥ 2 validation groups gets one in each part, a class in one group gets it in the
+tuning part (a decision needs it), and the rest go to the smaller part until `report_fraction` of the crops.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import os
 import random
@@ -22,12 +33,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from cellseg.classes import get_class
-from cellseg.data.crops import Catalog, Crop
+from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.inspect import EM_PATH, GT_PATH
 
 log = logging.getLogger(__name__)
 VOXEL_TOL = 1.01  # a crop annotated at 8.05 nm still counts as "8 nm"
+ROLES_FILE = "validation_roles.csv"  # beside a datasplit.csv: crop_name,role ("tuning" or "report")
+ROLES = ("tuning", "report")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +53,7 @@ class SplitEntry:
     em_url: str  # the EM multiscale group
     crop_url: str  # the crop's label folder `.../labels/groundtruth/crop<N>`
     classes: tuple[str, ...]  # classes annotated (listed) for the crop
+    role: str = ""  # validation crops: "tuning" (decisions are made on it) or "report" (only scored); else ""
 
     @property
     def crop_name(self) -> str:
@@ -64,36 +80,109 @@ def eligible(crop: Crop, classes: Sequence[str], max_voxel_size_nm: float | None
     return any(derivable(c, fine) for c in classes)
 
 
+def crop_box_nm(crop: Crop) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) corner of the box every label of the crop covers (z, y, x; nm)."""
+    starts = [g.start_nm for g in crop.labels.values()]
+    stops = [g.stop_nm for g in crop.labels.values()]
+    return np.min(starts, axis=0), np.max(stops, axis=0)
+
+
+def spatial_groups(crops: Sequence[Crop], margin_nm: float = 0.0) -> list[tuple[Crop, ...]]:
+    """Crops of one dataset whose boxes overlap or lie within `margin_nm` of each other (transitively), in the
+    order of their first crop in `crops`."""
+    parent = list(range(len(crops)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    boxes = [crop_box_nm(c) for c in crops]
+    for i in range(len(crops)):
+        for j in range(i + 1, len(crops)):
+            if crops[i].dataset != crops[j].dataset:
+                continue
+            (lo_a, hi_a), (lo_b, hi_b) = boxes[i], boxes[j]
+            gap = np.maximum(lo_a - hi_b, lo_b - hi_a)  # per axis; negative where the boxes overlap
+            if np.all(gap < margin_nm):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[Crop]] = {}
+    for i, crop in enumerate(crops):
+        groups.setdefault(root(i), []).append(crop)
+    return [tuple(g) for g in groups.values()]
+
+
+def _annotates(group: Sequence[Crop], name: str) -> bool:
+    return any(derivable(name, c.labels) for c in group)
+
+
+def _size(groups: Iterable[Sequence[object]]) -> int:
+    return sum(len(g) for g in groups)
+
+
 def split_catalog(catalog: Catalog, classes: Sequence[str], *, validation_fraction: float, seed: int,
-                  max_voxel_size_nm: float | None = None) -> list[SplitEntry]:
-    """Stratified split of the catalogue's training crops (rule in the module docstring).
+                  max_voxel_size_nm: float | None = None, margin_nm: float = 0.0,
+                  report_fraction: float = 0.5) -> list[SplitEntry]:
+    """Stratified split of the catalogue's training crops by spatial group (rules in the module docstring).
 
     Raises:
         ValueError: if no crop annotates any requested class at a fine enough voxel size.
     """
-    crops = [c for c in catalog.train.values() if eligible(c, classes, max_voxel_size_nm)]
+    crops = [c for c in sorted(catalog.train.values(), key=lambda k: k.id) if eligible(c, classes, max_voxel_size_nm)]
     if not crops:
         raise ValueError(f"no training crop annotates any of {list(classes)} at ≤ {max_voxel_size_nm} nm "
                          f"(catalogue {catalog.base or 'official'})")
-    random.Random(seed).shuffle(crops)
-    validation: list[Crop] = []
-    rarity = sorted(classes, key=lambda c: sum(derivable(c, k.labels) for k in crops))
+    groups = spatial_groups(crops, margin_nm)
+    random.Random(seed).shuffle(groups)
+    validation: list[tuple[Crop, ...]] = []
+    rarity = sorted(classes, key=lambda c: sum(_annotates(g, c) for g in groups))
     for name in rarity:
-        having = [k for k in crops if derivable(name, k.labels)]
-        if len(having) >= 2 and not any(derivable(name, k.labels) for k in validation):
-            pick = min((k for k in having if k not in validation), key=lambda k: len(k.labels), default=None)
-            if pick is not None and len(validation) + 1 < len(crops):
+        having = [g for g in groups if _annotates(g, name)]
+        if len(having) >= 2 and not any(_annotates(g, name) for g in validation):
+            pick = min((g for g in having if g not in validation), key=lambda g: (sum(len(c.labels) for c in g)),
+                       default=None)
+            if pick is not None and _size(validation) + len(pick) < len(crops):
                 validation.append(pick)
-    target = max(1, round(validation_fraction * len(crops))) if len(crops) > 1 else 0
-    for k in crops:
-        if len(validation) >= target:
+    target = max(1, round(validation_fraction * len(crops))) if len(groups) > 1 else 0
+    for g in groups:
+        if _size(validation) >= target:
             break
-        if k not in validation:
-            validation.append(k)
-    chosen = {k.id for k in validation}
-    return [SplitEntry(split="validate" if k.id in chosen else "train", em_url=str(catalog.locate(k.em_url)),
-                       crop_url=str(catalog.locate(k.crop_url)), classes=k.classes)
-            for k in sorted(crops, key=lambda k: k.id)]
+        if g not in validation and _size(validation) + len(g) < len(crops):
+            validation.append(g)
+    roles = assign_roles([[(c.id, c.classes) for c in g] for g in validation], classes,
+                         report_fraction=report_fraction)
+    return [SplitEntry(split="validate" if k.id in roles else "train", em_url=str(catalog.locate(k.em_url)),
+                       crop_url=str(catalog.locate(k.crop_url)), classes=k.classes, role=roles.get(k.id, ""))
+            for k in crops]
+
+
+def assign_roles(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], classes: Sequence[str], *,
+                 report_fraction: float = 0.5) -> dict[int, str]:
+    """Crop id → "tuning" or "report" for validation `groups` of (crop id, annotated classes) (rule in the module
+    docstring)."""
+    role_of: dict[int, str] = {}  # group index → role
+
+    def give(i: int, role: str) -> None:
+        role_of.setdefault(i, role)
+
+    def annotates(group: Sequence[tuple[int, Sequence[str]]], name: str) -> bool:
+        return any(derivable(name, labels) for _, labels in group)
+
+    rarity = sorted(classes, key=lambda c: sum(annotates(g, c) for g in groups))
+    for name in rarity:
+        having = [i for i, g in enumerate(groups) if annotates(g, name)]
+        for role in ROLES if len(having) >= 2 else ROLES[:1]:
+            if not any(role_of.get(i) == role for i in having):
+                free = [i for i in having if i not in role_of]
+                if free:
+                    give(free[0], role)
+    total = _size(groups)
+    for i in range(len(groups)):
+        if i not in role_of:
+            report = sum(len(groups[j]) for j, r in role_of.items() if r == "report")
+            give(i, "report" if report < report_fraction * total else "tuning")
+    return {crop: role_of[i] for i, g in enumerate(groups) for crop, _ in g}
 
 
 def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
@@ -124,12 +213,56 @@ def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
             entries.append(SplitEntry(split=split, em_url=raw, crop_url=crop_url, classes=classes))
     if not entries:
         raise ValueError(f"{path}: no rows")
-    return entries
+    roles = read_roles(Path(path).with_name(ROLES_FILE))
+    return [dataclasses.replace(e, role=roles.get(e.crop_name, "")) if e.split == "validate" else e for e in entries]
+
+
+def read_roles(path: str | os.PathLike[str]) -> dict[str, str]:
+    """crop name → role of a `validation_roles.csv` (empty when the file does not exist).
+
+    Raises:
+        ValueError: a malformed row or an unknown role (the line is named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    roles = {}
+    with open(path, newline="") as fh:
+        for line, row in enumerate(csv.reader(fh), start=1):
+            if not row or row[0].startswith("#") or row == ["crop_name", "role"]:
+                continue
+            if len(row) != 2 or row[1].strip() not in ROLES:
+                raise ValueError(f"{path}, line {line}: expected crop_name,role with role in {ROLES}, got {row}")
+            roles[row[0].strip()] = row[1].strip()
+    return roles
+
+
+def with_roles(entries: Sequence[SplitEntry], catalog: Catalog, classes: Sequence[str], *, margin_nm: float,
+               report_fraction: float = 0.5) -> list[SplitEntry]:
+    """`entries` with a role for every validation crop: kept where given, else assigned by `assign_roles` over
+    the spatial groups of the validation crops (crops the catalogue does not know are groups of their own)."""
+    missing = [e for e in entries if e.split == "validate" and not e.role]
+    if not missing:
+        return list(entries)
+    known = {c.name: c for c in catalog.train.values()}
+    val = {e.crop_name: e for e in entries if e.split == "validate"}
+    located = spatial_groups([known[name] for name in val if name in known], margin_nm)
+    groups = [[(c.id, val[c.name].classes) for c in g] for g in located]
+    groups += [[(crop_id(name), e.classes)] for name, e in val.items() if name not in known]
+    roles = assign_roles(groups, classes, report_fraction=report_fraction)
+    return [dataclasses.replace(e, role=roles[crop_id(e.crop_name)]) if e.split == "validate" and not e.role else e
+            for e in entries]
 
 
 def write_datasplit(entries: Sequence[SplitEntry], path: str | os.PathLike[str]) -> Path:
-    """Write the official 5-column, fully quoted form (atomically)."""
+    """Write the official 5-column, fully quoted form (atomically), and the validation crops' roles beside it
+    (`ROLES_FILE`) when they have any."""
     path = Path(path)
+    roles = [(e.crop_name, e.role) for e in entries if e.split == "validate" and e.role]
+    if roles:
+        tmp_roles = path.with_name(f".{ROLES_FILE}.tmp")
+        tmp_roles.write_text("crop_name,role\n" + "".join(f"{name},{role}\n" for name, role in roles))
+        tmp_roles.replace(path.with_name(ROLES_FILE))
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh, quoting=csv.QUOTE_ALL)

@@ -6,6 +6,7 @@ import numpy as np
 
 from cellseg.classes import get_class
 from cellseg.data.crops import format_vector
+from cellseg.data.split import SplitEntry, write_datasplit
 from cellseg.data.write import write_multiscale
 
 EM_VS, LABEL_VS = (4.0, 4.0, 4.0), (8.0, 8.0, 8.0)
@@ -56,4 +57,9 @@ def write_root(root: Path, *, with_all: bool = True, black_slab: bool = True) ->
     em_rel, gt_rel = f"{ds}/{ds}.zarr/recon-1/em/fibsem-uint8", f"{ds}/{ds}.zarr/recon-1/labels/groundtruth"
     (root / "manifest.csv").write_text("crop_number,collection,alignment,crop_url,em_url\n"
                                        f"1,{ds},recon-1,{gt_rel}/crop1,{em_rel}\n2,{ds},recon-1,{gt_rel}/crop2,{em_rel}\n")
+    # The root's own split (honoured by default, as a real root's datasplit.csv is): crop 1 trains, crop 2
+    # validates. The boxes overlap, so the automatic split would keep them together, on the training side.
+    write_datasplit([SplitEntry(split=split, em_url=str(root / em_rel), crop_url=str(root / gt_rel / f"crop{n}"),
+                                classes=tuple(sorted(name for crop, name, *_ in rows if crop == n)))
+                     for n, split in ((1, "train"), (2, "validate"))], root / "datasplit.csv")
     return root
