@@ -114,6 +114,9 @@ class LabelAnnotation:
         return self.encoding.unknown is not None and (self.counts is None or self.counts.get("unknown", 0) > 0)
 
 
+NO_METADATA = LabelAnnotation(num_voxels=0)  # what a label group without annotation metadata reads as
+
+
 def _annotation_node(attrs: Mapping[str, Any] | None) -> Mapping[str, Any]:
     node = (attrs or {}).get("cellmap")
     node = node.get("annotation") if isinstance(node, Mapping) else None

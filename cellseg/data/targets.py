@@ -25,8 +25,8 @@ known only where the class is read from an id array (a union of atoms carries no
 
 A crop is an immutable value (`CropSource.open` does the I/O once: lists the label groups, reads their annotation
 metadata and drops the arrays that were never annotated, finds the annotated box, checks it against the EM, plans
-every class). Its open array handles live apart, in one
-`CropArrays` per process: pickled into a DataLoader worker it travels empty and re-opens there.
+every class). Its open array handles live apart, in one `CropArrays` per process: pickled into a DataLoader worker
+it travels empty and re-opens there.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cellseg.classes import all_classes, get_class, is_instance, mutually_exclusive
-from cellseg.data.annotation import LabelAnnotation, LabelReads, read_annotation, unannotated_arrays
+from cellseg.data.annotation import (
+    NO_METADATA,
+    LabelAnnotation,
+    LabelReads,
+    read_annotation,
+    unannotated_arrays,
+)
 from cellseg.data.arrays import DEFAULT_CACHE_BYTES, Backend, MultiscaleImage
 from cellseg.data.boundary_cache import BoundaryCache, PackedBits, cache_path, lattice_grid
 from cellseg.data.grid import Grid, Vec3, vec3
@@ -194,7 +200,7 @@ class CropSource:
 
     def annotation(self, name: str) -> LabelAnnotation:
         """The annotation metadata of the label group `name` ("all" included; defaults for a group without)."""
-        return self.notes.get(name) or LabelAnnotation(num_voxels=0)
+        return self.notes.get(name) or NO_METADATA
 
     @property
     def name(self) -> str:
