@@ -360,13 +360,9 @@ def predict_crop(members: Sequence[Member], target: CropTarget, store: Predictio
     started = time.perf_counter()
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, voxel_size)
-<<<<<<< HEAD
+    require_em(em, grid, *(m.window.patch_vox for m in members), what=f"{target.name} ({target.dataset})")
     wanted = set(scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels)
     channels = tuple(c for c in store.channels if c in wanted)  # a routed store holds every band's channels
-=======
-    require_em(em, grid, *(m.window.patch_vox for m in members), what=f"{target.name} ({target.dataset})")
-    channels = scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels
->>>>>>> w-masks
     device = members[0].run.device
     parts = _contributions(members, channels, plan, weights, device)
     if not parts:  # scored on none of the ensemble's channels: an empty crop, as `cellseg predict` writes it
