@@ -2,7 +2,7 @@
 
 Each class channel of the input becomes one output channel: a uint8 0/1 mask for semantic classes, uint32
 object ids for instance classes (their `<class>_boundary` channel, when present, feeds the seeds and is
-not written). `segment_class` chooses the implementation: device "cpu" runs the CPU path (numpy, cc3d,
+not written). `segment_class` (in `native`) chooses the implementation: device "cpu" runs the CPU path (numpy, cc3d,
 scipy), any torch device ("cuda", "cuda:1") the torch path; both give the same arrays.
 """
 
@@ -24,9 +24,8 @@ import numpy as np
 from cellseg.classes import is_instance
 from cellseg.data.grid import Grid
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel
-from cellseg.postprocess.instances import segment_instances
-from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet
-from cellseg.postprocess.semantic import segment_semantic
+from cellseg.postprocess.native import segment_class
+from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
 ALGORITHM = "cellseg.postprocess/1"  # bump when a change alters any output voxel
@@ -48,33 +47,6 @@ def resolve(device: str) -> str:
     if device != "auto" and not device.startswith("cuda"):
         raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
     return str(resolve_device(device))
-
-
-def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None, *,
-                  voxel_size_nm: Sequence[float], params: ClassParams, device: str = "cpu") -> np.ndarray:
-    """One class of one crop: bool mask (semantic) or uint32 ids (instance), on the CPU or a torch device."""
-    if isinstance(params, InstanceParams) != is_instance(class_name):
-        raise ValueError(f"{class_name}: {params.kind} parameters for a class scored as "
-                         f"{'instances' if is_instance(class_name) else 'semantic'}")
-    if device == "cpu":
-        if isinstance(params, InstanceParams):
-            return segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm, params=params)
-        return segment_semantic(prob, voxel_size_nm=voxel_size_nm, params=params)
-    import torch
-
-    from cellseg.postprocess.gpu import segment_instances_torch, segment_semantic_torch, to_numpy_ids
-
-    try:
-        if isinstance(params, InstanceParams):
-            return to_numpy_ids(segment_instances_torch(prob, boundary, voxel_size_nm=voxel_size_nm, params=params,
-                                                        device=device))
-        return segment_semantic_torch(prob, voxel_size_nm=voxel_size_nm, params=params, device=device).cpu().numpy()
-    except torch.OutOfMemoryError:
-        # Same result by construction, only slower: a crop too large for the GPU falls back to the CPU path.
-        log.warning("%s: %s voxels do not fit on %s; using the CPU path", class_name, "×".join(map(str, prob.shape)),
-                    device)
-        torch.cuda.empty_cache()
-        return segment_class(class_name, prob, boundary, voxel_size_nm=voxel_size_nm, params=params, device="cpu")
 
 
 def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
