@@ -232,9 +232,10 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
 
 
 # Bytes per voxel of a class in flight: on the model grid float32 probability and boundary and uint32 ids; per
-# target voxel of a slab (annotation grids), the interpolated probability, gathered ids and masks.
+# target voxel of a slab (annotation grids), its ids and the source planes on the target's (y, x) grid
+# (`cellseg.postprocess.native`, upsampling; a coarser target is smaller than its model grid anyway).
 MODEL_BYTES_PER_VOXEL = 12
-SLAB_BYTES_PER_VOXEL = 20
+SLAB_BYTES_PER_VOXEL = 8
 
 
 def class_workers(voxels: int, slab_voxels: int = 0) -> int:
