@@ -189,7 +189,8 @@ def project(rates: dict[str, Any], path: dict[str, Any], real: dict[str, Any], *
 
 def markdown(doc: dict[str, Any]) -> str:
     r, p, j = doc["decoder"], doc["path"], doc["projection"]
-    lines = [f"# Decoding on the annotation grid ({doc['machine']}, {doc['date']})", "",
+    lines = [f"# Decoding on the annotation grid ({doc['machine']}, load average "
+             f"{doc['load_average'][0]:.1f}, {doc['date']})", "",
              f"{doc['size']}³ at 8 nm → {doc['size'] * doc['factor']}³ at {8 / doc['factor']:g} nm.", "",
              "| class | model-grid decoding s | refinement s (first / warm) | s per G target voxels (first / warm) |",
              "|---|---|---|---|"]
@@ -232,7 +233,7 @@ def main() -> None:
     doc = {"size": args.size, "factor": args.factor, "decoder": rates, "path": path, "real_test_set": real,
            "projection": project(rates, path, real, host_threads=args.host_threads, submit_rate=args.submit_rate),
            "machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()})",
-           "python": platform.python_version(), "numpy": np.__version__,
+           "python": platform.python_version(), "numpy": np.__version__, "load_average": os.getloadavg(),
            "date": datetime.date.today().isoformat()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,10 @@ Steps (what `scripts/demo.sh` does, through the library):
    against the truth of the scored crops (the test crops' held-out truth and the validation crops' labels,
    built as `cellseg report` builds it);
 5. the per-crop scores are pooled per annotation voxel size with each era's own rule
-   (`cellseg.eval.crop_score.combine`), and over all crops.
+   (`cellseg.eval.crop_score.combine`), and over all crops;
+6. the same for ideal probabilities: each truth label of the scored crops (every tested class it has), its
+   area fraction on the ensemble's 8 nm grid, as a probability store decoded both ways: what the decoding alone
+   changes, whatever the models' quality.
 Writes `OUT.json` and `OUT.md` (the table), and keeps the work in `OUT_work/` (reused by a re-run).
 """
 
@@ -97,7 +100,51 @@ def ensemble_store(work: Path, runs: list[Path], *, tta: int) -> Any:
     return ensemble(members, out, weights="uniform").store
 
 
-def score(work: Path, prob: Any, root: Path) -> dict[str, Any]:
+def truth_store(path: Path, crops: list[str], classes: Any, root: Path) -> Path:
+    """The truth of `crops` in the evaluator's layout, as `cellseg report` builds it (built once)."""
+    from cellseg.report.truth import build_truth
+
+    if not path.is_dir():
+        build_truth(path, crops, classes, root)
+    return path
+
+
+def oracle_store(work: Path, prob: Any, truth: Path) -> Any:
+    """Ideal probabilities on the ensemble's grids: each truth label's area fraction (step 6)."""
+    import numpy as np
+    import zarr
+
+    from cellseg.classes import is_instance
+    from cellseg.data.crops import Geometry
+    from cellseg.eval.submit import read_single_scale
+    from cellseg.infer.store import PredictionStore
+
+    out = work / "oracle.zarr"
+    if out.is_dir():
+        return PredictionStore.open(out)
+    crops = {c.name: sorted(p.name for p in c.iterdir() if (p / ".zarray").is_file())
+             for c in sorted(truth.iterdir()) if c.is_dir() and not c.name.startswith(".")}
+    classes = sorted({label for labels in crops.values() for label in labels})
+    store = PredictionStore.create(out, kind="probabilities", channels=classes,
+                                   instance_channels=[c for c in classes if is_instance(c)],
+                                   provenance=dict(prob.provenance))
+    for crop, labels in crops.items():
+        grid = prob.grid(crop)
+        target = Geometry(voxel_size_nm=grid.voxel_size_nm, translation_nm=grid.translation_nm,
+                          shape_vox=grid.shape_vox)
+        writer = store.crop_writer(crop, grid, channels=labels)
+        for label in labels:
+            array = zarr.open_array(str(truth / crop / label), mode="r")
+            mask = (np.asarray(array[...]) > 0).astype(np.float32)
+            step = grid.voxel_size_nm[0] / float(array.attrs["voxel_size"][0])
+            writer.write(label, read_single_scale(mask, tuple(array.attrs["voxel_size"]),
+                                                  tuple(array.attrs["translation"]), target,
+                                                  "area" if step > 1 else "linear").astype(np.float32))
+        writer.commit({**prob.crop_attrs(crop), "oracle": True})
+    return store
+
+
+def score(work: Path, prob: Any, truth: Path, tag: str) -> dict[str, Any]:
     """Per mode and era: the evaluation's per-crop scores (step 4)."""
     from cellseg.eval.io import open_source
     from cellseg.eval.score import evaluate
@@ -105,17 +152,13 @@ def score(work: Path, prob: Any, root: Path) -> dict[str, Any]:
     from cellseg.eval.validate import crops_from_truth
     from cellseg.postprocess.apply import postprocess_store
     from cellseg.postprocess.params import ParamSet
-    from cellseg.report.truth import build_truth
 
-    truth = work / "truth.zarr"
-    if not truth.is_dir():
-        build_truth(truth, prob.completed(), prob.classes, root)
     crops = crops_from_truth(open_source(truth))
     out: dict[str, Any] = {}
     for mode in MODES:
-        seg = postprocess_store(prob, work / f"seg_{mode}.zarr", params=ParamSet(), device="cpu", progress=False,
-                                grid=mode)
-        submission = work / f"submission_{mode}.zip"
+        seg = postprocess_store(prob, work / f"seg_{tag}_{mode}.zarr", params=ParamSet(), device="cpu",
+                                progress=False, grid=mode)
+        submission = work / f"submission_{tag}_{mode}.zip"
         write_submission(seg.path, crops, submission, overwrite=True)
         out[mode] = {era: evaluate(submission, truth, metric=era).crop_scores for era in ERAS}
     return out
@@ -163,24 +206,32 @@ def _fmt(value: float | None) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """The table of OUT.md: overall / semantic / instance scores per band, era and mode."""
+    """The tables of OUT.md: overall / semantic / instance scores per band, era and mode; per class."""
     lines = [f"Decoded on the model grid (then nearest-upsampled) vs on the annotation grid: {doc['preset']} preset, "
              f"seed {doc['seed']}, models {', '.join(doc['models'])}, TTA {doc['tta']}, uniform ensemble, default "
-             "post-processing parameters.", "",
-             "| crop voxel size (nm) | crops | era | overall: model → annotation | semantic | instance |",
+             "post-processing parameters.", ""]
+    lines += _tables(doc["bands"], "the models' ensemble")
+    lines += ["", "The same with ideal probabilities (each truth label's area fraction on the model's 8 nm grid: what "
+              "the decoding alone changes, for every class with truth):", ""]
+    lines += _tables(doc["oracle_bands"], "ideal probabilities")
+    return "\n".join(lines) + "\n"
+
+
+def _tables(bands: dict[str, Any], what: str) -> list[str]:
+    lines = [f"| crop voxel size (nm) | crops | era | overall: model → annotation ({what}) | semantic | instance |",
              "|---|---|---|---|---|---|"]
-    for band, row in doc["bands"].items():
+    for band, row in bands.items():
         for era in ERAS:
             m, a = row[f"model_{era}"], row[f"annotation_{era}"]
             cells = [f"{_fmt(m[k])} → {_fmt(a[k])}" for k in ("overall_score", "overall_semantic_score",
                                                               "overall_instance_score")]
             lines.append(f"| {band} | {len(row['crops'])} | {era} | " + " | ".join(cells) + " |")
-    lines += ["", "Per class (2026, all crops; IoU for semantic classes, combined score for instance classes):", "",
-              "| class | model grid | annotation grid |", "|---|---|---|"]
-    everything = doc["bands"]["all"]
+    lines += ["", f"Per class ({what}; 2026, all crops; IoU for semantic classes, combined score for instance "
+              "classes):", "", "| class | model grid | annotation grid |", "|---|---|---|"]
+    everything = bands["all"]
     for name, value in sorted(everything["model_2026"]["classes"].items()):
         lines.append(f"| {name} | {_fmt(value)} | {_fmt(everything['annotation_2026']['classes'][name])} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -190,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--data", help="an existing synthetic data root instead of generating one")
     parser.add_argument("--quick", action="store_true", help="tiny preset, two smoke models, 2 steps, no TTA")
     args = parser.parse_args(argv)
+    from cellseg.classes import tested_classes
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = Path(args.out)
     work = out.parent / f"{out.name}_work"
@@ -198,13 +251,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(args.data) if args.data else make_data(work, preset=preset, seed=args.seed)
     runs = train_runs(work, root, quick=args.quick)
     prob = ensemble_store(work, runs, tta=tta)
-    crop_scores = score(work, prob, root)
+    truth = truth_store(work / "truth.zarr", prob.completed(), prob.classes, root)
+    crop_scores = score(work, prob, truth, "ensemble")
+    oracle_truth = truth_store(work / "truth_all.zarr", prob.completed(), tested_classes(), root)
+    oracle_scores = score(work, oracle_store(work, prob, oracle_truth), oracle_truth, "oracle")
     import numpy as np
     import torch
 
-    doc = {"preset": preset, "seed": args.seed, "data": str(root), "models": [r.name for r in runs], "tta": tta,
-           "bands": _finite(pool(crop_scores)),
+    doc: dict[str, Any] = {"preset": preset, "seed": args.seed, "data": str(root), "models": [r.name for r in runs], "tta": tta,
+           "bands": _finite(pool(crop_scores)), "oracle_bands": _finite(pool(oracle_scores)),
            "machine": f"{platform.node()} ({os.cpu_count()} cores)", "python": platform.python_version(),
+           "load_average": os.getloadavg(),
            "numpy": np.__version__, "torch": torch.__version__, "date": datetime.date.today().isoformat()}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))

@@ -20,6 +20,12 @@ The rule (`decode_coarse`, then `refine` per z-slab of T):
    removed voxel, `G(c) = 0`.
 3. On T: `fg(x) = lin(p)(x) > t  or  added(n(x))`, and the result is `G(n(x))` where fg, 0 elsewhere
    (semantic classes: `G(n(x)) > 0`).
+4. Instance classes: no object is lost. An object that has target voxels under nearest upsampling but would
+   keep none of them in step 3 (all its probability barely above t, so that the interpolation stays under
+   it) keeps its nearest-upsampled voxels: they join `added` before step 3 (`keep_every_object`). An object
+   with a *sure* voxel (`added`, or p above t by a margin of 2^-20 on its whole 26-neighbourhood, so that
+   every interpolation there exceeds t) cannot vanish; only the others are checked, by refining the target
+   planes they span once.
 
 Why this is the right rule:
 - *With the post-ops off, a semantic class is exactly `lin(p) > t`.* `lin(p)(x)` is a convex combination
@@ -28,16 +34,17 @@ Why this is the right rule:
   rounding lifts an interpolated value one ulp above t.)
 - *On the source grid itself it is `segment_class`, voxel for voxel:* n(x) = x and lin(p) = p, so
   fg = m ∪ added, G = L on that set and 0 on the removed voxels.
-- *Objects are never merged and never split into several ids:* every target voxel takes the single id of
-  G at one source voxel, and G only carries ids of L, each grown into plain background only; objects that
-  the source decoding separated (also touching ones) keep their own ids and the boundary between them
-  stays where the source decoding put it, a source voxel wide. What the refinement changes is each
-  object's outer surface, which now follows the interpolated probability with sub-voxel precision
-  (smooth instead of a staircase), and a voxel a post-op removed stays removed.
+- *Objects are never merged, never lost and never split into several ids:* every target voxel takes the
+  single id of G at one source voxel, and G only carries ids of L, each grown into plain background only;
+  objects that the source decoding separated (also touching ones) keep their own ids and the boundary
+  between them stays where the source decoding put it, a source voxel wide; step 4 keeps every object.
+  What the refinement changes is each object's outer surface, which now follows the interpolated
+  probability with sub-voxel precision (smooth instead of a staircase), and a voxel a post-op removed
+  stays removed.
 - *What it cannot promise:* the target voxels of an object are those where `lin(p) > t`, so a part of an
-  object thinner than about one source voxel whose probability barely exceeds t (a diagonal bridge, a lone
-  voxel) can thin out, detach (the evaluators' connected components then count two objects) or vanish,
-  exactly as when the evaluator itself resamples a probability linearly and thresholds it.
+  object thinner than about one source voxel whose probability barely exceeds t (a diagonal bridge) can
+  thin out or detach (the evaluators' connected components then count two objects), exactly as when the
+  evaluator itself resamples a probability linearly and thresholds it.
 
 Memory: the source-grid decoding (`segment_class`: a few volumes of the source grid) plus, for one z-slab of
 the target, its result (1 byte a voxel for a mask, 4 for ids) and the source planes it reads brought onto the
@@ -50,6 +57,7 @@ decoding on any device.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -129,6 +137,14 @@ class CoarseDecoding:
     added: np.ndarray | None
     instance: bool
     num_objects: int
+
+    def labels(self) -> np.ndarray:
+        """L, the source decoding's ids (instance classes): G on the voxels of `p > t` or `added` (the removed
+        ones hold 0 in G), 0 on the one-voxel growth."""
+        inside = self.prob > self.threshold
+        if self.added is not None:
+            inside |= self.added
+        return np.where(inside, self.owner, 0).astype(np.uint32)  # type: ignore[arg-type]
 
 
 def _grow_once(labels: np.ndarray, into: np.ndarray) -> np.ndarray:
@@ -281,14 +297,55 @@ def slab_planes(target: Grid, slab_voxels: int = SLAB_VOXELS, multiple: int = 1)
     return planes - planes % multiple if planes >= multiple else planes
 
 
+SURE_MARGIN = 2.0**-20  # p this far above t on a whole 26-neighbourhood survives float32 interpolation
+
+
+def keep_every_object(coarse: CoarseDecoding, maps: Sequence[AxisMap], *, planes: int | None = None
+                      ) -> CoarseDecoding:
+    """Step 4 of the module docstring: `coarse` with the voxels of objects the refinement would lose added."""
+    from scipy.ndimage import find_objects, minimum_filter
+
+    if not coarse.instance or coarse.num_objects == 0:
+        return coarse
+    labels = coarse.labels()
+    hit = np.ix_(*(np.unique(m.nearest) for m in maps))  # source voxels some target voxel is nearest to
+    sure = minimum_filter(coarse.prob, size=3, mode="nearest") > coarse.threshold + SURE_MARGIN
+    if coarse.added is not None:
+        sure |= coarse.added
+    on_target = labels[hit]
+    at_risk = np.zeros(coarse.num_objects + 1, bool)
+    at_risk[on_target] = True
+    at_risk[on_target[sure[hit]]] = False
+    at_risk[0] = False
+    if not at_risk.any():
+        return coarse
+    boxes = find_objects(labels)
+    z_lo = min(boxes[k - 1][0].start for k in np.flatnonzero(at_risk))
+    z_hi = max(boxes[k - 1][0].stop for k in np.flatnonzero(at_risk))
+    rows = np.flatnonzero((maps[0].nearest >= z_lo) & (maps[0].nearest < z_hi))
+    kept = np.zeros(coarse.num_objects + 1, bool)
+    step = planes or max(1, SLAB_VOXELS // (maps[1].lo.size * maps[2].lo.size))
+    for z0 in range(int(rows.min()), int(rows.max()) + 1, step):
+        ids = refine(coarse, maps, z0, min(z0 + step, int(rows.max()) + 1))
+        kept |= np.bincount(ids.ravel(), minlength=kept.size).astype(bool)
+    lost = at_risk & ~kept
+    if not lost.any():
+        return coarse
+    restore = lost[labels]
+    added = restore if coarse.added is None else coarse.added | restore
+    return dataclasses.replace(coarse, added=added)
+
+
 def iter_decode(coarse: CoarseDecoding, source: Grid, target: Grid, *, planes: int | None = None
                 ) -> Iterator[tuple[int, np.ndarray]]:
     """(first plane, slab) pairs covering the target grid in z order; concatenated, they equal the one-shot
-    `refine` voxel for voxel (every voxel is computed by the same operations either way)."""
+    `decode_on_grid` voxel for voxel (step 4 is decided before the first slab, and every voxel is computed by
+    the same operations either way)."""
     if coarse.prob.shape != tuple(source.shape_vox):
         raise ValueError(f"probability shape {coarse.prob.shape} differs from the source grid's {source.shape_vox}")
     maps = axis_maps(source, target)
     planes = planes or slab_planes(target)
+    coarse = keep_every_object(coarse, maps, planes=planes)
     for z0 in range(0, target.shape_vox[0], planes):
         yield z0, refine(coarse, maps, z0, min(z0 + planes, target.shape_vox[0]))
 
@@ -305,4 +362,5 @@ def decode_on_grid(class_name: str, prob: np.ndarray, boundary: np.ndarray | Non
     """
     coarse = decode_coarse(class_name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params,
                            device=device)
-    return refine(coarse, axis_maps(source, target))
+    maps = axis_maps(source, target)
+    return refine(keep_every_object(coarse, maps), maps)
