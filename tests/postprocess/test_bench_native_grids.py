@@ -22,6 +22,7 @@ def test_quick_run_scores_both_grids_per_voxel_size(tiny_synth_root: Path, tmp_p
     load("native_grids").main(["--quick", "--data", str(tiny_synth_root), "--out", str(out)])
     doc = json.loads(out.with_suffix(".json").read_text())
     assert doc["tta"] == 1 and doc["models"] == ["unet_3d", "resnet_3d"]
+    assert set(doc["oracle_bands"]) == set(doc["bands"])  # ideal probabilities: the same crops
     bands = doc["bands"]
     assert "all" in bands and "4×4×4" in bands and "16×16×16" in bands  # test crops at 4 and 16 nm
     assert len(bands["all"]["crops"]) == sum(len(b["crops"]) for k, b in bands.items() if k != "all")
@@ -29,7 +30,7 @@ def test_quick_run_scores_both_grids_per_voxel_size(tiny_synth_root: Path, tmp_p
         for key in ("model_2025", "model_2026", "annotation_2025", "annotation_2026"):
             assert set(row[key]) == {"overall_score", "overall_instance_score", "overall_semantic_score", "classes"}
     assert "| all | " in out.with_suffix(".md").read_text()
-    seg = tmp_path / "native_grids_work" / "seg_annotation.zarr" / "crop501" / ".zattrs"
+    seg = tmp_path / "native_grids_work" / "seg_ensemble_annotation.zarr" / "crop501" / ".zattrs"
     assert json.loads(seg.read_text())["cellseg_crop"]["grid"]["voxel_size_nm"] == [4.0, 4.0, 4.0]
 
 
