@@ -69,7 +69,7 @@ def probe_crops(segmentation: Path) -> dict[int, Crop]:
     from cellseg.infer.store import PredictionStore
 
     store = PredictionStore.open(segmentation)
-    name = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox))
+    name = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox) * math.prod(store.grid(c).voxel_size_nm))
     grid = store.grid(name)
     probe = Geometry(voxel_size_nm=(PROBE_VOXEL_NM,) * 3,
                      translation_nm=tuple(t + (PROBE_VOXEL_NM - v) / 2 for t, v in  # type: ignore[arg-type]

@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
               <class>_boundary channel, seeded growth, hole filling, small-object removal; the algorithm is
               stated in cellseg/postprocess/instances.py). Boundary channels are not written.
             The CPU path (numpy, cc3d, scipy) and the GPU path (torch) give identical arrays.
+            With --grid annotation (default) each class is written on its crop's annotation grid (test crops: the
+            test manifest; training crops: the label arrays' s0): the probability is interpolated linearly there and
+            the objects decoded on the model grid keep their ids (cellseg/postprocess/native.py); --grid model
+            writes the model's grid, which `cellseg submit` then upsamples by nearest neighbour.
 
             Parameters come from --params (a JSON file written by --tune-on), else the defaults (threshold 0.5,
             no seed erosion, no size filter). With --tune-on, every class is first tuned on crops with truth in
@@ -56,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="with --tune-on: the scoring era to tune for (default 2026)")
     option(parser, "--device", key="postprocess.device", metavar="auto|cpu|cuda",
            help="cpu: the numpy/cc3d path; cuda[:N]: the torch path on a GPU; auto (default): cuda when available")
+    option(parser, "--grid", key="postprocess.grid", choices=("annotation", "model"),
+           help="write each class on its crop's annotation grid (default) or on the model's grid")
+    option(parser, "--data-root", key="postprocess.data_root", metavar="DATA_ROOT",
+           help="with --grid annotation: the data root giving the crops' grids (default: --tune-on's, else the one "
+                "the store records)")
     option(parser, "--overwrite", key="overwrite", action="store_true",
            help="replace an existing OUT (and the params file)")
     parser.set_defaults(func=run)
@@ -99,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
         params = ParamSet()
     try:
         seg = postprocess_store(pred, job.out, params=params, device=device, overwrite=job.overwrite,
-                                progress=progress)
+                                progress=progress, grid=pp.grid, data_root=pp.data_root or pp.tune_on)
     except FileExistsError as err:
         raise ValueError(str(err)) from None
-    print(f"wrote {seg.path}: {len(seg.completed())} crops, {len(seg.channels)} classes ({device})")
+    print(f"wrote {seg.path}: {len(seg.completed())} crops, {len(seg.channels)} classes ({device}, {pp.grid} grid)")
     return 0
 
 

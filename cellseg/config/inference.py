@@ -238,6 +238,11 @@ class PostprocessConfig:
         metric: with `tune_on`: the scoring era to tune for, "2026" (current) or "2025".
         device: "cpu" (numpy, cc3d and scipy), "cuda" or "cuda:N" (torch on a GPU; identical output) or "auto"
             (CUDA when available).
+        grid: where the segmentation is written: "annotation" (each crop's label grids, e.g. 2 nm: the probability
+            interpolated linearly and decoded there, cellseg/postprocess/native.py) or "model" (the probability
+            store's grid; `cellseg submit` then upsamples it by nearest neighbour).
+        data_root: with grid "annotation": the data root whose manifests and label arrays give the grids (null:
+            `tune_on`, else the one the probability store records).
     """
 
     params: str | None = None
@@ -245,6 +250,8 @@ class PostprocessConfig:
     crops: str | int | None = None
     metric: Literal["2025", "2026"] = "2026"
     device: str = "auto"
+    grid: Literal["annotation", "model"] = "annotation"
+    data_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.crops is not None:
@@ -256,6 +263,8 @@ class PostprocessConfig:
                f"postprocess.metric={self.metric!r} (--metric): choose '2025' or '2026'")
         _check(self.device in ("auto", "cpu") or _CUDA_DEVICE.fullmatch(self.device) is not None,
                f"postprocess.device={self.device!r} (--device): choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        _check(self.grid in ("annotation", "model"),
+               f"postprocess.grid={self.grid!r} (--grid): choose 'annotation' or 'model'")
 
     def crop_ids(self) -> list[str] | None:
         """The tuning crops as a list of ids (None: every crop of the store with truth)."""

@@ -6,6 +6,10 @@ Layout (a zarr v2 directory, readable by zarr, tensorstore, neuroglancer and `ce
     PRED.zarr/crop<N>/.zattrs         {"cellseg_crop": {"grid": {...}, "dataset": ..., ...}}
     PRED.zarr/crop<N>/<channel>/      OME-NGFF 0.4 multiscale group, `s0` (z, y, x) on the crop's grid
 
+A channel may lie on its own grid (a segmentation decoded on each label's annotation grid, where the labels
+of a crop differ): the crop's `.zattrs` then list it under "channel_grids" ({channel: grid}); `grid(crop,
+channel)` answers for either. Stores without that entry have one grid per crop.
+
 `kind` is "probabilities" (float16 in [0, 1], or uint8 holding round(255 p) when written quantised) or
 "segmentation" (uint8 {0, 1} for semantic classes, uint32 object ids for instance classes: never
 wrapped). `channels` are the class names, followed by auxiliary channels such as `mito_boundary`. A crop
@@ -156,23 +160,26 @@ class PredictionStore:
         except FileNotFoundError as err:
             raise KeyError(f"{self.path}: no crop {crop!r} (written: {self.completed()})") from err
 
-    def grid(self, crop: str) -> Grid:
-        """The world-space grid of the crop's arrays."""
-        return grid_from_json(self.crop_attrs(crop)["grid"])
+    def grid(self, crop: str, channel: str | None = None) -> Grid:
+        """The world-space grid of the crop's arrays, or of one channel (its own grid when it has one)."""
+        attrs = self.crop_attrs(crop)
+        own = attrs.get("channel_grids", {}).get(channel) if channel is not None else None
+        return grid_from_json(own or attrs["grid"])
 
     def write_crop(self, crop: str, grid: Grid, arrays: Mapping[str, np.ndarray], *,
                    attrs: Mapping[str, Any] | None = None, overwrite: bool = False,
-                   chunks: Sequence[int] | None = None) -> None:
+                   chunks: Sequence[int] | None = None, grids: Mapping[str, Grid] | None = None) -> None:
         """Write every channel of one crop at once, atomically (`crop_writer` for channel- or block-wise writes).
 
         Args:
             crop: group name, e.g. "crop234".
             grid: world grid of the arrays (translation = centre of voxel 0).
-            arrays: channel → (z, y, x) array of `grid.shape_vox`; exactly the store's channels. Probability
+            arrays: channel → (z, y, x) array of its grid's shape; exactly the store's channels. Probability
                 stores take float16/float32 in [0, 1] (stored as float16) or uint8 (stored as is);
                 segmentation stores take bool/uint8 masks and uint32 ids for instance channels.
             attrs: extra crop attributes (e.g. dataset, timings).
             overwrite: replace the crop if it exists.
+            grids: channels on their own grid (the others lie on `grid`).
 
         Raises:
             ValueError: wrong channel set, shape or dtype.
@@ -180,17 +187,19 @@ class PredictionStore:
         """
         if set(arrays) != set(self.channels):
             raise ValueError(f"{self.path}/{crop}: got channels {sorted(arrays)}, the store holds {list(self.channels)}")
+        grids = dict(grids or {})
         for name, data in arrays.items():
-            if np.shape(data) != tuple(grid.shape_vox):
-                raise ValueError(f"{self.path}/{crop}/{name}: shape {np.shape(data)} differs from the grid's "
-                                 f"{tuple(grid.shape_vox)}")
-        writer = self.crop_writer(crop, grid, overwrite=overwrite, chunks=chunks)
+            shape = tuple(grids.get(name, grid).shape_vox)
+            if np.shape(data) != shape:
+                raise ValueError(f"{self.path}/{crop}/{name}: shape {np.shape(data)} differs from the grid's {shape}")
+        writer = self.crop_writer(crop, grid, overwrite=overwrite, chunks=chunks, grids=grids)
         for name in self.channels:
             writer.write(name, arrays[name])
         writer.commit(attrs)
 
     def crop_writer(self, crop: str, grid: Grid, *, key: str = "", overwrite: bool = False,
-                    chunks: Sequence[int] | None = None, channels: Sequence[str] | None = None) -> CropWriter:
+                    chunks: Sequence[int] | None = None, channels: Sequence[str] | None = None,
+                    grids: Mapping[str, Grid] | None = None) -> CropWriter:
         """A writer of one crop, channel by channel and region by region (`CropWriter`).
 
         Args:
@@ -199,9 +208,11 @@ class PredictionStore:
             key: what the content depends on (e.g. checkpoint and prediction settings): a partial crop left
                 by a killed writer with the same key and grid is resumed, any other one discarded.
             overwrite: replace the crop, when it exists, at `commit`.
+            grids: channels on their own grid, other than `grid` (the crop's, which the others lie on).
 
         Raises:
             FileExistsError: the crop exists and `overwrite` is not given (raised now, before any work).
+            ValueError: channels not of the store, or grids of channels the crop does not hold.
         """
         if crop in self and not overwrite:
             raise FileExistsError(f"{self.path}/{crop} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -209,8 +220,12 @@ class PredictionStore:
         if [c for c in self.channels if c in subset] != list(subset):
             raise ValueError(f"{self.path}/{crop}: channels {list(subset)} are not the store's "
                              f"{list(self.channels)} (or a subset in its order)")
+        own = {c: g for c, g in (grids or {}).items() if g != grid}
+        if set(own) - set(subset):
+            raise ValueError(f"{self.path}/{crop}: grids given for {sorted(set(own) - set(subset))}, which the crop "
+                             f"does not hold ({list(subset)})")
         return CropWriter(self, crop, grid, key=key, chunks=tuple(chunks or (DEFAULT_CHUNK,) * 3),
-                          overwrite=overwrite, channels=subset)
+                          overwrite=overwrite, channels=subset, grids=own)
 
     def crop_channels(self, crop: str) -> tuple[str, ...]:
         """The channels a crop holds: all the store's, or the subset it was written with."""
@@ -262,22 +277,26 @@ class CropWriter:
     """One crop being written into the hidden group `.<crop>.partial`, renamed to `<crop>` by `commit`.
 
     Channels are written whole or region by region (`write` with an offset), so a crop never has to be held
-    in memory at once. `mark_done` records finished work units (e.g. prediction blocks) in the partial group;
+    in memory at once; a channel of `grids` lies on its own grid, the others on `grid`. `mark_done` records finished work units (e.g. prediction blocks) in the partial group;
     a later writer with the same key, grid and chunks resumes them (`done`), any other partial is discarded.
     A crop that exists under its own name is therefore always complete.
     """
 
     def __init__(self, store: PredictionStore, crop: str, grid: Grid, *, key: str, chunks: tuple[int, ...],
-                 overwrite: bool, channels: tuple[str, ...]) -> None:
+                 overwrite: bool, channels: tuple[str, ...], grids: Mapping[str, Grid] | None = None) -> None:
         self.store, self.crop, self.grid, self.overwrite, self.channels = store, crop, grid, overwrite, channels
+        self.grids = dict(grids or {})
         self.path = store.path / f".{crop}{PARTIAL_SUFFIX}"
         sweep_stale(store.path / crop)  # a replaced crop that a killed writer did not finish removing
         self._chunks = chunks
         self._progress: dict[str, Any] = {"grid": grid_to_json(grid), "key": key, "chunks": list(chunks),
                                           "channels": list(channels), "done": []}
+        if self.grids:
+            self._progress["channel_grids"] = {c: grid_to_json(g) for c, g in self.grids.items()}
         self._arrays: dict[str, Any] = {}
         previous = self._read_progress()
-        if previous is not None and all(previous.get(k) == self._progress[k] for k in ("grid", "key", "chunks", "channels")):
+        same = ("grid", "key", "chunks", "channels", "channel_grids")
+        if previous is not None and all(previous.get(k) == self._progress.get(k) for k in same):
             self._progress["done"] = list(previous["done"])
         elif self.path.exists():
             shutil.rmtree(self.path)  # another key or grid, or no progress record: start over
@@ -285,6 +304,10 @@ class CropWriter:
             self.path.mkdir(parents=True)
             (self.path / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
             self._save_progress()
+
+    def grid_of(self, channel: str) -> Grid:
+        """The grid `channel` is written on."""
+        return self.grids.get(channel, self.grid)
 
     @property
     def done(self) -> frozenset[str]:
@@ -302,7 +325,7 @@ class CropWriter:
         if channel not in self.channels:
             raise ValueError(f"{where}: not a channel of this crop ({list(self.channels)})")
         data = np.asarray(data)
-        shape = tuple(self.grid.shape_vox)
+        shape = tuple(self.grid_of(channel).shape_vox)
         if data.ndim != 3 or len(offset) != 3 or any(
                 o < 0 or o + n > s for o, n, s in zip(offset, data.shape, shape, strict=True)):
             raise ValueError(f"{where}: region {data.shape} at {tuple(offset)} is not inside the grid {shape}")
@@ -339,6 +362,8 @@ class CropWriter:
         meta: dict[str, Any] = {"cellseg_crop": {"grid": grid_to_json(self.grid), **dict(attrs or {})}}
         if self.channels != self.store.channels:
             meta["cellseg_crop"]["channels"] = list(self.channels)
+        if self.grids:
+            meta["cellseg_crop"]["channel_grids"] = {c: grid_to_json(g) for c, g in self.grids.items()}
         (self.path / ".zattrs").write_text(json.dumps(meta, indent=2))  # the marker of a complete crop
         final = self.store.path / self.crop
         if final.exists() and not self.overwrite:
@@ -355,9 +380,10 @@ class CropWriter:
             else:
                 if group.exists():
                     shutil.rmtree(group)
+                grid = self.grid_of(channel)
                 self._arrays[channel] = create_multiscale_level(
-                    group, self.grid.shape_vox, dtype, voxel_size_nm=self.grid.voxel_size_nm,
-                    translation_nm=self.grid.translation_nm, chunks=self._chunks)
+                    group, grid.shape_vox, dtype, voxel_size_nm=grid.voxel_size_nm,
+                    translation_nm=grid.translation_nm, chunks=self._chunks)
         return self._arrays[channel]
 
     def _read_progress(self) -> dict[str, Any] | None:

@@ -2,8 +2,10 @@
 
 - `instances` (algorithm + CPU path), `semantic` (CPU path), `morphology` (CPU building blocks),
   `gpu` (the same algorithm in torch, CPU or CUDA tensors), `spec` (the exact shared quantities);
+- `native`: one class decoded on another grid than the model's (a crop's annotation grid), `annotation`: where
+  each (crop, label) is annotated;
 - `params`: per-class parameters and their JSON file; `tune`: grid search on validation crops against
-  the challenge metric; `apply`: a probability store → a segmentation store.
+  the challenge metric; `apply`: a probability store → a segmentation store (on the annotation grids by default).
 
 Example:
     >>> from cellseg.postprocess import InstanceParams, segment_instances

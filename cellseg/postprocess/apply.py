@@ -2,8 +2,15 @@
 
 Each class channel of the input becomes one output channel: a uint8 0/1 mask for semantic classes, uint32
 object ids for instance classes (their `<class>_boundary` channel, when present, feeds the seeds and is
-not written). `segment_class` chooses the implementation: device "cpu" runs the CPU path (numpy, cc3d,
-scipy), any torch device ("cuda", "cuda:1") the torch path; both give the same arrays.
+not written). `segment_class` (`cellseg.postprocess.native`) chooses the implementation: device "cpu" runs
+the CPU path (numpy, cc3d, scipy), any torch device ("cuda", "cuda:1") the torch path; both give the same
+arrays.
+
+Where the output lies (`grid`):
+- "annotation" (default): each (crop, class) on its annotation grid (`cellseg.postprocess.annotation`), decoded
+  there by `cellseg.postprocess.native` (probability interpolated linearly, ids of the model-grid decoding),
+  in z-slabs; a channel whose grid differs from the crop's is stored with its own (`PredictionStore.grid`);
+- "model": on the probability's own grid, as the model predicted it (`cellseg submit` then nearest-upsamples).
 """
 
 from __future__ import annotations
@@ -15,24 +22,29 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from cellseg.classes import is_instance
+from cellseg.data.crops import Crop
 from cellseg.data.grid import Grid
-from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel
-from cellseg.postprocess.instances import segment_instances
-from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet
-from cellseg.postprocess.semantic import segment_semantic
+from cellseg.data.write import DEFAULT_CHUNK
+from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
+from cellseg.postprocess.annotation import AnnotationGrids, most_common
+from cellseg.postprocess.native import SLAB_VOXELS, decode_coarse, iter_decode, segment_class, slab_planes
+from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
 ALGORITHM = "cellseg.postprocess/1"  # bump when a change alters any output voxel
+DECODER = "cellseg.postprocess.native/1"  # the same for the decoding on annotation grids
+GridMode = Literal["annotation", "model"]
+GRID_MODES: tuple[str, ...] = ("annotation", "model")
 CLASS_MEMORY_BYTES = 32 * 2**30  # host memory the classes in flight may use (as the ensemble's channels)
 MAX_CLASS_THREADS = 8  # classes of a crop read, segmented and written at once
-_GPU_LOCK = threading.Lock()  # one class at a time on a GPU: its temporaries are several volumes of the crop
+_GPU_LOCK = threading.Lock()  # see `_device_lock`
 
 
 def resolve(device: str) -> str:
@@ -48,33 +60,6 @@ def resolve(device: str) -> str:
     if device != "auto" and not device.startswith("cuda"):
         raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
     return str(resolve_device(device))
-
-
-def segment_class(class_name: str, prob: np.ndarray, boundary: np.ndarray | None, *,
-                  voxel_size_nm: Sequence[float], params: ClassParams, device: str = "cpu") -> np.ndarray:
-    """One class of one crop: bool mask (semantic) or uint32 ids (instance), on the CPU or a torch device."""
-    if isinstance(params, InstanceParams) != is_instance(class_name):
-        raise ValueError(f"{class_name}: {params.kind} parameters for a class scored as "
-                         f"{'instances' if is_instance(class_name) else 'semantic'}")
-    if device == "cpu":
-        if isinstance(params, InstanceParams):
-            return segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm, params=params)
-        return segment_semantic(prob, voxel_size_nm=voxel_size_nm, params=params)
-    import torch
-
-    from cellseg.postprocess.gpu import segment_instances_torch, segment_semantic_torch, to_numpy_ids
-
-    try:
-        if isinstance(params, InstanceParams):
-            return to_numpy_ids(segment_instances_torch(prob, boundary, voxel_size_nm=voxel_size_nm, params=params,
-                                                        device=device))
-        return segment_semantic_torch(prob, voxel_size_nm=voxel_size_nm, params=params, device=device).cpu().numpy()
-    except torch.OutOfMemoryError:
-        # Same result by construction, only slower: a crop too large for the GPU falls back to the CPU path.
-        log.warning("%s: %s voxels do not fit on %s; using the CPU path", class_name, "×".join(map(str, prob.shape)),
-                    device)
-        torch.cuda.empty_cache()
-        return segment_class(class_name, prob, boundary, voxel_size_nm=voxel_size_nm, params=params, device="cpu")
 
 
 def read_class(store: PredictionStore, crop: str, class_name: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -114,11 +99,14 @@ def _class_settings(params: ParamSet, classes: Sequence[str]) -> dict[str, dict[
     return {c: {"kind": params.get(c).kind, **dataclasses.asdict(params.get(c))} for c in classes}
 
 
-def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, overwrite: bool) -> PredictionStore:
+def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, grid: GridMode,
+                 overwrite: bool) -> PredictionStore:
     """Create the segmentation store, or reopen one written by the same source and settings (resume)."""
     classes = list(pred.classes)
     settings = {"algorithm": ALGORITHM, "source": str(pred.path.resolve()),
-                "classes": _class_settings(params, classes)}
+                "classes": _class_settings(params, classes), "grid": grid}
+    if grid == "annotation":
+        settings["decoder"] = DECODER
     if out.exists() and not overwrite:
         try:
             existing = PredictionStore.open(out)
@@ -130,14 +118,49 @@ def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, overwrit
         return existing
     provenance = {"postprocess": settings, "era": params.era, "tuned_on": dict(params.tuned_on),
                   "scores": {c: dict(s) for c, s in params.scores.items()}, "source_provenance": pred.provenance}
+    if pred.provenance.get("data_root"):
+        provenance["data_root"] = pred.provenance["data_root"]
     return PredictionStore.create(out, kind="segmentation", channels=classes,
                                   instance_channels=[c for c in classes if is_instance(c)], provenance=provenance,
                                   overwrite=overwrite)
 
 
+def _device_lock(device: str) -> contextlib.AbstractContextManager[Any]:
+    """One class at a time on a GPU (its temporaries are several volumes of the crop); no lock on the CPU."""
+    return _GPU_LOCK if device != "cpu" else contextlib.nullcontext()
+
+
+def _segment_one(pred: PredictionStore, crop: str, name: str, writer: CropWriter, *, params: ParamSet,
+                 device: str) -> int | None:
+    """Read, segment and write one class of one crop on the writer's grid of that channel; its object count."""
+    source, target = pred.grid(crop), writer.grid_of(name)
+    prob, boundary = read_class(pred, crop, name)
+    instance = is_instance(name)
+    if target == source:
+        with _device_lock(device):
+            labels = segment_class(name, prob, boundary, voxel_size_nm=source.voxel_size_nm,
+                                   params=params.get(name), device=device)
+        del prob, boundary
+        writer.write(name, labels)
+        return int(labels.max(initial=0)) if instance else None
+    with _device_lock(device):
+        coarse = decode_coarse(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params.get(name),
+                               device=device)
+    del prob, boundary
+    for z0, slab in iter_decode(coarse, source, target, planes=_planes(target)):
+        writer.write(name, slab, offset=(z0, 0, 0))
+    return coarse.num_objects if instance else None
+
+
+def _planes(target: Grid) -> int:
+    """Slab planes: whole store chunks along z where `SLAB_VOXELS` allows one."""
+    return slab_planes(target, SLAB_VOXELS, multiple=DEFAULT_CHUNK)
+
+
 def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, params: ParamSet,
                       device: str = "auto", overwrite: bool = False, progress: bool = True,
-                      workers: int | None = None) -> PredictionStore:
+                      workers: int | None = None, grid: GridMode = "annotation", data_root: str | None = None,
+                      crops: Mapping[int, Crop] | None = None) -> PredictionStore:
     """Segment every crop of a probability store into a segmentation store (resuming finished crops).
 
     The classes of a crop go through `workers` threads (default: as many as the cores and `CLASS_MEMORY_BYTES`
@@ -145,51 +168,78 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
     decompression and compression: most of the time) overlap across classes; the segmentation itself runs one
     class at a time on a GPU (`_GPU_LOCK`). The result does not depend on `workers`.
 
+    Args:
+        grid: "annotation" or "model" (module docstring).
+        data_root: where the annotation grids are looked up (default: the store's recorded data root).
+        crops: annotation geometry of these crops, overriding the data root's (e.g. a truth store's).
+
     Raises:
-        ValueError: the parameters name classes the store lacks; `out` exists with other settings; `workers` < 1.
+        ValueError: the parameters name classes the store lacks; `out` exists with other settings; `workers` < 1;
+            an unknown `grid`.
     """
     from tqdm import tqdm
 
-    from cellseg.eval.submit import map_bounded
 
+    if grid not in GRID_MODES:
+        raise ValueError(f"grid must be one of {GRID_MODES}, got {grid!r}")
     params.check_classes(pred.classes, store=str(pred.path))
-    crops = pred.completed()
-    if not crops:
+    done = pred.completed()
+    if not done:
         raise ValueError(f"{pred.path}: no complete crops to post-process")
     device = resolve(device)
-    seg = _open_output(Path(out), pred, params, overwrite=overwrite)
-    todo = [c for c in crops if c not in seg]
+    seg = _open_output(Path(out), pred, params, grid=grid, overwrite=overwrite)
+    annotation = AnnotationGrids(data_root or pred.provenance.get("data_root"), crops) if grid == "annotation" else None
+    todo = [c for c in done if c not in seg]
     for crop in tqdm(todo, desc="postprocess", unit="crop", disable=not progress):
-        start = time.perf_counter()
-        grid = pred.grid(crop)
         classes = [c for c in pred.classes if c in pred.crop_channels(crop)]  # a test crop: its scored classes
-        writer = seg.crop_writer(crop, grid, channels=classes)
-
-        def one(name: str, writer: CropWriter = writer, crop: str = crop, grid: Grid = grid) -> int | None:
-            prob, boundary = read_class(pred, crop, name)
-            with _GPU_LOCK if device != "cpu" else contextlib.nullcontext():
-                labels = segment_class(name, prob, boundary, voxel_size_nm=grid.voxel_size_nm,
-                                       params=params.get(name), device=device)
-            del prob, boundary
-            writer.write(name, labels)
-            return int(labels.max(initial=0)) if is_instance(name) else None
-
-        threads = workers or class_workers(math.prod(grid.shape_vox))
-        counts = map_bounded(one, classes, threads)
-        objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
-        seconds = time.perf_counter() - start
-        attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k != "grid"}
-        attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device}
-        writer.commit(attrs)
-        summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
-        log.info("%s: %d classes on %s in %.2f s, %d threads (objects: %s)", crop, len(classes), device, seconds,
-                 threads, summary)
-    if len(todo) < len(crops):
-        log.info("%d crops were already written", len(crops) - len(todo))
+        grids = annotation.of(pred, crop, classes) if annotation else dict.fromkeys(classes, pred.grid(crop))
+        segment_crop(pred, crop, seg, params=params, grids=grids, device=device, workers=workers,
+                     attrs={"grid": grid})
+    if len(todo) < len(done):
+        log.info("%d crops were already written", len(done) - len(todo))
     return seg
 
 
-def class_workers(voxels: int) -> int:
-    """Threads `postprocess_store` gives a crop of `voxels`: the cores (at most 8), fewer when their classes in
-    flight (float32 probability and boundary, uint32 ids: 12 bytes a voxel each) would pass `CLASS_MEMORY_BYTES`."""
-    return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, 12 * voxels)))
+def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, params: ParamSet,
+                 grids: Mapping[str, Grid], device: str, workers: int | None = None,
+                 attrs: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Segment the classes `grids` names of one crop, each on its grid, into `seg` (committed with the source
+    crop's attributes, `attrs` and timings under "postprocess"); returns class → object count (instance classes).
+
+    The classes go through `workers` threads (default `class_workers`); `device` is a resolved one ("cpu",
+    "cuda", "cuda:N").
+    """
+    from cellseg.eval.submit import map_bounded
+
+    start = time.perf_counter()
+    source = pred.grid(crop)
+    classes = list(grids)
+    writer = seg.crop_writer(crop, most_common(list(grids.values())), channels=classes, grids=grids)
+    slab = max((math.prod(g.shape_vox[1:]) * _planes(g) for g in grids.values() if g != source), default=0)
+    threads = workers or class_workers(math.prod(source.shape_vox), slab)
+    counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device), classes,
+                         threads)
+    objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
+    seconds = time.perf_counter() - start
+    crop_attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k not in ("grid", "channels", "channel_grids")}
+    crop_attrs["postprocess"] = {"objects": objects, "seconds": round(seconds, 3), "device": device,
+                                 "model_grid": grid_to_json(source), **dict(attrs or {})}
+    writer.commit(crop_attrs)
+    summary = ", ".join(f"{k} {v}" for k, v in objects.items()) or "no instance classes"
+    log.info("%s: %d classes on %s in %.2f s, %d threads (objects: %s)", crop, len(classes), device, seconds,
+             threads, summary)
+    return objects
+
+
+# Bytes per voxel of a class in flight: on the model grid float32 probability and boundary and uint32 ids; per
+# target voxel of a slab (annotation grids), its ids and the source planes on the target's (y, x) grid
+# (`cellseg.postprocess.native`, upsampling; a coarser target is smaller than its model grid anyway).
+MODEL_BYTES_PER_VOXEL = 12
+SLAB_BYTES_PER_VOXEL = 8
+
+
+def class_workers(voxels: int, slab_voxels: int = 0) -> int:
+    """Threads `postprocess_store` gives a crop of `voxels` (model grid) decoded in slabs of `slab_voxels` target
+    voxels: the cores (at most 8), fewer when their classes in flight would pass `CLASS_MEMORY_BYTES`."""
+    per_class = MODEL_BYTES_PER_VOXEL * voxels + SLAB_BYTES_PER_VOXEL * slab_voxels
+    return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, per_class)))

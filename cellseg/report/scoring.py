@@ -1,12 +1,18 @@
 """Scoring one stage: its segmentation, written as a submission at the truth's geometry, through `evaluate`.
 
-A stage without post-processing is scored the way the official evaluator reads a binary prediction:
-`probability > 0.5` per class on the store's grid, and for instance classes the 26-connected components of
-that mask (`cellseg.eval.relabel.relabel_26`, numbered as the evaluators number them). The post-processing
-stage brings its own masks and object ids. Either segmentation store then goes through the same path as a
-real submission: `cellseg.eval.submit.write_submission` brings every (crop, label) of the truth onto the
-truth's grid (nearest neighbour for masks and ids) and `cellseg.eval.score.evaluate` scores it in each era,
-so the only difference between the last two stages is our post-processing.
+A stage without post-processing is scored the way the official evaluator reads a binary prediction, on each
+truth array's own grid: the probability interpolated linearly onto that grid and `> 0.5` per class; instance
+classes: the 26-connected components of `probability > 0.5` on the store's grid (numbered as the evaluators
+number them), carried onto the truth's grid by the same decoder (`cellseg.postprocess.native`, with
+`plain_params`). The post-processing stage brings its own masks and object ids, decoded on the same grids by
+`postprocess_store`. Either segmentation store then goes through the same path as a real submission:
+`cellseg.eval.submit.write_submission` copies every (crop, label) of the truth (already on the truth's grid:
+no resampling) and `cellseg.eval.score.evaluate` scores it in each era, so the only difference between the
+last two stages is our post-processing.
+
+The truth's grids are looked up in the data root the probability store records (`cellseg.postprocess.annotation`,
+the same grids the report's truth store holds); a crop found there nowhere is segmented on the store's grid,
+and `write_submission` then upsamples it by nearest neighbour.
 """
 
 from __future__ import annotations
@@ -18,28 +24,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cellseg.classes import is_instance
+from cellseg.data.crops import Crop
 from cellseg.eval.eras import Era
 from cellseg.eval.io import open_source
-from cellseg.eval.relabel import relabel_26
 from cellseg.eval.report import to_json
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.score import evaluate
 from cellseg.eval.submit import write_submission
 from cellseg.eval.validate import crops_from_truth
 from cellseg.infer.store import PredictionStore
+from cellseg.postprocess.annotation import AnnotationGrids
+from cellseg.postprocess.apply import segment_crop
+from cellseg.postprocess.native import plain_params
+from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
-PLAIN_THRESHOLD = 0.5  # the evaluators' threshold for resampled probabilities; also what validation uses
-PLAIN_RULE = "probability > 0.5; instance classes: 26-connected components"
+PLAIN_RULE = ("probability interpolated linearly onto the truth's grid > 0.5; instance classes: 26-connected "
+              "components on the model's grid, refined on the truth's")
 
 
-def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *,
-                       progress: bool = False) -> PredictionStore:
-    """Threshold a probability store at 0.5 (instance classes: 26-connected components) into a
-    segmentation store of `crops`; crops already written are kept (resume).
+def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *, progress: bool = False,
+                       targets: Mapping[int, Crop] | None = None) -> PredictionStore:
+    """Threshold a probability store at 0.5 on each truth grid (instance classes: 26-connected components; module
+    docstring) into a segmentation store of `crops`; crops already written are kept (resume).
+
+    Args:
+        targets: the crops' truth geometry (default: looked up in the store's data root).
 
     Raises:
         ValueError: `prob` is not a probability store, lacks a crop, or `out` holds other channels.
@@ -56,14 +67,13 @@ def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *
                                  instance_channels=[c for c in classes if is_instance(c)],
                                  provenance={"source": str(prob.path.resolve()), "rule": PLAIN_RULE},
                                  resume=out.exists())
+    params = ParamSet({c: plain_params(c) for c in classes})
+    grids = AnnotationGrids(prob.provenance.get("data_root"), targets)
     for crop in tqdm([c for c in crops if c not in seg], desc=f"threshold {prob.path.name}", unit="crop",
                      disable=not progress, leave=False):
         here = [c for c in classes if c in prob.crop_channels(crop)]  # a test crop: the classes it is scored on
-        writer = seg.crop_writer(crop, prob.grid(crop), channels=here)
-        for name in here:
-            mask = prob.read(crop, name) > PLAIN_THRESHOLD
-            writer.write(name, relabel_26(mask)[0].astype(np.uint32) if is_instance(name) else mask)
-        writer.commit({"rule": PLAIN_RULE})
+        segment_crop(prob, crop, seg, params=params, grids=grids.of(prob, crop, here), device="cpu",
+                     attrs={"rule": PLAIN_RULE})
     return seg
 
 

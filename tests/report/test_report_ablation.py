@@ -15,8 +15,18 @@ import yaml
 from cellseg.cli import main as cli
 from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
+from cellseg.eval.io import open_source
 from cellseg.eval.relabel import relabel_26
+from cellseg.eval.validate import crops_from_truth
 from cellseg.infer.store import PredictionStore
+from cellseg.postprocess.annotation import to_grid
+from cellseg.postprocess.native import (
+    axis_maps,
+    decode_on_grid,
+    linear_probability,
+    plain_params,
+    segment_class,
+)
 from cellseg.report import ReportOptions, run_report
 from cellseg.report.plan import check_runs, plan_crops
 from cellseg.report.scoring import plain_segmentation
@@ -104,9 +114,18 @@ def test_plain_stages_threshold_at_half_and_label_26_connected_components(report
     prob = PredictionStore.open(report_dir / "stores" / "ensemble_uniform.zarr")
     seg = PredictionStore.open(report_dir / "stores" / "segmentation" / "uniform.zarr")
     assert seg.completed() == ["crop501"]  # scored crops only, not the tuning crop
+    truth = crops_from_truth(open_source(report_dir / "truth.zarr"))[501]
+    source = prob.grid("crop501")
     for name in prob.classes:
-        mask = prob.read("crop501", name) > 0.5
-        expected = relabel_26(mask)[0] if name in prob.instance_channels else mask
+        p, target = prob.read("crop501", name), to_grid(truth.labels[name])
+        assert seg.grid("crop501", name) == target != source  # on the truth's 4 nm grid, not the model's 8 nm
+        maps = axis_maps(source, target)
+        if name in prob.instance_channels:  # 26-connected components of p > 0.5 on the model grid, then refined
+            ids = segment_class(name, p, None, voxel_size_nm=source.voxel_size_nm, params=plain_params(name))
+            np.testing.assert_array_equal(ids, relabel_26(p > 0.5)[0])
+            expected = decode_on_grid(name, p, source=source, target=target, params=plain_params(name))
+        else:  # the probability interpolated linearly onto the truth's grid, > 0.5
+            expected = linear_probability(p, maps) > 0.5
         np.testing.assert_array_equal(seg.read("crop501", name), expected.astype(seg.read("crop501", name).dtype))
 
 
