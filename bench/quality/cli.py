@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -131,10 +133,33 @@ def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -
 
         summary = generate(data, preset=settings.preset, seed=settings.seed, workers=settings.synth_workers)
         print(summary.format())
+    warm_caches(jobs[0], settings.synth_workers)
     save_plan(settings, work)
     _write(out / "quality_setup.json", {"settings": settings.to_json(), "jobs": [_job_doc(j) for j in jobs],
                                         "data": json.loads((data / "synth.json").read_text())})
     return 0
+
+
+def warm_caches(job: Job, workers: int) -> None:
+    """Build the training crops' instance-boundary caches now, in parallel, so that no training job (of the first
+    wave more than of the second) spends its start on them: every job reads the same files (same crops, classes
+    and voxel size; `cellseg.data.boundary_cache`)."""
+    from cellseg.data.loader import make_split
+
+    data = job.cfg.data
+    if not (data.instance_boundaries and data.boundary_cache):
+        return
+    entries = [e for e in make_split(data) if e.split == "train"]
+    context = multiprocessing.get_context("spawn")  # no inherited threads; each worker imports what it needs
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(entries)), mp_context=context) as pool:
+        list(pool.map(_warm_one, [(data, e) for e in entries]))
+
+
+def _warm_one(task: tuple[Any, Any]) -> None:
+    from cellseg.data.loader import open_crops, warm_boundary_caches
+
+    data, entry = task
+    warm_boundary_caches(open_crops([entry], data), data.voxel_size_nm)
 
 
 def _differences(a: Settings, b: Settings) -> str:

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class RunLog:
     """Appends JSON lines to `metrics.jsonl`, mirrors scalars to TensorBoard, drives the progress bar."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, start_step: int,
+    def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int | None, start_step: int,
                  stamp: Callable[[], dict[str, float]] | None = None):
         self.enabled = enabled
         self.stamp = stamp  # extra top-level values of every record (e.g. {"train_min": ..., "job_min": ...})

@@ -147,8 +147,8 @@ class Trainer:
         s, tc, clock = self.s, self.cfg.train, self.s.clock
         budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else math.inf
         val_every_s = 60.0 * tc.val_every_min if tc.val_every_min is not None else 0.0
-        run_log = RunLog(s.run_dir, enabled=s.dist.is_main, total_steps=tc.max_steps, start_step=s.state.step,
-                         stamp=self._stamp)
+        run_log = RunLog(s.run_dir, enabled=s.dist.is_main, start_step=s.state.step, stamp=self._stamp,
+                         total_steps=tc.max_steps if tc.time_budget_min is None else None)  # a budget: steps unknown
         stop = self.stop or StopRequest()
         batches, last = self._batches(stop), {}
         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
