@@ -19,7 +19,7 @@ The steps as GPU-machine commands of at most 10 minutes each are bench/gpu/quali
 schedule and the results.
 
 Usage (one H200):  PYTHONPATH=. python -m bench.quality setup --work /tmp/quality --out OUT   # then train, train, report
-Smoke (CPU, about 2 minutes):  PYTHONPATH=. python -m bench.quality --quick --out /tmp/quality_out
+Smoke (CPU, 1-2 minutes):  PYTHONPATH=. python -m bench.quality --quick --out /tmp/quality_out
 """
 
 # Only light modules at the top of this package's modules: the data generator's forkserver workers import the

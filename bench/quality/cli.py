@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny preset, the smoke unet_3d and unet_2d")
     p.add_argument("--fresh", action="store_true", help="setup: delete an earlier plan's work folder and start over")
     p.add_argument("--architectures", help=f"comma-separated (default: {','.join(ARCHITECTURES)})")
-    p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 5)")
+    p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 4)")
     p.add_argument("--val-every-min", type=float, help="validation period in training minutes (default: the configs')")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ARCH:]KEY=VALUE",
                    help="a config override for every job or one architecture, e.g. unet_3d:optim.name=sgd")
@@ -116,28 +116,33 @@ def check(settings: Settings, work: Path) -> list[Job]:
 
 
 def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -> int:
-    """Check the plan, generate the data (once), write plan.json."""
+    """Check the plan, claim the work folder (plan.json), generate the data (once), build the boundary caches."""
     old = load_plan(work)
-    if old is not None and old != settings:
-        if not args.fresh:
-            raise ValueError(f"{work} holds a plan made with other settings ({_differences(old, settings)}); pass "
-                             "--fresh to start over, or run the later steps without changing options")
-    if args.fresh and (work / PLAN_FILE).is_file():
-        shutil.rmtree(work)
-    elif work.is_dir() and any(work.iterdir()) and old is None:
+    if old is not None and old != settings and not args.fresh:
+        raise ValueError(f"{work} holds a plan made with other settings ({_differences(old, settings)}); pass "
+                         "--fresh to start over, or run the later steps without changing options")
+    if old is None and work.is_dir() and any(work.iterdir()):
         raise ValueError(f"--work {work} is not empty and holds no {PLAN_FILE}: choose another folder")
     jobs = check(settings, work)
+    if args.fresh and old is not None:
+        shutil.rmtree(work)
+    save_plan(settings, work)  # first: a setup cut short is finished by the next one
     data = work / "data"
     if not (data / "synth.json").is_file():
         from cellseg.synth import generate
 
+        # atomic: `data` appears complete or not at all, and a killed run's leftovers are removed by the next
         summary = generate(data, preset=settings.preset, seed=settings.seed, workers=settings.synth_workers)
         print(summary.format())
     warm_caches(jobs[0], settings.synth_workers)
-    save_plan(settings, work)
     _write(out / "quality_setup.json", {"settings": settings.to_json(), "jobs": [_job_doc(j) for j in jobs],
                                         "data": json.loads((data / "synth.json").read_text())})
     return 0
+
+
+def ready(work: Path) -> bool:
+    """A finished setup: the plan and the data are there."""
+    return (work / PLAN_FILE).is_file() and (work / "data" / "synth.json").is_file()
 
 
 def warm_caches(job: Job, workers: int) -> None:
@@ -270,10 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if step == "setup":
                 setup(asked, work, args.out, args)
                 continue
-            if load_plan(work) is None:
-                if step == "report":
-                    raise FileNotFoundError(f"{work}: no {PLAN_FILE}, nothing trained there: run setup and train")
-                setup(asked, work, args.out, args)  # train finding nothing starts over cleanly
+            if step == "report" and load_plan(work) is None:
+                raise FileNotFoundError(f"{work}: no {PLAN_FILE}, nothing trained there: run setup and train")
+            if step == "train" and not ready(work):
+                setup(load_plan(work) or asked, work, args.out, args)  # nothing there: start over cleanly
             settings = load_plan(work) or asked
             if settings != asked:
                 print(f"using the settings of {work / PLAN_FILE} ({_differences(settings, asked)}); setup --fresh "
