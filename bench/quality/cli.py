@@ -200,7 +200,7 @@ def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *
 
 def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *, started: float) -> int:
     """The ablation over the finished runs (`cellseg report`) and the result files."""
-    jobs = [j for j in make_jobs(settings, work)]
+    jobs = make_jobs(settings, work)
     missing = [j.arch for j in jobs if not job_done(j)]
     if missing and not args.allow_missing:
         raise ValueError(f"runs that have not finished their budget: {missing} (run the train step again, or pass "
@@ -213,10 +213,13 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
            "--device", settings.device]
     remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it
     try:
-        subprocess.run(cmd, check=True, timeout=max(remaining, 1))
+        code = subprocess.run(cmd, timeout=max(remaining, 1)).returncode
     except subprocess.TimeoutExpired:
         print("the report was cut by the step limit: run the report step again (it resumes)", file=sys.stderr)
         return EXIT_RESUMABLE
+    if code:
+        print(f"cellseg report failed (exit {code}; its messages are above)", file=sys.stderr)
+        return code
     doc = json.loads((work / "report" / "report.json").read_text())
     write_outputs(out, _run_doc(settings, jobs, work, missing), curves, doc)
     for name, target in REPORT_FIGURES.items():
@@ -227,19 +230,21 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
 
 
 def tuning_crops(jobs: Sequence[Job]) -> list[str]:
-    """The validation crops of role "tuning" (every run has the same ones).
+    """The ids of the validation crops of role "tuning" (every run has the same roles).
 
     Raises:
         ValueError: runs whose validation roles differ, or no tuning crop.
     """
-    roles = [(j.arch, (j.run_dir / "validation_roles.csv").read_text()) for j in jobs]
-    differ = [arch for arch, text in roles if text != roles[0][1]]
+    from cellseg.data.split import ROLES_FILE, read_roles
+
+    roles = {j.arch: read_roles(j.run_dir / ROLES_FILE) for j in jobs}
+    first = jobs[0].arch
+    differ = [arch for arch, r in roles.items() if r != roles[first]]
     if differ:
-        raise ValueError(f"runs {differ} have other validation roles than {roles[0][0]} (validation_roles.csv)")
-    rows = [line.split(",") for line in roles[0][1].splitlines()[1:] if line.strip()]
-    tuning = [name.removeprefix("crop") for name, role in rows if role.strip() == "tuning"]
+        raise ValueError(f"runs {differ} have other validation roles than {first} ({ROLES_FILE})")
+    tuning = [name.removeprefix("crop") for name, role in roles[first].items() if role == "tuning"]
     if not tuning:
-        raise ValueError(f"{jobs[0].run_dir / 'validation_roles.csv'}: no tuning crop to fit weights on")
+        raise ValueError(f"{jobs[0].run_dir / ROLES_FILE}: no validation crop of role tuning to fit weights on")
     return tuning
 
 
