@@ -18,7 +18,8 @@ from cellseg.config.load import from_dict, read_yaml
 from cellseg.config.schema import ModelConfig, RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RUNNABLE = sorted([*CONFIGS.glob("experiments/**/*.yaml"), *CONFIGS.glob("smoke/*.yaml")])
+RUNNABLE = sorted([*CONFIGS.glob("experiments/**/*.yaml"), *CONFIGS.glob("smoke/*.yaml"),
+                   *CONFIGS.glob("quality/[!_]*.yaml")])
 
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(CONFIGS).with_suffix("")))

@@ -232,7 +232,11 @@ class OptimConfig:
         betas, eps: AdamW's moment coefficients and epsilon.
         momentum: SGD's Nesterov momentum.
         warmup_steps: optimizer steps of linear warm-up to `lr`.
-        schedule: "cosine", "poly" (power `poly_power`), "onecycle" or "constant", after `warmup_steps`.
+        warmup_min: with `train.time_budget_min`: minutes of the training clock of linear warm-up (from 0) to
+            `lr`, the decay following over the rest of the budget; null: none (set `warmup_steps: 0` for a
+            warm-up in minutes only; with both, the factor is the smaller of the two ramps).
+        schedule: "cosine", "poly" (power `poly_power`), "onecycle" or "constant", after the warm-up; the decay
+            runs over `train.max_steps`, or over `train.time_budget_min` when that is set.
         min_lr_ratio: floor of the decay as a fraction of `lr`.
         poly_power: exponent of the "poly" schedule, (1 − progress) ** poly_power.
         grad_clip_norm: clip the global gradient norm (null: no clipping); nnU-Net clips at 12.
@@ -247,6 +251,7 @@ class OptimConfig:
     momentum: float = 0.99
     schedule: Literal["cosine", "poly", "onecycle", "constant"] = "cosine"
     warmup_steps: int = 500
+    warmup_min: float | None = None
     min_lr_ratio: float = 0.01
     poly_power: float = 0.9
     grad_clip_norm: float | None = 12.0
@@ -256,6 +261,7 @@ class OptimConfig:
         _check(self.lr > 0, f"optim.lr={self.lr} must be positive")
         _check(self.weight_decay >= 0, "optim.weight_decay must be >= 0")
         _check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        _check(self.warmup_min is None or self.warmup_min > 0, "optim.warmup_min must be > 0 or null")
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
         _check(self.ema_decay is None or 0 < self.ema_decay < 1, "optim.ema_decay must be in (0, 1) or null")
         _check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "optim.grad_clip_norm must be > 0 or null")
@@ -311,7 +317,12 @@ class TrainConfig:
 
     Attributes:
         seed: seeds sampling, augmentation and initialisation (each rank adds its rank to its own generators).
-        max_steps: optimizer steps.
+        max_steps: optimizer steps (with `time_budget_min`: a cap).
+        time_budget_min: a wall-clock training budget in minutes of the training clock (`cellseg.train.clock`:
+            counted from the end of each job's first optimizer step, so compilation and set-up are not charged,
+            paused while validating and checkpointing, continued by a resumed run from its checkpoint). The run
+            stops when the clock reaches it, with a final validation and checkpoint, and the learning-rate
+            schedule decays over it instead of over `max_steps`; null: no budget.
         batch_size: samples per GPU per micro-step, or "auto" (largest that fits `memory_fraction`).
         grad_accum_steps: loader batches per optimizer step.
         precision: "auto" (bf16 on CUDA, fp32 on CPU), "bf16", "fp16" (with GradScaler) or "fp32".
@@ -332,6 +343,8 @@ class TrainConfig:
         max_auto_batch: the largest batch `batch_size: auto` tries.
         num_gpus: GPUs per job for the SLURM launchers (informational; torchrun decides the world size).
         val_every, checkpoint_every, log_every: periods in optimizer steps.
+        val_every_min: also validate (and checkpoint) every this many minutes of the training clock, e.g. to
+            record every architecture's score against minutes at the same times; null: steps only.
         keep_top_k: best checkpoints kept by validation score (plus `last`).
         profile_steps: write a torch.profiler trace of this many steps to run_dir/profile (0: off).
         nonfinite: what a NaN or infinite loss or gradient does: "error" stops training with an error naming
@@ -344,6 +357,7 @@ class TrainConfig:
 
     seed: int = 0
     max_steps: int = 100_000
+    time_budget_min: float | None = None
     batch_size: int | Literal["auto"] = 2
     grad_accum_steps: int = 1
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
@@ -360,6 +374,7 @@ class TrainConfig:
     num_gpus: int = 1
     log_every: int = 20
     val_every: int = 1000
+    val_every_min: float | None = None
     checkpoint_every: int = 1000
     keep_top_k: int = 3
     profile_steps: int = 0
@@ -368,6 +383,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.max_steps >= 1, "train.max_steps must be >= 1")
+        for name in ("time_budget_min", "val_every_min"):
+            value = getattr(self, name)
+            _check(value is None or value > 0, f"train.{name}={value} must be > 0 or null")
         _check(self.max_nonfinite_skips >= 1, "train.max_nonfinite_skips must be >= 1")
         _check(self.compile_mode in COMPILE_MODES,
                f"train.compile_mode={self.compile_mode!r} must be one of {list(COMPILE_MODES)}")
@@ -404,3 +422,8 @@ class RunConfig:
         else:
             _check(not self.model.name.endswith("_2d"), f"model.name={self.model.name} is 2D: set "
                    f"data.patch_shape_vox to (1, H, W)")
+        budget, warmup = self.train.time_budget_min, self.optim.warmup_min
+        if warmup is not None:
+            _check(budget is not None, f"optim.warmup_min={warmup} needs train.time_budget_min (a warm-up in minutes "
+                   "belongs to a schedule over minutes); use optim.warmup_steps without a budget")
+            _check(warmup < budget, f"optim.warmup_min={warmup} must be shorter than train.time_budget_min={budget}")

@@ -9,6 +9,7 @@ stays resolvable at its own s0, the way organelle sizes are "scaled to the voxel
 | tiny   | 3 | 72–96³          | 6 + 2  | unit tests (a few seconds) |
 | small  | 4 | 176–224³        | 13 + 4 | the CPU demo (< 1 min) |
 | medium | 4 | 528–648³ (≥ 1 Gvoxel in all) | 24 + 4 | GPU benchmarks (`--workers 16`) |
+| quality | 4 | as `medium` | 24 + 8 | the quality benchmark (`bench/quality`) |
 
 `mirror_preset(mirror_crops(real_test_crops, scale))` (end of this file) builds a preset whose test crops are
 laid out like real ones, scaled down (`bench/test_set.py`).
@@ -16,6 +17,7 @@ laid out like real ones, scaled down (`bench/test_set.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -188,7 +190,28 @@ MEDIUM = Preset(name="medium", style=SceneStyle(cell_diameter_u=300, organelle_s
     ))
 ))
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (TINY, SMALL, MEDIUM)}
+
+
+def _quality_crops(index: int, crop: Shape3, em_voxel_nm: Vec3) -> tuple[CropSpec, ...]:
+    """Five full-resolution training crops (one annotating fewer classes), one coarse training crop at twice the
+    EM voxel size, and two test crops: one at the EM voxel size, one at twice it (every class where that is
+    still 8 nm or finer, the coarse set otherwise, as on the real coarse test crops)."""
+    half: Shape3 = tuple(c // 2 for c in crop)  # type: ignore[assignment]
+    coarse_test = "all" if max(em_voxel_nm) * 2 <= 8.0 else "coarse"
+    return (*(_c("train", 1, crop) for _ in range(4)), _c("train", 1, crop, "no_mt_eres" if index % 2 else "groups"),
+            _c("train", 2, half, "coarse"), _c("test", 1, crop), _c("test", 2, half, coarse_test))
+
+
+# The quality benchmark's data (bench/quality, docs/quality.md): `medium`'s four datasets, EM and cells (the same
+# rendering cost) with its crops rebalanced for an 8 nm ensemble: 8 test crops instead of 4 (scored at 4,
+# 5.24 x 4 x 4, 8, 10.5 x 8 x 8 and 16 nm), no training crops at 4x the EM voxel size (16-32 nm: no 8 nm model
+# trains or validates on them) but one more full one per dataset, and a quarter of the training crops validating,
+# so that both validation roles (tuning, report) get crops an 8 nm model uses.
+QUALITY = Preset(name="quality", style=MEDIUM.style, block_vox=MEDIUM.block_vox, validation_fraction=0.25,
+                 datasets=tuple(dataclasses.replace(d, crops=_quality_crops(i, d.crops[0].shape_vox, d.voxel_size_nm))
+                                for i, d in enumerate(MEDIUM.datasets)))
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (TINY, SMALL, MEDIUM, QUALITY)}
 
 
 def get_preset(name: str) -> Preset:

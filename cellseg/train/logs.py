@@ -1,7 +1,8 @@
 """What a run tells its user: `metrics.jsonl`, TensorBoard events and a progress bar.
 
-Only rank 0 writes. Every record carries the step; validation records carry the metric era. Pre-emption
-signals are `cellseg.train.stop`'s.
+Only rank 0 writes. Every record carries the step, the wall-clock `time` (Unix seconds) and what the trainer's
+`stamp` adds (the minutes of its training clock and of the job); validation records carry the metric era.
+Pre-emption signals are `cellseg.train.stop`'s.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,10 @@ log = logging.getLogger(__name__)
 class RunLog:
     """Appends JSON lines to `metrics.jsonl`, mirrors scalars to TensorBoard, drives the progress bar."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, start_step: int):
+    def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int | None, start_step: int,
+                 stamp: Callable[[], dict[str, float]] | None = None):
         self.enabled = enabled
+        self.stamp = stamp  # extra top-level values of every record (e.g. {"train_min": ..., "job_min": ...})
         self.path = Path(run_dir) / "metrics.jsonl"
         self.bar = tqdm(total=total_steps, initial=start_step, disable=not enabled, unit="step",
                         dynamic_ncols=True, desc="train")
@@ -39,7 +43,7 @@ class RunLog:
         """Write one record; numeric leaves also go to TensorBoard as `prefix/key`."""
         if not self.enabled:
             return
-        entry = {"step": step, "time": time.time(), prefix: values}
+        entry = {"step": step, "time": time.time(), **(self.stamp() if self.stamp else {}), prefix: values}
         try:
             with self.path.open("a") as fh:
                 fh.write(json.dumps(entry) + "\n")

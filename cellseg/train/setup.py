@@ -29,6 +29,7 @@ from cellseg.models import build_model, get_entry
 from cellseg.runtime.checkpoint import git_commit, versions
 from cellseg.train.batch import find_batch_size
 from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
+from cellseg.train.clock import TrainClock
 from cellseg.train.compile import maybe_compile, maybe_compile_loss
 from cellseg.train.lock import RunLock
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
@@ -72,6 +73,7 @@ class Setup:
     meta: dict[str, Any] = field(default_factory=dict)
     lock: RunLock | None = None  # held by rank 0 until `close`
     resumed_from: Path | None = None  # the checkpoint the run continues from
+    clock: TrainClock = field(default_factory=TrainClock)  # training seconds (budget and time schedule)
 
     def close(self) -> None:
         """Release the run directory."""
@@ -83,8 +85,8 @@ class Setup:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema": self.ema.state_dict() if self.ema else None, "step": self.state.step,
-                "micro_batch": self.state.micro_batch, "rng": rng, "config": to_dict(self.cfg),
-                "meta": self.meta, "metric": metric}
+                "micro_batch": self.state.micro_batch, "train_seconds": self.clock.seconds(), "rng": rng,
+                "config": to_dict(self.cfg), "meta": self.meta, "metric": metric}
 
     def load_state(self, ckpt: dict[str, Any]) -> None:
         """Restore a checkpoint written by `state_dict`."""
@@ -95,6 +97,7 @@ class Setup:
         if self.ema is not None and ckpt.get("ema") is not None:
             self.ema.load_state_dict(ckpt["ema"])
         self.state = TrainState(step=ckpt["step"], micro_batch=ckpt["micro_batch"])
+        self.clock.restore(ckpt.get("train_seconds", 0.0))  # checkpoints written before the clock existed: 0
         set_rng_state(ckpt["rng"])
 
     def eval_model(self) -> torch.nn.Module:
@@ -236,7 +239,11 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
                                  channel_weights=weights).to(d.device)
     optimizer = build_optimizer(model, cfg.optim, d.device)
-    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
+    clock = TrainClock()
+    budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else None
+    # The schedule reads the clock value every rank agrees on (`cellseg.train.clock`), so DDP ranks step alike.
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, budget_s=budget_s,
+                                clock_s=lambda: clock.shared_s)
     patch = cfg.data.patch_shape_vox
     meta = {"git_commit": git_commit(), "versions": versions(), "model": model.spec.to_dict(),
             "classes": list(cfg.data.classes), "boundary_classes": list(cfg.data.boundary_classes),
@@ -252,7 +259,7 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
               flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
                                                       preset=cfg.model.preset, params=_model_params(cfg)),
               peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
-              state=TrainState(micro_batch=batch), meta=meta, lock=lock)
+              state=TrainState(micro_batch=batch), meta=meta, lock=lock, clock=clock)
     if d.is_main and ckpt_dir.is_dir():
         s.keeper.remove_partial_files()
     if resume:

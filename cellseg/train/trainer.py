@@ -9,6 +9,11 @@ Nothing non-finite is kept (`train.nonfinite`, `cellseg.train.guard`): a NaN or 
 stops training with an error naming the step, or skips the step's update, and no checkpoint is written with
 non-finite weights. A stop signal (`cellseg.train.stop`) ends the run at the current step with a checkpoint
 and `TrainingStopped`; no `result.json` is written then.
+
+With `train.time_budget_min` the run also stops when its training clock (`cellseg.train.clock`: compilation,
+set-up, validation and checkpoints not charged) reaches the budget, with a final validation and checkpoint;
+`train.val_every_min` validates at fixed clock times. Every metrics.jsonl record carries `train_min` (that
+clock) and `job_min` (wall-clock minutes since this job started, set-up included).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +34,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.runtime.checkpoint import save_atomic_text
 from cellseg.train.batch import free_memory, shrink
 from cellseg.train.checkpoint import rng_state, set_rng_state
+from cellseg.train.clock import crossed
 from cellseg.train.guard import NonFiniteGuard
 from cellseg.train.logs import RunLog
 from cellseg.train.setup import Setup, build_setup
@@ -46,10 +53,14 @@ class Trainer:
         >>> Trainer(load_run_config("configs/smoke/unet_3d.yaml", ["data.root=/tmp/synth"])).fit()
     """
 
-    def __init__(self, cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None):
+    def __init__(self, cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None,
+                 now: Callable[[], float] | None = None):
         self.cfg = cfg
         self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
+        self._job_start = time.perf_counter()
         self.s: Setup = build_setup(cfg, resume=resume)
+        if now is not None:  # another time source for the training clock (tests)
+            self.s.clock.now = now
         self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
         # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
         resumed = self.s.resumed_from
@@ -127,39 +138,47 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train to `train.max_steps`; returns the last logged values.
+        """Train to `train.max_steps` or to the end of `train.time_budget_min`; returns the last logged values.
 
         Raises:
             TrainingStopped: a stop signal ended the run early; `last.pt` holds it at the current step.
             NonFiniteError: the loss or gradients became NaN or infinite (`train.nonfinite`).
         """
-        s, tc = self.s, self.cfg.train
-        run_log = RunLog(s.run_dir, enabled=s.dist.is_main, total_steps=tc.max_steps, start_step=s.state.step)
+        s, tc, clock = self.s, self.cfg.train, self.s.clock
+        budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else math.inf
+        val_every_s = 60.0 * tc.val_every_min if tc.val_every_min is not None else 0.0
+        run_log = RunLog(s.run_dir, enabled=s.dist.is_main, start_step=s.state.step, stamp=self._stamp,
+                         total_steps=tc.max_steps if tc.time_budget_min is None else None)  # a budget: steps unknown
         stop = self.stop or StopRequest()
         batches, last = self._batches(stop), {}
         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
         loss_sum = torch.zeros((), device=s.dist.device)
         try:
             with self._profiler() as prof:
-                while s.state.step < tc.max_steps:
+                while s.state.step < tc.max_steps and clock.shared_s < budget_s:
                     if self._stop_requested(stop):
                         self._stop(stop, run_log)
                     loss, grad_norm = self.train_step(self._next_batches(batches, stop, run_log))
+                    clock.start()  # from the end of the job's first step: compilation and set-up are not charged
                     if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
                         loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
                     window_steps += 1
                     if prof is not None:
                         prof.step()
-                    step = s.state.step
-                    if step % tc.log_every == 0 or step == tc.max_steps:
+                    step, before = s.state.step, clock.shared_s
+                    self._tick()
+                    final = step == tc.max_steps or clock.shared_s >= budget_s
+                    if step % tc.log_every == 0 or final:
                         mean = loss_sum / loss_steps if loss_steps else torch.full_like(loss_sum, float("nan"))
                         last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start)
                         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
                         loss_sum = torch.zeros_like(loss_sum)
-                    if step % tc.val_every == 0 or step == tc.max_steps:
-                        last["val"] = self._validate(run_log)
+                    if step % tc.val_every == 0 or final or crossed(before, clock.shared_s, val_every_s):
+                        with self._off_the_clock():
+                            last["val"] = self._validate(run_log)
                     elif step % tc.checkpoint_every == 0:
-                        self._checkpoint()
+                        with self._off_the_clock():
+                            self._checkpoint()
         finally:
             batches.close()
             stop.release_workers()
@@ -167,6 +186,33 @@ class Trainer:
                 stop.restore()
             run_log.close()
         return last
+
+    def _tick(self) -> None:
+        """Refresh the clock value decisions read (`TrainClock.shared_s`): every step in a single process; under
+        DDP the ranks' maximum every `log_every` steps (a collective and a host sync), so every rank sets the same
+        learning rate and validates and stops at the same step."""
+        clock = self.s.clock
+        if not self.s.dist.distributed:
+            clock.shared_s = clock.seconds()
+            return
+        if self.s.state.step % self.cfg.train.log_every:
+            return
+        seconds = torch.tensor(clock.seconds(), device=self.s.dist.device, dtype=torch.float64)
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+        clock.shared_s = float(seconds.item())
+
+    @contextlib.contextmanager
+    def _off_the_clock(self) -> Iterator[None]:
+        """Validation and checkpoints are not charged: the clock pauses once the queued GPU work is done."""
+        if self.s.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.s.dist.device)
+        with self.s.clock.paused():
+            yield
+
+    def _stamp(self) -> dict[str, float]:
+        """Minutes stamped on every metrics.jsonl record: the training clock, and wall time since the job began."""
+        return {"train_min": round(self.s.clock.seconds() / 60, 4),
+                "job_min": round((time.perf_counter() - self._job_start) / 60, 4)}
 
     def _next_batches(self, batches: Iterator[Batch], stop: StopRequest, run_log: RunLog) -> list[Batch]:
         """The step's loader batches; a loader whose workers died of a stop signal ends the run here, before
@@ -265,7 +311,8 @@ class Trainer:
 
 
 def train(cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None) -> dict[str, Any]:
-    """Build a `Trainer` and run it; writes `result.json` only when training reached `train.max_steps`.
+    """Build a `Trainer` and run it; writes `result.json` only when training reached `train.max_steps` or the end
+    of `train.time_budget_min`.
 
     Stop signals are caught from here on (or from where the caller made `stop`, who then restores the
     handlers); the run directory is released and the process group torn down afterwards, whatever happened.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The quality benchmark (bench/quality, docs/quality.md) on one H200, one step per device call of <= 10 minutes;
+# call the next step as soon as one returns (the machine, and the work folder on it, go back when idle):
+#   OUT=OUT bash bench/gpu/quality.sh setup    # the `quality` data root, 16 processes (~1.5 min)
+#   OUT=OUT bash bench/gpu/quality.sh train    # first wave: resnet_3d, unet_3d, swin_2d, unet_2d (<= 9.5 min)
+#   OUT=OUT bash bench/gpu/quality.sh train    # second wave: swin_3d, vit_3d, resnet_2d, vit_2d; exit 75: again
+#   OUT=OUT bash bench/gpu/quality.sh report   # cellseg report over the 8 runs + the result files (<= 9.5 min)
+# Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd).
+# WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
+# starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
+# GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).
+set -uo pipefail
+STEP="${1:?usage: bash bench/gpu/quality.sh setup|train|report [bench.quality options]}"; shift
+OUT="${OUT:-bench_out}"; WORK="${WORK:-/tmp/quality}"
+export CELLSEG_CACHE="${CELLSEG_CACHE:-/tmp/cellseg_cache}"  # compiled kernels, boundary caches: shared by the jobs
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -d .whl ] && [ ! -f /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && touch /tmp/site/.installed || exit 1
+fi
+[ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+mkdir -p "$OUT"
+if [ "$STEP" = train ]; then  # how busy the shared GPU is: one sample every 5 s
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 > "$OUT/quality_train_gpu.csv" 2>&1 &
+  sampler=$!
+fi
+python3 -m bench.quality "$STEP" --work "$WORK" --out "$OUT" "$@" 2>&1 | tee "$OUT/quality_$STEP.log"
+code="${PIPESTATUS[0]}"
+[ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
+exit "$code"

@@ -1,0 +1,298 @@
+"""Command line and the steps: `check`, `setup`, `train`, `report` (or `all`), each resuming from the work folder."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.quality.curves import read_curve
+from bench.quality.document import write_outputs
+from bench.quality.plan import (
+    ARCHITECTURES,
+    PLAN_FILE,
+    QUICK_ARCHITECTURES,
+    Job,
+    Settings,
+    load_plan,
+    make_jobs,
+    save_plan,
+)
+from bench.quality.schedule import EXIT_RESUMABLE, Scheduler, job_done, read_schedule
+
+STEPS = ("check", "setup", "train", "report")
+REPORT_FIGURES = {"overall.png": "quality_overall.png", "classes_2026.png": "quality_classes_2026.png",
+                  "report.md": "quality_report.md"}  # cellseg report's files worth bringing back, renamed
+EXIT_BAD_INPUT = 2
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (`--help`)."""
+    doc = sys.modules[__package__].__doc__ or ""
+    p = argparse.ArgumentParser(prog="python -m bench.quality", description=doc.split("\n\n")[0],
+                                epilog=doc.split("\n\n")[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("steps", nargs="*", metavar="STEP",
+                   help=f"steps to run in order, of {', '.join(STEPS)} and all (default: all = setup, train, report)")
+    p.add_argument("--out", type=Path, required=True, help="result files (JSON, Markdown, PNG)")
+    p.add_argument("--work", type=Path, help="data, runs and report stores, kept between steps "
+                   "(default: OUT/../quality_work)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny preset, the smoke unet_3d and unet_2d")
+    p.add_argument("--fresh", action="store_true", help="setup: delete an earlier plan's work folder and start over")
+    p.add_argument("--architectures", help=f"comma-separated (default: {','.join(ARCHITECTURES)})")
+    p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 4)")
+    p.add_argument("--val-every-min", type=float, help="validation period in training minutes (default: the configs')")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ARCH:]KEY=VALUE",
+                   help="a config override for every job or one architecture, e.g. unet_3d:optim.name=sgd")
+    p.add_argument("--concurrent", default=None, metavar="N3D,N2D", help="3D and 2D jobs at a time (default 2,2)")
+    p.add_argument("--cores", default=None, metavar="C3D,C2D", help="CPU cores per 3D and 2D job (default 3,5)")
+    p.add_argument("--synth-workers", type=int, default=None, help="processes generating the data (default 16)")
+    p.add_argument("--device", choices=("auto", "cpu"), default=None, help="default auto (--quick: cpu)")
+    p.add_argument("--step-limit-min", type=float, default=9.5,
+                   help="wall minutes this invocation may take; training jobs are stopped (and resume in the next "
+                        "train step) and the report is cut (and resumes) before it")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="report: leave out runs that did not finish their budget instead of failing")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.steps if s not in (*STEPS, "all")]
+    if unknown:
+        p.error(f"unknown step(s) {unknown}: choose from {', '.join(STEPS)} or all")
+    return args
+
+
+def _pair(text: str | None, default: dict[str, int]) -> dict[str, int]:
+    if text is None:
+        return default
+    try:
+        a, b = (int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected two integers N3D,N2D, got {text!r}") from None
+    return {"3d": a, "2d": b}
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings a new plan gets from the command line."""
+    quick = args.quick
+    archs = tuple(args.architectures.split(",")) if args.architectures else (
+        QUICK_ARCHITECTURES if quick else ARCHITECTURES)
+    ones = {"3d": 1, "2d": 1}
+    return Settings(quick=quick, architectures=archs, preset="tiny" if quick else "quality", seed=0,
+                    synth_workers=args.synth_workers or (1 if quick else 16),
+                    budget_min=args.budget_min if args.budget_min is not None else (0.15 if quick else None),
+                    val_every_min=args.val_every_min if args.val_every_min is not None else (0.05 if quick else None),
+                    sets=tuple(args.sets), concurrent=_pair(args.concurrent, ones if quick else {"3d": 2, "2d": 2}),
+                    cores=_pair(args.cores, ones if quick else {"3d": 3, "2d": 5}),
+                    device=args.device or ("cpu" if quick else "auto"))
+
+
+# -------------------------------------------------------------------------------------------------------- steps
+
+
+def check(settings: Settings, work: Path) -> list[Job]:
+    """Resolve and check the jobs (bad input fails here, before any GPU time), and the machine's cores."""
+    jobs = make_jobs(settings, work)
+    available = len(os.sched_getaffinity(0))
+    for kind, cores in settings.cores.items():
+        if cores < 1 or cores > available:
+            raise ValueError(f"--cores: a {kind} job needs {cores} cores, this machine has {available}")
+    tc = jobs[0].cfg.train
+    kinds = {k: sum(j.kind == k for j in jobs) for k in ("3d", "2d")}
+    waves = max(math.ceil(n / max(settings.concurrent[k], 1)) for k, n in kinds.items())
+    print(f"plan: {len(jobs)} jobs ({kinds['3d']} 3D, {kinds['2d']} 2D), {tc.time_budget_min:g} training minutes "
+          f"each, validated every {tc.val_every_min:g}; {settings.concurrent['3d']} 3D + {settings.concurrent['2d']} "
+          f"2D at a time on {settings.cores['3d']} / {settings.cores['2d']} cores: {waves} wave(s) of "
+          f"{tc.time_budget_min:g} min + set-up, compilation and validation each")
+    return jobs
+
+
+def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -> int:
+    """Check the plan, claim the work folder (plan.json), generate the data (once), build the boundary caches."""
+    old = load_plan(work)
+    if old is not None and old != settings and not args.fresh:
+        raise ValueError(f"{work} holds a plan made with other settings ({_differences(old, settings)}); pass "
+                         "--fresh to start over, or run the later steps without changing options")
+    if old is None and work.is_dir() and any(work.iterdir()):
+        raise ValueError(f"--work {work} is not empty and holds no {PLAN_FILE}: choose another folder")
+    jobs = check(settings, work)
+    if args.fresh and old is not None:
+        shutil.rmtree(work)
+    save_plan(settings, work)  # first: a setup cut short is finished by the next one
+    data = work / "data"
+    if not (data / "synth.json").is_file():
+        from cellseg.synth import generate
+
+        # atomic: `data` appears complete or not at all, and a killed run's leftovers are removed by the next
+        summary = generate(data, preset=settings.preset, seed=settings.seed, workers=settings.synth_workers)
+        print(summary.format())
+    warm_caches(jobs[0], settings.synth_workers)
+    _write(out / "quality_setup.json", {"settings": settings.to_json(), "jobs": [_job_doc(j) for j in jobs],
+                                        "data": json.loads((data / "synth.json").read_text())})
+    return 0
+
+
+def ready(work: Path) -> bool:
+    """A finished setup: the plan and the data are there."""
+    return (work / PLAN_FILE).is_file() and (work / "data" / "synth.json").is_file()
+
+
+def warm_caches(job: Job, workers: int) -> None:
+    """Build the training crops' instance-boundary caches now, in parallel, so that no training job (of the first
+    wave more than of the second) spends its start on them: every job reads the same files (same crops, classes
+    and voxel size; `cellseg.data.boundary_cache`)."""
+    from cellseg.data.loader import make_split
+
+    data = job.cfg.data
+    if not (data.instance_boundaries and data.boundary_cache):
+        return
+    entries = [e for e in make_split(data) if e.split == "train"]
+    context = multiprocessing.get_context("spawn")  # no inherited threads; each worker imports what it needs
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(entries)), mp_context=context) as pool:
+        list(pool.map(_warm_one, [(data, e) for e in entries]))
+
+
+def _warm_one(task: tuple[Any, Any]) -> None:
+    from cellseg.data.loader import open_crops, warm_boundary_caches
+
+    data, entry = task
+    warm_boundary_caches(open_crops([entry], data), data.voxel_size_nm)
+
+
+def _differences(a: Settings, b: Settings) -> str:
+    da, db = a.to_json(), b.to_json()
+    return "; ".join(f"{k}: then {da[k]!r}, now {db[k]!r}" for k in da if da[k] != db.get(k))
+
+
+def _job_doc(job: Job) -> dict[str, Any]:
+    return {"arch": job.arch, "kind": job.kind, "config": str(job.config), "overrides": list(job.overrides)}
+
+
+def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *, started: float) -> int:
+    """Run the jobs until they finish or the step limit; 75 when some must continue in another train step."""
+    jobs = check(settings, work)
+    grace_s = 45.0  # a stopped job checkpoints (a validation in flight finishes first)
+    deadline = started + 60 * args.step_limit_min - grace_s - 15  # 15 s: this process's own status writing
+    outcomes = Scheduler(jobs=jobs, settings=settings, work=work, deadline=deadline, grace_s=grace_s,
+                         min_start_s=30.0 if settings.quick else 180.0).run()
+    progress = {}
+    for job in jobs:
+        try:
+            progress[job.arch] = read_curve(job.run_dir, job.arch).to_json()
+        except (FileNotFoundError, ValueError) as err:
+            progress[job.arch] = {"error": str(err)}
+    _write(out / "quality_train.json", {"outcomes": outcomes, "progress": progress, "schedule": read_schedule(work)})
+    for arch, outcome in outcomes.items():
+        print(f"{arch:10} {outcome}")
+    if all(job_done(j) for j in jobs):
+        return 0
+    print("some jobs have not finished their budget: run the train step again (they resume)", file=sys.stderr)
+    return EXIT_RESUMABLE
+
+
+def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *, started: float) -> int:
+    """The ablation over the finished runs (`cellseg report`) and the result files."""
+    jobs = make_jobs(settings, work)
+    missing = [j.arch for j in jobs if not job_done(j)]
+    if missing and not args.allow_missing:
+        raise ValueError(f"runs that have not finished their budget: {missing} (run the train step again, or pass "
+                         "--allow-missing to report on the others)")
+    jobs = [j for j in jobs if j.arch not in missing]
+    curves = [read_curve(j.run_dir, j.arch) for j in jobs]  # a run that never validated fails here
+    tuning = tuning_crops(jobs)
+    cmd = [sys.executable, "-m", "cellseg", "-q", "report", "--runs", *(str(j.run_dir) for j in jobs),
+           "--out", str(work / "report"), "--crops", "test", "--tune-crops", ",".join(tuning),
+           "--device", settings.device]
+    remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it
+    try:
+        code = subprocess.run(cmd, timeout=max(remaining, 1)).returncode
+    except subprocess.TimeoutExpired:
+        print("the report was cut by the step limit: run the report step again (it resumes)", file=sys.stderr)
+        return EXIT_RESUMABLE
+    if code:
+        print(f"cellseg report failed (exit {code}; its messages are above)", file=sys.stderr)
+        return code
+    doc = json.loads((work / "report" / "report.json").read_text())
+    write_outputs(out, _run_doc(settings, jobs, work, missing), curves, doc)
+    for name, target in REPORT_FIGURES.items():
+        if (work / "report" / name).is_file():
+            shutil.copyfile(work / "report" / name, out / target)
+    print(f"wrote {out}/quality.md, quality.json, quality_curves.png")
+    return 0
+
+
+def tuning_crops(jobs: Sequence[Job]) -> list[str]:
+    """The ids of the validation crops of role "tuning" (every run has the same roles).
+
+    Raises:
+        ValueError: runs whose validation roles differ, or no tuning crop.
+    """
+    from cellseg.data.split import ROLES_FILE, read_roles
+
+    roles = {j.arch: read_roles(j.run_dir / ROLES_FILE) for j in jobs}
+    first = jobs[0].arch
+    differ = [arch for arch, r in roles.items() if r != roles[first]]
+    if differ:
+        raise ValueError(f"runs {differ} have other validation roles than {first} ({ROLES_FILE})")
+    tuning = [name.removeprefix("crop") for name, role in roles[first].items() if role == "tuning"]
+    if not tuning:
+        raise ValueError(f"{jobs[0].run_dir / ROLES_FILE}: no validation crop of role tuning to fit weights on")
+    return tuning
+
+
+def _run_doc(settings: Settings, jobs: Sequence[Job], work: Path, missing: Sequence[str]) -> dict[str, Any]:
+    import torch
+
+    cfg = jobs[0].cfg
+    return {"created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU",
+            "torch": torch.__version__, "settings": settings.to_json(), "jobs": [_job_doc(j) for j in jobs],
+            "missing": list(missing), "schedule": read_schedule(work),
+            "setup": {"budget_min": cfg.train.time_budget_min, "val_every_min": cfg.train.val_every_min,
+                      "val_metric": cfg.val.metric, "preset": settings.preset, "seed": settings.seed}}
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the requested steps; 0 when all finished, 75 when a step must be run again, 2 on bad input."""
+    started = time.monotonic()
+    args = parse_args(argv)
+    work = args.work or args.out.resolve().parent / "quality_work"
+    steps = ["setup", "train", "report"] if not args.steps or "all" in args.steps else list(dict.fromkeys(args.steps))
+    try:
+        asked = settings_from(args)
+        for step in steps:
+            if step == "check":
+                check(asked, work)
+                continue
+            if step == "setup":
+                setup(asked, work, args.out, args)
+                continue
+            if step == "report" and load_plan(work) is None:
+                raise FileNotFoundError(f"{work}: no {PLAN_FILE}, nothing trained there: run setup and train")
+            if step == "train" and not ready(work):
+                setup(load_plan(work) or asked, work, args.out, args)  # nothing there: start over cleanly
+            settings = load_plan(work) or asked
+            if settings != asked:
+                print(f"using the settings of {work / PLAN_FILE} ({_differences(settings, asked)}); setup --fresh "
+                      "changes them", file=sys.stderr)
+            run = train if step == "train" else report
+            code = run(settings, work, args.out, args, started=started)
+            if code:
+                return code
+    except (ValueError, FileNotFoundError) as err:
+        print(f"bench.quality: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0

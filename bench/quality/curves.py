@@ -1,0 +1,121 @@
+"""Time-to-score curves: each run's validation scores against minutes of its training clock, whether each curve
+has plateaued, and one figure of all of them.
+
+A run's `metrics.jsonl` (`cellseg.train.logs`) holds validation records `{"step", "time", "train_min", "job_min",
+"val": {...}}`; a resumed run may log a step again after its last checkpoint, and the later record wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PLATEAU_TOLERANCE = 0.03  # "plateaued": the last two validations within 3 % of the larger of the two
+
+
+@dataclass(frozen=True, kw_only=True)
+class Curve:
+    """One run's validation scores over its training clock.
+
+    Attributes:
+        arch: the architecture.
+        era: the validation metric's era.
+        points: per validation: step, train_min (training clock), job_min (wall minutes since that job began),
+            overall, instance, semantic.
+        steps: optimizer steps trained; samples_per_s: median logged training throughput.
+    """
+
+    arch: str
+    era: str
+    points: list[dict[str, float]]
+    steps: int
+    samples_per_s: float
+
+    @property
+    def plateaued(self) -> bool | None:
+        """Last two validations within `PLATEAU_TOLERANCE` of each other (None with fewer than two)."""
+        return plateaued([p["overall"] for p in self.points])
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"arch": self.arch, "era": self.era, "points": self.points, "steps": self.steps,
+                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued}
+
+
+def plateaued(scores: Sequence[float], tolerance: float = PLATEAU_TOLERANCE) -> bool | None:
+    """Whether the last two scores differ by at most `tolerance` of the larger one (two zeros: yes)."""
+    if len(scores) < 2 or any(math.isnan(s) for s in scores[-2:]):
+        return None
+    a, b = scores[-2], scores[-1]
+    return abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def read_curve(run_dir: Path, arch: str) -> Curve:
+    """The curve of one run directory.
+
+    Raises:
+        FileNotFoundError: no metrics.jsonl.
+        ValueError: a run that never validated, or whose records carry no training clock (`train_min`).
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{arch}: {path} is missing: the run never started")
+    val: dict[int, dict[str, Any]] = {}
+    train: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            if isinstance(entry.get("val"), dict) and "overall_score" in entry["val"]:
+                val[int(entry["step"])] = entry
+            elif isinstance(entry.get("train"), dict):
+                train[int(entry["step"])] = entry["train"]
+    if not val:
+        raise ValueError(f"{arch}: {path} holds no validation: the run never validated (no curve, no best.pt)")
+    if any("train_min" not in e for e in val.values()):
+        raise ValueError(f"{arch}: {path} has validation records without train_min (written before the training "
+                         "clock existed): train it again")
+    points = [{"step": step, "train_min": e["train_min"], "job_min": e.get("job_min", math.nan),
+               "overall": _number(e["val"]["overall_score"]),
+               "instance": _number(e["val"].get("overall_instance_score")),
+               "semantic": _number(e["val"].get("overall_semantic_score"))}
+              for step, e in sorted(val.items())]
+    rates = [r["samples_per_s"] for r in train.values() if isinstance(r.get("samples_per_s"), int | float)]
+    eras = {str(e["val"].get("metric")) for e in val.values()}
+    return Curve(arch=arch, era=eras.pop() if len(eras) == 1 else "mixed", points=points,
+                 steps=max([*train, *val]), samples_per_s=statistics.median(rates) if rates else math.nan)
+
+
+def curves_figure(curves: Sequence[Curve], *, budget_min: float) -> Any:
+    """Validation score (overall, the runs' era) against training-clock minutes: one line per architecture,
+    solid for 3D and dashed for 2D models, a hollow last marker where the curve has not plateaued."""
+    from cellseg.viz.curves import RUN_COLORS
+    from cellseg.viz.figure import new_figure
+
+    fig = new_figure(720, 440)
+    ax = fig.subplots()
+    for curve, colour in zip(curves, RUN_COLORS, strict=False):
+        x = [p["train_min"] for p in curve.points]
+        y = [p["overall"] for p in curve.points]
+        style = "--" if curve.arch.endswith("_2d") else "-"
+        flat = {True: "plateaued", False: "rising or falling", None: "too few points"}[curve.plateaued]
+        ax.plot(x, y, style, color=colour, marker="o", markersize=4, linewidth=1.6, label=f"{curve.arch} ({flat})")
+        if curve.plateaued is False:
+            ax.plot(x[-1:], y[-1:], "o", markersize=9, markerfacecolor="none", color=colour)
+    eras = {c.era for c in curves}
+    ax.set_xlabel("training minutes (clock of train.time_budget_min: set-up and validation not counted)", fontsize=8)
+    ax.set_ylabel(f"validation overall score ({', '.join(sorted(eras))} metric)", fontsize=8)
+    ax.set_xlim(0, budget_min * 1.02)
+    ax.set_ylim(bottom=-0.01)  # scores of 0 stay visible
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set_title("time to score: each architecture for the same wall-clock budget on one shared GPU", fontsize=9)
+    return fig

@@ -1,0 +1,141 @@
+"""The result files of the report step: `quality.md` (tables ready for docs/quality.md), `quality.json`
+(everything) and `quality_curves.png`, from the curves, the schedule and `cellseg report`'s report.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.quality.curves import PLATEAU_TOLERANCE, Curve, curves_figure
+
+ERAS = ("2025", "2026")
+
+
+def fmt(value: Any) -> str:
+    """A score with 4 decimals ("n/a" for a missing or NaN one)."""
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def _overall(row: Mapping[str, Any], era: str, part: str = "overall") -> Any:
+    return row.get("scores", {}).get(era, {}).get(part)
+
+
+def ablation_table(report: Mapping[str, Any]) -> list[str]:
+    """Stages 1-5 of `cellseg report`, both eras: overall (instance, semantic)."""
+    rows = [[s["title"], *(f"{fmt(_overall(s, e))} ({fmt(_overall(s, e, 'instance'))}, "
+                            f"{fmt(_overall(s, e, 'semantic'))})" for e in ERAS)] for s in report["stages"]]
+    return _table(["stage", *(f"{e} overall (instance, semantic)" for e in ERAS)], rows)
+
+
+def singles_table(report: Mapping[str, Any], curves: Mapping[str, Curve]) -> list[str]:
+    """Each architecture alone on the test crops, beside its training: steps, throughput, its curve's end."""
+    rows = []
+    for s in report["singles"]:
+        arch = s["key"].removeprefix("single_")
+        c = curves.get(arch)
+        rows.append([arch, *(fmt(_overall(s, e)) for e in ERAS),
+                     str(c.steps) if c else "", f"{c.samples_per_s:.1f}" if c else "",
+                     fmt(c.points[-1]["overall"]) if c else "", _plateau_text(c)])
+    return _table(["architecture", "2025 test", "2026 test", "steps", "samples/s", "last validation",
+                   "plateaued"], rows)
+
+
+def _plateau_text(curve: Curve | None) -> str:
+    return "" if curve is None else {True: "yes", False: "**no**", None: "n/a"}[curve.plateaued]
+
+
+def curve_table(curves: Sequence[Curve], val_every_min: float) -> list[str]:
+    """Validation overall score per architecture at each validation period (a validation runs at the first step
+    after its period's minute, so `train_min` lies within a step of k × `val_every_min`)."""
+    def period(minutes: float) -> int:
+        return math.floor(minutes / val_every_min + 1e-6)
+
+    periods = sorted({period(p["train_min"]) for c in curves for p in c.points})
+    rows = []
+    for c in curves:
+        at = {period(p["train_min"]): p["overall"] for p in c.points}  # the later validation of a period wins
+        rows.append([c.arch, *(fmt(at.get(k)) for k in periods), _plateau_text(c)])
+    return _table(["architecture", *(f"{k * val_every_min:g} min" for k in periods), "plateaued"], rows)
+
+
+def class_table(report: Mapping[str, Any], era: str) -> list[str]:
+    """Per-class test scores of every architecture alone and of the final stage (post-processed ensemble)."""
+    columns = [(s["key"].removeprefix("single_"), s) for s in report["singles"]] + [("ensemble (5)",
+                                                                                    report["stages"][-1])]
+    classes = sorted({k for _, s in columns for k in s.get("scores", {}).get(era, {}).get("classes", {})})
+    rows = [[name, *(fmt(s["scores"][era]["classes"].get(name)) for _, s in columns)] for name in classes]
+    return _table(["class", *(n for n, _ in columns)], rows)
+
+
+def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """When each job ran (minutes after the first start), on which cores, and how it ended."""
+    if not events:
+        return []
+    t0 = min(e["time"] for e in events)
+    rows, open_ = [], {}
+    for e in events:
+        if e["event"] == "start":
+            open_[e["arch"]] = e
+        elif e["event"] == "exit" and e["arch"] in open_:
+            s = open_.pop(e["arch"])
+            rows.append([e["arch"], f"{(s['time'] - t0) / 60:.1f}", f"{(e['time'] - t0) / 60:.1f}",
+                         ",".join(map(str, s.get("cpus", []))), e.get("outcome", "")])
+    return _table(["job", "start (min)", "end (min)", "cores", "outcome"], rows)
+
+
+def timings_table(report: Mapping[str, Any]) -> list[str]:
+    """`cellseg report`'s time per stage."""
+    rows = [[t["step"], f"{t['seconds']:.1f}", "yes" if t.get("resumed") else ""] for t in report.get("timings", [])]
+    return _table(["report step", "seconds", "resumed"], rows)
+
+
+def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[str, Any]) -> str:
+    """quality.md: the tables of one benchmark run."""
+    s = doc["setup"]
+    by_arch = {c.arch: c for c in curves}
+    lines = [f"Results of `bench/quality.py` ({doc['created']}, {doc['device']}): {len(curves)} architectures, "
+             f"{s['budget_min']:g} minutes of training clock each, validated every {s['val_every_min']:g} minutes "
+             f"({s['val_metric']} metric); data: preset `{s['preset']}` seed {s['seed']}; "
+             f"{len(report['crops']['scored'])} test crops scored, tuned on {len(report['crops']['tuning'])} "
+             f"validation crops ({', '.join(report['crops']['tuning'])}).", "",
+             "**Ablation** (test crops; ensemble weights and post-processing tuned on the tuning crops):", "",
+             *ablation_table(report),
+             "**Single models** (test crops, no TTA, threshold 0.5) and their training:", "",
+             *singles_table(report, by_arch),
+             f"**Time to score** (validation overall score by minute of training clock; plateaued: the last two "
+             f"within {100 * PLATEAU_TOLERANCE:g} %):", "", *curve_table(curves, s["val_every_min"]),
+             "![time to score](quality_curves.png)", ""]
+    for era in reversed(ERAS):
+        lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",
+                  "", *class_table(report, era)]
+    lines += ["**Schedule** (one GPU):", "", *schedule_table(doc["schedule"]),
+              "**Report cost** (`cellseg report`, seconds per step):", "", *timings_table(report)]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, doc: dict[str, Any], curves: Sequence[Curve], report: Mapping[str, Any]) -> list[Path]:
+    """quality.md, quality.json and quality_curves.png into `out`; returns their paths."""
+    from cellseg.viz.figure import save_png
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {**doc, "curves": [c.to_json() for c in curves],
+           "ablation": [{"title": s["title"], **{e: {k: _overall(s, e, k) for k in ("overall", "instance", "semantic")}
+                                                  for e in ERAS}} for s in report["stages"]],
+           "singles": {s["key"].removeprefix("single_"): {e: {"overall": _overall(s, e),
+                                                               "classes": s["scores"][e]["classes"]} for e in ERAS}
+                       for s in report["singles"]},
+           "final_classes": {e: report["stages"][-1]["scores"][e]["classes"] for e in ERAS},
+           "report_timings": report.get("timings", []), "crops": report["crops"]}
+    paths = [out / "quality.md", out / "quality.json", out / "quality_curves.png"]
+    paths[0].write_text(markdown(doc, curves, report) + "\n")
+    paths[1].write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    save_png(curves_figure(curves, budget_min=doc["setup"]["budget_min"]), paths[2], overwrite=True)
+    return paths

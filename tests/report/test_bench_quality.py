@@ -1,0 +1,164 @@
+"""bench/quality runs end to end on CPU (`--quick`), so that the GPU run is known to start, train, report and
+write its result files; bad input fails before any training; the scheduler stops jobs at the step limit and a
+later step resumes them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load(module: str = "bench.quality"):
+    """A module of the `bench.quality` package of this checkout (run from the repository root)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(module)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(out, work) of one `--quick` run of every step."""
+    root = tmp_path_factory.mktemp("quality")
+    out, work = root / "out", root / "work"
+    assert load().main(["--quick", "--out", str(out), "--work", str(work)]) == 0
+    return out, work
+
+
+def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
+    out, work = quick
+    assert {p.name for p in out.iterdir()} >= {"quality.md", "quality.json", "quality_curves.png", "quality_setup.json",
+                                               "quality_train.json", "quality_overall.png", "quality_report.md"}
+    doc = json.loads((out / "quality.json").read_text())
+    assert [c["arch"] for c in doc["curves"]] == ["unet_3d", "unet_2d"]
+    for curve in doc["curves"]:
+        minutes = [p["train_min"] for p in curve["points"]]
+        assert len(minutes) == 3 and minutes == sorted(minutes) and minutes[-1] >= 0.15  # 3 validations, the last at the budget
+        assert all(p["job_min"] > p["train_min"] for p in curve["points"])  # set-up and validation are not charged
+        assert curve["plateaued"] in (True, False) and curve["steps"] > 0
+    assert len(doc["ablation"]) == 5 and set(doc["singles"]) == {"unet_3d", "unet_2d"}
+    assert doc["crops"]["tuning"] == ["crop2"] and doc["crops"]["scored"] == ["crop501", "crop502"]
+    assert {e["event"] for e in doc["schedule"]} == {"start", "exit"}
+    md = (out / "quality.md").read_text()
+    for heading in ("**Ablation**", "**Single models**", "**Time to score**", "**Per-class test scores, 2026 metric**",
+                    "**Schedule**", "**Report cost**"):
+        assert heading in md
+    assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
+    # Every step is idempotent: a second `all` finds everything done and only rewrites the result files.
+    assert load().main(["--quick", "--out", str(out), "--work", str(work)]) == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--budget-min", "0.1", "--val-every-min", "0.05"], "too short for 3 validations"),
+    (["--budget-min", "0.2", "--val-every-min", "0.06"], "not a multiple of train.val_every_min"),
+    (["--set", "unet_2d:data.classes=[mito]"], "differ in data.classes"),
+    (["--set", "vit_9d:optim.lr=1"], "'vit_9d' is not one of the jobs"),
+    (["--cores", "1,99"], "a 2d job needs 99 cores"),
+])
+def test_bad_input_fails_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                         message: str) -> None:
+    code = load().main(["check", "--quick", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *args])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+
+
+def test_report_refuses_a_run_that_never_validated(quick: tuple[Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(quick[1] / "runs", work / "runs")
+    shutil.copy(quick[1] / "plan.json", work / "plan.json")
+    metrics = work / "runs" / "unet_2d" / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"val"' not in line))
+    assert load().main(["report", "--out", str(tmp_path / "out"), "--work", str(work)]) == 2
+    assert "unet_2d" in (err := capsys.readouterr().err) and "never validated" in err
+    assert not (work / "report").exists()  # nothing was predicted
+
+
+def test_report_without_a_plan_and_setup_with_other_settings_fail(quick: tuple[Path, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    main = load().main
+    assert main(["report", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "empty")]) == 2
+    assert "nothing trained there" in capsys.readouterr().err
+    assert main(["setup", "--quick", "--budget-min", "0.3", "--out", str(tmp_path / "o"), "--work", str(quick[1])]) == 2
+    assert "budget_min: then 0.15, now 0.3" in capsys.readouterr().err
+
+
+FAKE_TRAIN = """
+import pathlib, signal, sys, time
+run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True)
+progress = run / "progress"
+done = int(progress.read_text()) if progress.is_file() else 0
+signal.signal(signal.SIGTERM, lambda *_: (progress.write_text(str(done)), sys.exit(75)))
+while done < int(sys.argv[2]):
+    time.sleep(0.05)
+    done += 1
+(run / "result.json").write_text("{}")
+"""
+
+
+def test_scheduler_stops_jobs_at_the_deadline_and_the_next_step_resumes_them(tmp_path: Path) -> None:
+    """Two slots (one per kind), three jobs: the third waits for a free slot; the deadline stops what runs with
+    SIGTERM (a checkpoint, exit 75: "stopped"); the next step finishes the stopped jobs and starts the waiting one."""
+    plan, schedule = load("bench.quality.plan"), load("bench.quality.schedule")
+    settings = plan.Settings(quick=True, architectures=("unet_3d", "unet_2d", "resnet_3d"), preset="tiny",
+                             concurrent={"3d": 1, "2d": 1}, cores={"3d": 1, "2d": 1}, device="cpu",
+                             budget_min=0.15, val_every_min=0.05)
+    jobs = plan.make_jobs(settings, tmp_path)
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    ticks = {"unet_3d": 200, "unet_2d": 10, "resnet_3d": 20}  # 50 ms each: unet_3d needs 10 s
+
+    def fake(job, workers: int) -> list[str]:
+        return [sys.executable, str(script), str(job.run_dir), str(ticks[job.arch])]
+
+    def step(seconds: float) -> dict[str, str]:
+        return schedule.Scheduler(jobs=jobs, settings=settings, work=tmp_path, deadline=time.monotonic() + seconds,
+                                  grace_s=10.0, min_start_s=0.5, command=fake).run()
+
+    first = step(4.0)
+    assert first["unet_3d"] == "stopped" and first["unet_2d"] == "done" and first["resnet_3d"] == "not started"
+    assert 0 < int((jobs[0].run_dir / "progress").read_text()) < 200
+    assert step(60.0) == {"unet_3d": "done", "unet_2d": "done", "resnet_3d": "done"}
+    events = schedule.read_schedule(tmp_path)
+    assert [e["arch"] for e in events if e["event"] == "start"] == ["unet_3d", "unet_2d", "unet_3d", "resnet_3d"]
+    assert [e["arch"] for e in events if e["event"] == "sigterm"] == ["unet_3d"]
+
+
+def test_plateau_rule() -> None:
+    plateaued = load("bench.quality.curves").plateaued
+    assert plateaued([0.1, 0.30, 0.305]) is True and plateaued([0.2, 0.3]) is False
+    assert plateaued([0.0, 0.0]) is True and plateaued([0.5]) is None and plateaued([0.4, float("nan")]) is None
+
+
+DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train.max_steps", "train.val_every_min",
+              "train.val_every", "train.checkpoint_every", "train.num_gpus", "train.compile",
+              "optim.warmup_steps", "optim.warmup_min"}  # configs/quality/_budget.yaml and docs/quality.md
+
+
+def _flat(doc: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in doc.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value})
+    return out
+
+
+def test_quality_configs_differ_from_the_experiments_only_where_documented(tmp_path: Path) -> None:
+    from cellseg.config import load_run_config
+    from cellseg.config.load import to_dict
+
+    plan = load("bench.quality.plan")
+    jobs = plan.make_jobs(plan.Settings(), tmp_path)  # the GPU plan passes its own checks
+    assert [j.kind for j in jobs] == ["3d"] * 4 + ["2d"] * 4
+    for job in jobs:
+        quality = _flat(to_dict(load_run_config(job.config)))
+        experiment = _flat(to_dict(load_run_config(REPO / "configs" / "experiments" / f"{job.arch}.yaml")))
+        differ = {k for k in quality.keys() | experiment.keys() if quality.get(k) != experiment.get(k)}
+        assert differ <= DOCUMENTED, f"{job.arch}: undocumented differences {sorted(differ - DOCUMENTED)}"
+        assert job.cfg.train.time_budget_min == 4.0 and job.cfg.optim.ema_decay is None
