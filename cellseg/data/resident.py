@@ -2,37 +2,33 @@
 
 The streaming loader (`dataset.py`, `loader.py`) reads every patch from zarr in DataLoader workers: chunk
 decoding, resampling and target packing, sample after sample. The annotated data at one voxel size is small,
-so this module reads each training crop once instead, into its *block*: the crop's box plus the margin any
-patch centred in it can reach (class-balanced centres lie within the box ± `CENTRE_JITTER` of a patch, a
-window reaches half its read shape around its centre), on the EM lattice at the training voxel size (the
-lattice `PatchDataset.grid_for` snaps samples to), in the compact form the workers ship. Blocks live in GPU
-memory when they fit, else in host memory; a batch is then cut on the GPU (or on the CPU into one pinned
-buffer, copied to the GPU in one transfer).
+so resident data reads each training crop once instead, into a block (`cellseg.data.blocks`: the crop's EM
+with the margin its samples can reach, its targets in the compact form the workers ship), in GPU memory when
+it fits, else in host memory; a batch is then cut on the GPU (or on the CPU into one pinned buffer, copied to
+the GPU in one transfer).
 
-Same samples as streaming: sample i is `PatchSampler(i)` → `PatchSpec` → `grid_for` (rotated samples take the
-context-enlarged window, the others the patch centred in a zero frame), and the `EpochSampler` decides which
-indices form a batch, so seeds, epochs and resumed runs behave the same. Where the EM has a level at the
-training voxel size, windows are plain slices and a batch equals the streaming loader's bit for bit: EM, ids,
-class bits and known masks, and the boundary channels whenever the streaming loader takes them from
-`data.boundary_cache` (blocks compute them over the whole crop, as the cache does; per patch the streaming
-loader misses touching voxels at the patch's faces). Where no EM level has the training voxel size, a block
-is resampled once, on the lattice of the closest level, and samples snap to that lattice: a sample moves by
-less than half a voxel from where the streaming loader would read it, and its EM is the block's resampling.
+Same samples as streaming: sample i is `PatchSampler(i)` → `PatchSpec` → `PatchDataset.grid_for` (rotated
+samples take the context-enlarged window, the others the patch centred in a zero frame), and the
+`EpochSampler` decides which indices form a batch, so seeds, epochs and resumed runs behave the same. Where
+the EM has a level at the training voxel size, windows are plain slices and a batch equals the streaming
+loader's bit for bit: EM, ids, class bits and known masks, and the boundary channels whenever the streaming
+loader takes them from `data.boundary_cache` (blocks compute them over the whole crop, as the cache does; per
+patch the streaming loader misses touching voxels on the patch's faces). Where no EM level has the training
+voxel size, a block is resampled once, on the lattice of the closest level, and samples snap to that lattice:
+a sample moves by less than half a voxel from where the streaming loader would read it, and its EM is the
+block's resampling.
 
-Block layout, uint8 `(W, z, y, x)`: the EM byte, the `all` id byte ("ids" encoding only), then the packed target
-bytes and the packed known bytes (boundary channels in "ids", every channel in "bits"). A batch is one `(B, W,
-*read)` tensor whose channel slices form the batch dict `GpuAugment` takes (`cellseg.data.dataset`).
+Where the data goes (`data.resident`, `choose_placement`): GPU memory when the blocks fit a share of what the
+model and a training step leave free, else host memory within a budget, else streaming, with a notice.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -40,123 +36,13 @@ import numpy as np
 import torch
 
 from cellseg.config.schema import DataConfig
-from cellseg.data.boundary_cache import lattice_grid
-from cellseg.data.dataset import EpochSampler, PatchDataset, oriented_shape
+from cellseg.data.blocks import Block, Layout, block_grid, block_nbytes, fill_block
+from cellseg.data.dataset import EpochSampler, PatchDataset
 from cellseg.data.grid import Grid
-from cellseg.data.sampling import CENTRE_JITTER
-from cellseg.data.targets import ALL_OUTSIDE, CropSource
 
 log = logging.getLogger(__name__)
 Placement = Literal["gpu", "host", "off"]
-SLACK_VOX = 2  # extra voxels around every block: a window's origin snaps by up to half a voxel
-HALO_VOX = 1  # label planes read above and below each slab: boundary channels compare 6-neighbours
-SLAB_VOXELS = 2**22  # voxels read per slab while filling a block (bounds the reading's host memory)
 HOST_AVAILABLE_SHARE = 0.5  # never take more than this share of the host memory available now
-
-
-def outside_imaged(em: np.ndarray, pad_value: int) -> np.ndarray:
-    """Voxels "outside the imaged volume" (unknown for every channel): the streaming loader's black-padding rule."""
-    return em == pad_value
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The channels of a block: EM, the `all` id ("ids" encoding), `nbits` packed target then known bytes."""
-
-    ids: bool
-    nbits: int
-
-    @classmethod
-    def of(cls, dataset: PatchDataset) -> Layout:
-        """The layout of the dataset's target encoding (`PatchDataset.target_mode`)."""
-        crop = dataset.crops[0]
-        ids = dataset.target_mode == "ids"
-        return cls(ids=ids, nbits=-(-(len(crop.aux_classes) if ids else crop.num_channels) // 8))
-
-    @property
-    def width(self) -> int:
-        """W, bytes per voxel."""
-        return 1 + int(self.ids) + 2 * self.nbits
-
-    def batch(self, cut: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`(B, W, *S)` → the volumes of the batch dict (views of `cut`)."""
-        first = 1 + int(self.ids)
-        out = {"image": cut[:, :1]}
-        if self.ids:
-            out["ids"] = cut[:, 1:2]
-        out["target_bits"] = cut[:, first:first + self.nbits]
-        out["known_bits"] = cut[:, first + self.nbits:]
-        return out
-
-
-@dataclass
-class Block:
-    """One crop's resident data: `data` `(W, z, y, x)` uint8 on `grid` (the EM lattice at the training voxel size)."""
-
-    grid: Grid
-    data: torch.Tensor
-    dataset: str  # the CellMap dataset it comes from (for the log)
-
-    def window(self, grid: Grid) -> torch.Tensor:
-        """The `(W, *grid.shape_vox)` view of this block under `grid` (snapped to the block's lattice)."""
-        start = [round((t - b) / v) for t, b, v in zip(grid.translation_nm, self.grid.translation_nm,
-                                                        self.grid.voxel_size_nm, strict=True)]
-        if any(s < 0 or s + n > m for s, n, m in zip(start, grid.shape_vox, self.grid.shape_vox, strict=True)):
-            raise RuntimeError(f"window {grid} leaves its resident block {self.grid}: the block margin is wrong")
-        return self.data[(slice(None), *(slice(s, s + n) for s, n in zip(start, grid.shape_vox, strict=True)))]
-
-
-def block_grid(crop: CropSource, points: Sequence[np.ndarray], dataset: PatchDataset) -> Grid:
-    """The lattice grid holding every window a sample of `crop` can read (see the module docstring).
-
-    Args:
-        points: the crop's foreground points per class (nm), the centres of class-balanced samples.
-    """
-    vs = np.asarray(dataset.voxel_size_nm)
-    lo, hi = np.asarray(crop.start_nm), np.asarray(crop.stop_nm)  # uniform centres lie in the box
-    found = [p for p in points if len(p)]
-    if found:
-        lo, hi = np.minimum(lo, np.min([p.min(0) for p in found], 0)), np.maximum(hi, np.max([p.max(0) for p in found], 0))
-    shapes = [oriented_shape(dataset.read_shape_vox, a) for a in dataset.sampler.slice_axes]
-    half = (np.max(shapes, axis=0) - 1) / 2 * vs
-    margin = CENTRE_JITTER * dataset.sampler.extent + half + SLACK_VOX * vs
-    level = crop.em().choose_level(vs)
-    return lattice_grid(lo - margin, hi + margin, lattice_translation_nm=level.translation_nm, voxel_size_nm=vs)
-
-
-def _planes(grid: Grid, z0: int, z1: int) -> Grid:
-    """Planes `z0 <= z < z1` of `grid` (they may reach beyond it)."""
-    (tz, ty, tx), (vz, _, _) = grid.translation_nm, grid.voxel_size_nm
-    return Grid(translation_nm=(tz + z0 * vz, ty, tx), shape_vox=(z1 - z0, *grid.shape_vox[1:]),
-                voxel_size_nm=grid.voxel_size_nm)
-
-
-def read_slab(crop: CropSource, grid: Grid, dataset: PatchDataset, layout: Layout) -> np.ndarray:
-    """`(W, *grid.shape_vox)` uint8: EM and targets of `grid`, read as the streaming loader reads a window."""
-    em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=dataset.em_pad_value, dtype=np.uint8)
-    halo = _planes(grid, -HALO_VOX, grid.shape_vox[0] + HALO_VOX)
-    inner = (slice(None), slice(HALO_VOX, HALO_VOX + grid.shape_vox[0]))
-    black = outside_imaged(em, dataset.em_pad_value)
-    if layout.ids:
-        ids, tbits, kbits = crop.read_ids_and_boundaries(halo)
-        ids = ids[inner[1:]]
-        ids[black] = ALL_OUTSIDE
-        parts = [em[None], ids[None]]
-    else:
-        tbits, kbits = crop.read_targets_packed(halo, use_all=dataset.use_all)
-        parts = [em[None]]
-    kbits = kbits[inner] & np.where(black, np.uint8(0), np.uint8(255))[None]
-    return np.concatenate([*parts, tbits[inner], kbits])
-
-
-def fill_block(block: Block, crop: CropSource, dataset: PatchDataset, layout: Layout, progress) -> None:
-    """Read the block's grid slab by slab (bounded memory) into `block.data`."""
-    z_total, plane = block.grid.shape_vox[0], math.prod(block.grid.shape_vox[1:])
-    step = max(1, SLAB_VOXELS // plane)
-    for z0 in range(0, z_total, step):
-        z1 = min(z_total, z0 + step)
-        block.data[:, z0:z1].copy_(torch.from_numpy(read_slab(crop, _planes(block.grid, z0, z1), dataset, layout)))
-        progress.update((z1 - z0) * plane * layout.width)
 
 
 def choose_placement(mode: str, nbytes: int, *, cuda: bool, gpu_room_bytes: int, gpu_share: float,
@@ -205,12 +91,6 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
-def _dataset_name(em_url: str) -> str:
-    """`jrc_hela-2` from `.../jrc_hela-2/jrc_hela-2.zarr/recon-1/em/fibsem-uint8`."""
-    parts = [p for p in em_url.replace("\\", "/").split("/") if p.endswith(".zarr")]
-    return parts[-1][: -len(".zarr")] if parts else em_url
-
-
 class ResidentLoader:
     """Batches cut from resident blocks: an iterable in place of the DataLoader, with the same batch dict and the
     same `EpochSampler` contract (`sampler.set_epoch(epoch, start_batch=...)`, then `iter(loader)`).
@@ -233,9 +113,8 @@ class ResidentLoader:
         self.dataset, self.sampler, self.blocks = dataset, sampler, list(blocks)
         self.batch_size, self.device, self.placement, self.setup_s = batch_size, device, placement, setup_s
         self.layout = Layout.of(dataset)
-        self.nbytes = sum(b.data.numel() for b in self.blocks)
-        read, patch = dataset.read_shape_vox, dataset.patch_shape_vox
-        self._centre = (slice(None), *(slice((n - m) // 2, (n - m) // 2 + m) for m, n in zip(patch, read, strict=True)))
+        self.nbytes = sum(b.nbytes for b in self.blocks)
+        self._centre, self._frame = _centre_and_frame(dataset.read_shape_vox, dataset.patch_shape_vox)
         self._luts = None
         if self.layout.ids:  # (crops, 2, Kb, 256): target and known tables per crop
             tables = [np.stack(c.lookup_tables) for c in dataset.crops]
@@ -251,11 +130,12 @@ class ResidentLoader:
 
     def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         """The batch of these global sample indices, on `self.device`."""
-        source = self.blocks[0].data.device
+        source = self.blocks[0].em.device
         pin = source.type == "cpu" and self.device.type == "cuda"
-        cut = torch.empty((len(indices), self.layout.width, *self.dataset.read_shape_vox), dtype=torch.uint8,
-                          device=source, pin_memory=pin)
-        meta = torch.tensor([self._cut(cut[b], i) for b, i in enumerate(indices)], dtype=torch.int64)
+        zeroed = source.type == "cuda"  # there one memset of the batch costs less than zeroing frames one by one
+        cut = (torch.zeros if zeroed else torch.empty)((len(indices), self.layout.width, *self.dataset.read_shape_vox),
+                                                       dtype=torch.uint8, device=source, pin_memory=pin)
+        meta = torch.tensor([self._cut(cut[b], i, zeroed=zeroed) for b, i in enumerate(indices)], dtype=torch.int64)
         cut, meta = _to_device(cut, self.device), _to_device(meta, self.device)
         batch: dict[str, torch.Tensor] = {**self.layout.batch(cut), "crop": meta[:, 0], "seed": meta[:, 1],
                                           "rotate": meta[:, 2].bool()}
@@ -264,21 +144,33 @@ class ResidentLoader:
             batch.update(target_lut=luts[:, 0], known_lut=luts[:, 1])
         return batch
 
-    def _cut(self, out: torch.Tensor, i: int) -> tuple[int, int, int]:
-        """Copy sample i into `out` `(W, *read)`; returns (crop, seed, rotate)."""
+    def _cut(self, out: torch.Tensor, i: int, *, zeroed: bool) -> tuple[int, int, int]:
+        """Copy sample i into `out` `(W, *read)` (already zero if `zeroed`); returns (crop, seed, rotate)."""
         ds = self.dataset
         spec = ds.sampler(int(i))
         rotate = ds.rotates(spec)
         grid = ds.grid_for(spec, None if rotate else ds.patch_shape_vox)
-        window = self.blocks[spec.crop].window(grid)
-        if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:  # 2D across y or x: slice axis first
-            window = window.movedim(1 + spec.slice_axis, 1)
-        if rotate:
-            out.copy_(window)
-        else:  # the patch centred in a zero frame of the read shape, as the streaming loader pads it
-            out.zero_()
-            out[self._centre].copy_(window)
+        block = self.blocks[spec.crop]
+        start = block.start_of(grid)
+        if not rotate:  # the patch centred in a zero frame of the read shape, as the streaming loader pads it
+            for region in [] if zeroed else self._frame:
+                out[region].zero_()
+            out = out[self._centre]
+        if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:  # 2D across y or x: the batch has the
+            out = out.movedim(1, 1 + spec.slice_axis)  # slicing axis first; the block, in world orientation
+        block.cut(out, start, zeroed=zeroed)
         return spec.crop, spec.seed, int(rotate)
+
+
+def _centre_and_frame(read: Sequence[int], patch: Sequence[int]) -> tuple[tuple[slice, ...], list[tuple[slice, ...]]]:
+    """Index of the patch centred in a `(W, *read)` box, and of the (at most 6) boxes around it."""
+    inner: list[slice] = [slice(None)]
+    frame = []
+    for n, m in zip(read, patch, strict=True):
+        lo = (n - m) // 2  # the streaming loader's `_centre_pad` puts the odd voxel after the patch
+        frame += [(*inner, slice(0, lo)), (*inner, slice(lo + m, n))] if n > m else []
+        inner.append(slice(lo, lo + m))
+    return tuple(inner), frame
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -308,7 +200,7 @@ def build_resident(dataset: PatchDataset, sampler: EpochSampler, cfg: DataConfig
     layout = Layout.of(dataset)
     points = dataset.sampler.index.points
     grids = [block_grid(c, points[k], dataset) for k, c in enumerate(dataset.crops)]
-    nbytes = sum(math.prod(g.shape_vox) * layout.width for g in grids)
+    nbytes = sum(block_nbytes(g, c, layout) for g, c in zip(grids, dataset.crops, strict=True))
     cuda, host_budget = device.type == "cuda", host_budget_bytes(cfg)
     if gpu_room_bytes is None:
         gpu_room_bytes = torch.cuda.mem_get_info(device)[0] if cuda else 0
@@ -339,8 +231,7 @@ def _allocate(grids: Sequence[Grid], dataset: PatchDataset, layout: Layout, devi
     if placement == "off":
         return None
     try:
-        return [Block(grid=g, data=torch.empty((layout.width, *g.shape_vox), dtype=torch.uint8, device=device),
-                      dataset=_dataset_name(c.entry.em_url)) for g, c in zip(grids, dataset.crops, strict=True)]
+        return [Block.empty(g, c, layout=layout, device=device) for g, c in zip(grids, dataset.crops, strict=True)]
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:  # RuntimeError: a failed CUDA allocation
         log.warning("resident training data: %s memory could not be allocated (%s)", placement,
                     str(err).splitlines()[0] if str(err) else type(err).__name__)
@@ -354,15 +245,15 @@ def _fill(blocks: Sequence[Block], dataset: PatchDataset, layout: Layout, *, pro
     from tqdm import tqdm
 
     stats: dict[str, tuple[int, int, float]] = {}
-    total = sum(b.data.numel() for b in blocks)
+    total = sum(b.nbytes for b in blocks)
     with tqdm(total=total, unit="B", unit_scale=True, desc="resident training data", disable=not progress,
               leave=False) as bar:
         for block, crop in zip(blocks, dataset.crops, strict=True):
             start = time.perf_counter()
             fill_block(block, crop, dataset, layout, bar)
             crops, nbytes, seconds = stats.get(block.dataset, (0, 0, 0.0))
-            stats[block.dataset] = (crops + 1, nbytes + block.data.numel(), seconds + time.perf_counter() - start)
+            stats[block.dataset] = (crops + 1, nbytes + block.nbytes, seconds + time.perf_counter() - start)
     for name, (crops, nbytes, seconds) in sorted(stats.items()):
         log.info("resident training data, %s: %d crops, %s, read in %.1f s", name, crops, _gb(nbytes), seconds)
     log.info("resident training data: %d crops, %s on %s, read in %.1f s", len(blocks), _gb(total),
-             blocks[0].data.device, sum(s[2] for s in stats.values()))
+             blocks[0].em.device, sum(s[2] for s in stats.values()))

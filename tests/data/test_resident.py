@@ -1,0 +1,251 @@
+"""Resident training data: the same batches as the streaming loader, deterministic, resumable, and placed
+where the budgets allow (GPU, host memory, or streaming with a notice)."""
+
+import logging
+import math
+
+import pytest
+import torch
+from crafted import write_root
+
+from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig, replace
+from cellseg.data.blocks import Block, Layout, block_nbytes
+from cellseg.data.loader import build_train_data
+from cellseg.data.resident import ResidentLoader, build_resident, choose_placement, host_budget_bytes
+
+NO_INTENSITY = dict(intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0,
+                    misalign_p=0.0)
+GB = 10**9
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return write_root(tmp_path_factory.mktemp("crafted"), black_slab=True)  # black EM: the padding rule matters
+
+
+def _data(root, **kw):
+    base = dict(root=str(root), classes=("mito", "ecs", "golgi"), voxel_size_nm=(8.0, 8.0, 8.0),
+                patch_shape_vox=(8, 8, 8))
+    return DataConfig(**{**base, **kw})
+
+
+def _build(data, *, batch=4, seed=3, rotate_p=0.5, workers=0, samples=64, **kw):
+    return build_train_data(data, LoaderConfig(num_workers=workers, samples_per_epoch=samples),
+                            AugmentConfig(rotate_p=rotate_p, **NO_INTENSITY), batch_size=batch, seed=seed,
+                            device=torch.device("cpu"), **kw)
+
+
+def _pair(data, **kw):
+    """The resident loader and the streaming one of the same configuration."""
+    resident, streaming = _build(data, **kw), _build(replace(data, resident="off"), **kw)
+    assert resident.resident == "host" and streaming.resident == "off"
+    return resident, streaming
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].shape == b[key].shape and a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), key
+
+
+CASES = {  # name: (DataConfig overrides, use_all)
+    "3d-ids": (dict(), True),
+    "2d-ids": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x")), True),
+    "3d-bits": (dict(instance_boundaries=False), False),
+    "2d-bits": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x"), instance_boundaries=False), False),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_batches_equal_the_streaming_loader_bit_for_bit(root, tmp_path, case):
+    """EM with a level at the training voxel size: every batch equals the DataLoader's, rotated or not."""
+    overrides, use_all = CASES[case]
+    data = _data(root, boundary_cache=str(tmp_path / "cache"), **overrides)
+    resident, streaming = _pair(data)
+    if not use_all:  # the "bits" encoding: every channel travels as bits
+        for td in (resident, streaming):
+            td.dataset.use_all = False
+        resident.loader = build_resident(resident.dataset, resident.sampler, data, batch_size=4,
+                                         device=torch.device("cpu"))
+    assert resident.dataset.target_mode == streaming.dataset.target_mode == ("ids" if use_all else "bits")
+    rotated = []
+    for step, (a, b) in enumerate(zip(resident.loader, streaming.loader, strict=True)):
+        _assert_same(a, b)
+        rotated += a["rotate"].tolist()
+        image, target, known = resident.augment(a, step)
+        for x, y in zip((image, target, known), streaming.augment(b, step), strict=True):
+            assert torch.equal(x, y)
+        if step == 5:
+            break
+    assert any(rotated) and not all(rotated)
+    if case == "2d-ids":
+        assert {resident.dataset.sampler(i).slice_axis for i in range(24)} == {0, 1, 2}
+
+
+def test_boundary_channels_cover_the_whole_crop(root):
+    """In the "bits" encoding the streaming loader computes boundary channels per patch; blocks compute them over
+    the whole crop (as `data.boundary_cache` does), so they may differ only on a patch's faces."""
+    data = _data(root, patch_shape_vox=(12, 12, 12))
+    td = _build(data, rotate_p=0.0)  # read shape = patch shape
+    td.dataset.use_all = False
+    loader = build_resident(td.dataset, td.sampler, data, batch_size=4, device=torch.device("cpu"))
+    a = loader.batch(range(12))
+    b = torch.utils.data.default_collate([td.dataset[i] for i in range(12)])
+    boundary = len(data.classes)  # channels: mito, ecs, golgi, then mito's boundary channel (bit 3)
+    inside = (slice(None), slice(None), *[slice(1, -1)] * 3)
+    for key in ("target_bits", "known_bits"):
+        classes = (1 << boundary) - 1
+        assert torch.equal(a[key] & classes, b[key] & classes), key
+        assert torch.equal(a[key][inside], b[key][inside]), key
+    assert not torch.equal(a["target_bits"], b["target_bits"])  # touching voxels on the faces, seen by blocks only
+    _assert_same({k: a[k] for k in ("image", "crop", "seed", "rotate")}, {k: b[k] for k in ("image", "crop", "seed",
+                                                                                         "rotate")})
+
+
+def test_samples_snap_to_the_block_where_the_em_is_resampled(tiny_synth_root):
+    """The tiny root has 4 nm, 5.24 x 4 x 4 nm and 8 nm EM: at 8 nm only the anisotropic one is resampled."""
+    data = DataConfig(root=str(tiny_synth_root), classes=("mito", "er", "nuc", "ecs", "pm"),
+                      voxel_size_nm=(8.0, 8.0, 8.0), patch_shape_vox=(16, 16, 16))
+    td = _build(data, batch=1)
+    kinds = {"same": 0, "snapped": 0}
+    for i in range(40):
+        spec = td.dataset.sampler(i)
+        level = td.dataset.crops[spec.crop].em().choose_level(data.voxel_size_nm)
+        a, b = td.loader.batch([i]), torch.utils.data.default_collate([td.dataset[i]])
+        if level.voxel_size_nm == data.voxel_size_nm:
+            _assert_same(a, b)
+            kinds["same"] += 1
+        else:  # a different window (moved by < half a voxel) of a block resampled once: same shapes, other values
+            assert {k: (v.shape, v.dtype) for k, v in a.items()} == {k: (v.shape, v.dtype) for k, v in b.items()}
+            kinds["snapped"] += 1
+    assert kinds["same"] and kinds["snapped"]
+
+
+def test_same_seed_same_batches_any_worker_count(root):
+    def batches(seed, workers):
+        td = _build(_data(root), seed=seed, workers=workers)
+        assert isinstance(td.loader, ResidentLoader)  # no worker is started for resident data
+        return [b for _, b in zip(range(3), td.loader, strict=False)]
+
+    reference = batches(1, 0)
+    for a, b in zip(reference, batches(1, 2), strict=True):
+        _assert_same(a, b)
+    assert not all(torch.equal(a["image"], b["image"]) for a, b in zip(reference, batches(2, 0), strict=True))
+
+
+def test_resume_mid_epoch_gives_the_uninterrupted_batches(root):
+    """The `EpochSampler` contract: `set_epoch(e, start_batch=t)` continues exactly where a run stood, per rank."""
+    td = _build(_data(root), batch=2, samples=8)  # 4 batches per epoch
+    assert len(td.loader) == 4
+    uninterrupted = []
+    for epoch in range(2):
+        td.sampler.set_epoch(epoch)
+        uninterrupted += list(td.loader)
+    td.sampler.set_epoch(1, start_batch=2)
+    for a, b in zip(td.loader, uninterrupted[6:], strict=True):
+        _assert_same(a, b)
+    # Two ranks with batch 1 see the halves of one rank's batch of 2, as with the streaming loader.
+    ranks = [_build(_data(root), batch=1, samples=8, rank=r, world_size=2) for r in (0, 1)]
+    for t, (a, b) in enumerate(zip(*(r.loader for r in ranks), strict=True)):
+        both = {k: torch.cat([a[k], b[k]]) for k in a}
+        _assert_same(both, uninterrupted[t])
+
+
+def test_memory_accounting_and_margins(root):
+    td = _build(_data(root, patch_shape_vox=(12, 12, 12)))
+    loader, layout = td.loader, Layout.of(td.dataset)
+    assert layout.width == 1 + layout.targets == 1 + 1 + 2 * 1  # EM, `all` id, mito's boundary target and known
+    for block, crop in zip(loader.blocks, td.dataset.crops, strict=True):
+        box = block.targets.shape[1:]
+        assert block.nbytes == math.prod(block.grid.shape_vox) + layout.targets * math.prod(box)
+        assert block.nbytes == block_nbytes(block.grid, crop, layout)
+        assert math.prod(box) == 24**3  # targets only over the crop (24³ at 8 nm), EM over the margin too
+    assert loader.nbytes == sum(b.nbytes for b in loader.blocks)
+    for i in range(0, 4000, 7):  # no window ever leaves its block (`Block.start_of` raises if one does)
+        loader.batch([i])
+    bits = Layout(ids=False, nbits=1)
+    assert bits.width == 3 and set(bits.batch(torch.zeros(2, 3, 1, 1, 1))) == {"image", "target_bits", "known_bits"}
+
+
+def test_small_budget_streams_with_a_notice(root, caplog):
+    with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
+        td = _build(_data(root, resident_host_gb=0.0))
+    assert td.resident == "off" and isinstance(td.loader, torch.utils.data.DataLoader)
+    assert any(r.levelno == logging.WARNING and "streams from zarr" in r.getMessage() and "resident_host_gb"
+               in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
+        assert _build(_data(root, resident="off")).resident == "off"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.endswith("resident")]  # asked for
+
+
+def test_gpu_without_cuda_falls_back_to_host(root, caplog):
+    with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
+        td = _build(_data(root, resident="gpu"))
+    assert td.resident == "host" and td.loader.blocks[0].em.device.type == "cpu"
+    assert any(r.levelno == logging.WARNING and "no CUDA device" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("mode", "cuda", "room", "host", "expected"), [
+    ("auto", True, 10 * GB, 0, "gpu"),  # 4 GB fit half of the GPU's 10 GB
+    ("auto", True, 6 * GB, 8 * GB, "host"),  # not half of 6 GB: host memory
+    ("gpu", True, 6 * GB, 0, "gpu"),  # asked for: all of the room
+    ("gpu", True, 3 * GB, 0, "off"),  # no room anywhere
+    ("auto", False, 100 * GB, 8 * GB, "host"),
+    ("auto", False, 0, 2 * GB, "off"),
+    ("host", True, 100 * GB, 8 * GB, "host"),
+    ("host", True, 100 * GB, 2 * GB, "off"),
+    ("off", True, 100 * GB, 100 * GB, "off"),
+])
+def test_choose_placement(mode, cuda, room, host, expected):
+    placement, why = choose_placement(mode, 4 * GB, cuda=cuda, gpu_room_bytes=room, gpu_share=0.5,
+                                      host_budget_bytes=host)
+    assert placement == expected and why
+
+
+def test_host_budget_is_shared_by_the_machines_ranks(root, monkeypatch):
+    data = _data(root, resident_host_gb=0.002)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    one = host_budget_bytes(data)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert host_budget_bytes(data) == one // 4 == 500_000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_blocks_give_the_streaming_batches_on_the_gpu(root, tmp_path):
+    device = torch.device("cuda")
+    data = _data(root, boundary_cache=str(tmp_path / "cache"), resident="gpu")
+    resident = build_train_data(data, LoaderConfig(num_workers=0, samples_per_epoch=32),
+                                AugmentConfig(rotate_p=0.5, **NO_INTENSITY), batch_size=4, seed=3, device=device)
+    assert resident.resident == "gpu" and resident.loader.blocks[0].em.is_cuda
+    host = build_resident(resident.dataset, resident.sampler, replace(data, resident="host"),
+                          batch_size=4, device=device)
+    assert host.placement == "host"
+    for step, (a, b) in enumerate(zip(resident.loader, host, strict=True)):
+        assert all(v.is_cuda for v in a.values()) and all(v.is_cuda for v in b.values())
+        streamed = {k: v.to(device) for k, v in torch.utils.data.default_collate(
+            [resident.dataset[i] for i in range(step * 4, step * 4 + 4)]).items()}
+        _assert_same(a, streamed)
+        _assert_same(b, streamed)
+        assert all(v.to(device, non_blocking=True) is v for v in a.values())  # the trainer copies nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_allocation_failure_falls_back_to_host(root, monkeypatch, caplog):
+    empty = Block.empty.__func__
+
+    def no_gpu_memory(cls, grid, crop, *, layout, device):
+        if device.type == "cuda":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return empty(cls, grid, crop, layout=layout, device=device)
+
+    monkeypatch.setattr(Block, "empty", classmethod(no_gpu_memory))
+    with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
+        td = build_train_data(_data(root, resident="gpu"), LoaderConfig(num_workers=0, samples_per_epoch=8),
+                              AugmentConfig(), batch_size=2, seed=0, device=torch.device("cuda"),
+                              gpu_room_bytes=10**15)
+    assert td.resident == "host" and "allocation failed" in caplog.text
+    assert next(iter(td.loader))["image"].is_cuda
