@@ -105,7 +105,7 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
     elapsed = time.perf_counter() - start
     result = {"shape": shape, "workers": workers, "augment": augment, "batch": batch, "boundaries": boundaries,
               "channels": data.num_target_channels, "data": td.resident, "setup_s": setup_s,
-              "resident_GB": getattr(td.loader, "nbytes", 0) / 1e9,
+              "resident_GB": td.loader.data.nbytes / 1e9 if td.resident != "off" else 0.0,
               "patches_per_s": n * batch / elapsed, "MB_per_s": nbytes / elapsed / 1e6,
               "rss_GB": rss_bytes() / 1e9, "rss_start_GB": rss0 / 1e9, "batches": n}
     del it, td

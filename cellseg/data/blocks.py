@@ -117,18 +117,6 @@ class Block:
         t = [a + o * v for a, o, v in zip(self.grid.translation_nm, self.offset, self.grid.voxel_size_nm, strict=True)]
         return Grid.of(translation_nm=t, shape_vox=self.targets.shape[1:], voxel_size_nm=self.grid.voxel_size_nm)
 
-    def start_of(self, window: Grid) -> tuple[int, int, int]:
-        """The voxel of `grid` where `window` starts (snapped to the lattice).
-
-        Raises:
-            RuntimeError: the window leaves the block (the block's margin is wrong: a bug, not a user error).
-        """
-        start = [round((t - b) / v) for t, b, v in zip(window.translation_nm, self.grid.translation_nm,
-                                                        self.grid.voxel_size_nm, strict=True)]
-        if any(s < 0 or s + n > m for s, n, m in zip(start, window.shape_vox, self.grid.shape_vox, strict=True)):
-            raise RuntimeError(f"window {window} leaves its resident block {self.grid}")
-        return start[0], start[1], start[2]
-
     def cut(self, out: torch.Tensor, start: Sequence[int], *, zeroed: bool) -> None:
         """Copy the window at `start` of shape `out.shape[1:]` into `out` `(W, z, y, x)` (zero already if `zeroed`)."""
         shape = out.shape[1:]
@@ -145,6 +133,19 @@ class Block:
             dst = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, start, strict=True))
             src = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, self.offset, strict=True))
             out[(slice(1, None), *dst)].copy_(self.targets[(slice(None), *src)])
+
+
+def window_start(grid: Grid, window: Grid) -> tuple[int, int, int]:
+    """The voxel of a block's `grid` where `window` starts (snapped to the lattice).
+
+    Raises:
+        RuntimeError: the window leaves the block (the block's margin is wrong: a bug, not a user error).
+    """
+    start = [round((t - b) / v) for t, b, v in zip(window.translation_nm, grid.translation_nm, grid.voxel_size_nm,
+                                                    strict=True)]
+    if any(s < 0 or s + n > m for s, n, m in zip(start, window.shape_vox, grid.shape_vox, strict=True)):
+        raise RuntimeError(f"window {window} leaves its resident block {grid}")
+    return start[0], start[1], start[2]
 
 
 def block_grid(crop: CropSource, points: Sequence[np.ndarray], dataset: PatchDataset) -> Grid:

@@ -24,7 +24,7 @@ from cellseg.data.augment import GpuAugment
 from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
-from cellseg.data.resident import ResidentLoader, build_resident
+from cellseg.data.resident import SPEC_WORKERS, ResidentLoader, WindowSpecs, read_resident
 from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import (
     SplitEntry,
@@ -159,10 +159,14 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                            rotate_p=augment.rotate_p if augment.enabled else 0.0)
     epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batches = build_resident(dataset, epochs, data, batch_size=batch_size, device=device,
-                             gpu_room_bytes=gpu_room_bytes, progress=run_dir is not None)
-    if batches is None:
-        batches = _streaming_loader(dataset, epochs, loader, batch_size=batch_size, mp_context=mp_context)
+    resident = read_resident(dataset, data, device=device, gpu_room_bytes=gpu_room_bytes, progress=run_dir is not None)
+    batches: Iterable[dict[str, object]]
+    if resident is None:
+        batches = _worker_loader(dataset, epochs, loader, batch_size=batch_size, mp_context=mp_context)
+    else:  # workers compute the samples' windows only; the training process cuts them from the blocks
+        windows = _worker_loader(WindowSpecs(dataset, resident.grids), epochs, loader, batch_size=batch_size,
+                                 mp_context=mp_context, num_workers=min(loader.num_workers, SPEC_WORKERS))
+        batches = ResidentLoader(resident, windows, device=device)
     gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, num_boundaries=len(data.boundary_classes),
                              patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
@@ -170,10 +174,10 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                      val_crops=val, split=split)
 
 
-def _streaming_loader(dataset: PatchDataset, epochs: EpochSampler, cfg: LoaderConfig, *, batch_size: int,
-                      mp_context: str) -> torch.utils.data.DataLoader:
-    """The DataLoader whose workers read every patch from zarr."""
-    workers = cfg.num_workers
+def _worker_loader(dataset: torch.utils.data.Dataset, epochs: EpochSampler, cfg: LoaderConfig, *, batch_size: int,
+                   mp_context: str, num_workers: int | None = None) -> torch.utils.data.DataLoader:
+    """A DataLoader of `dataset` over `epochs` in `cfg.num_workers` (or `num_workers`) worker processes."""
+    workers = cfg.num_workers if num_workers is None else num_workers
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=epochs, num_workers=workers, drop_last=True,
         pin_memory=cfg.pin_memory and torch.cuda.is_available(),

@@ -20,15 +20,19 @@ block's resampling.
 
 Where the data goes (`data.resident`, `choose_placement`): GPU memory when the blocks fit a share of what the
 model and a training step leave free, else host memory within a budget, else streaming, with a notice.
+
+The training process only copies: `WindowSpecs` (the sampling rule: about 150 µs a sample, the cost of its seeded
+generators) runs in up to `SPEC_WORKERS` DataLoader workers, which hand over one row of `WINDOW_FIELDS` per
+sample, and `ResidentLoader` cuts the batch from the blocks with a few copies per sample.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -36,13 +40,57 @@ import numpy as np
 import torch
 
 from cellseg.config.schema import DataConfig
-from cellseg.data.blocks import Block, Layout, block_grid, block_nbytes, fill_block
-from cellseg.data.dataset import EpochSampler, PatchDataset
+from cellseg.data.blocks import Block, Layout, block_grid, block_nbytes, fill_block, window_start
+from cellseg.data.dataset import PatchDataset
 from cellseg.data.grid import Grid
 
 log = logging.getLogger(__name__)
 Placement = Literal["gpu", "host", "off"]
 HOST_AVAILABLE_SHARE = 0.5  # never take more than this share of the host memory available now
+SPEC_WORKERS = 2  # worker processes computing windows: each gives several thousand samples/s
+WINDOW_FIELDS = ("crop", "seed", "rotate", "slice_axis", "z", "y", "x")  # a `WindowSpecs` row; z, y, x: the start
+
+
+@dataclass
+class ResidentData:
+    """The training crops' blocks (in crop order), where they live, and how long reading them took."""
+
+    blocks: list[Block]
+    placement: Placement
+    setup_s: float
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the blocks."""
+        return sum(b.nbytes for b in self.blocks)
+
+    @property
+    def grids(self) -> list[Grid]:
+        """The blocks' grids."""
+        return [b.grid for b in self.blocks]
+
+
+class WindowSpecs(torch.utils.data.Dataset):
+    """Global sample index → the sample's window in its crop's block: one int64 row of `WINDOW_FIELDS`.
+
+    The streaming loader's rule, without reading anything: `PatchSampler(i)` → `PatchSpec`, `rotates` (rotated
+    samples take the read shape, the others the patch), `grid_for`; `slice_axis` is the axis that a 2D window
+    cut across y or x moves first (0 otherwise).
+    """
+
+    def __init__(self, dataset: PatchDataset, grids: Sequence[Grid]):
+        self.dataset, self.grids = dataset, list(grids)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        ds = self.dataset
+        spec = ds.sampler(int(i))
+        rotate = ds.rotates(spec)
+        window = ds.grid_for(spec, None if rotate else ds.patch_shape_vox)
+        moved = spec.slice_axis if spec.slice_axis != 0 and window.shape_vox[spec.slice_axis] == 1 else 0
+        return torch.tensor([spec.crop, spec.seed, int(rotate), moved, *window_start(self.grids[spec.crop], window)])
 
 
 def choose_placement(mode: str, nbytes: int, *, cuda: bool, gpu_room_bytes: int, gpu_share: float,
@@ -92,74 +140,80 @@ def _gb(nbytes: float) -> str:
 
 
 class ResidentLoader:
-    """Batches cut from resident blocks: an iterable in place of the DataLoader, with the same batch dict and the
-    same `EpochSampler` contract (`sampler.set_epoch(epoch, start_batch=...)`, then `iter(loader)`).
+    """Batches cut from resident blocks: an iterable in place of the streaming DataLoader, with the same batch dict
+    and the same `EpochSampler` contract (`sampler.set_epoch(epoch, start_batch=...)`, then `iter(loader)`).
 
     Args:
-        dataset: the streaming dataset (sampler, windows, targets' encoding); nothing is read through it here.
-        sampler: the rank's `EpochSampler`.
-        blocks: one per training crop, in crop order.
-        batch_size: samples per batch (the last, incomplete batch of an epoch is dropped, as the DataLoader does).
-        device: where batches are delivered; blocks on another device are cut there and copied in one transfer.
-        placement: "gpu" or "host", for the log and `TrainData.resident`.
+        data: the blocks.
+        windows: a DataLoader of `WindowSpecs` batches over the rank's `EpochSampler`.
+        device: where batches are delivered; blocks elsewhere (host memory) are cut there and copied in one transfer.
 
     Example:
-        >>> loader = build_resident(dataset, epochs, cfg, batch_size=8, device=torch.device("cuda"))
+        >>> loader = ResidentLoader(read_resident(dataset, cfg, device=gpu), windows, device=gpu)
         >>> image, target, known = augment(next(iter(loader)), step=0)
     """
 
-    def __init__(self, dataset: PatchDataset, sampler: EpochSampler, blocks: Sequence[Block], *, batch_size: int,
-                 device: torch.device, placement: Placement, setup_s: float = 0.0):
-        self.dataset, self.sampler, self.blocks = dataset, sampler, list(blocks)
-        self.batch_size, self.device, self.placement, self.setup_s = batch_size, device, placement, setup_s
-        self.layout = Layout.of(dataset)
-        self.nbytes = sum(b.nbytes for b in self.blocks)
-        self._centre, self._frame = _centre_and_frame(dataset.read_shape_vox, dataset.patch_shape_vox)
+    def __init__(self, data: ResidentData, windows: torch.utils.data.DataLoader, *, device: torch.device):
+        self.data, self.windows, self.device = data, windows, device
+        self.dataset: PatchDataset = windows.dataset.dataset
+        self.layout = Layout.of(self.dataset)
+        self._centre, self._frame = _centre_and_frame(self.dataset.read_shape_vox, self.dataset.patch_shape_vox)
         self._luts = None
         if self.layout.ids:  # (crops, 2, Kb, 256): target and known tables per crop
-            tables = [np.stack(c.lookup_tables) for c in dataset.crops]
+            tables = [np.stack(c.lookup_tables) for c in self.dataset.crops]
             self._luts = torch.from_numpy(np.stack(tables)).to(device)
 
+    @property
+    def placement(self) -> Placement:
+        """"gpu" or "host"."""
+        return self.data.placement
+
+    @property
+    def worker_init_fn(self) -> Callable[[int], None] | None:
+        """The window workers' `worker_init_fn` (the trainer installs its stop-signal handling there)."""
+        return self.windows.worker_init_fn
+
+    @worker_init_fn.setter
+    def worker_init_fn(self, fn: Callable[[int], None] | None) -> None:
+        self.windows.worker_init_fn = fn
+
     def __len__(self) -> int:
-        return len(self.sampler) // self.batch_size
+        return len(self.windows)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        indices = iter(self.sampler)
-        while len(chunk := list(itertools.islice(indices, self.batch_size))) == self.batch_size:
-            yield self.batch(chunk)
+        windows = iter(self.windows)  # workers start here, where a DataLoader's would (the trainer shields them)
+        return map(self.cut, windows)
 
     def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The batch of these global sample indices, on `self.device`."""
-        source = self.blocks[0].em.device
+        """The batch of these global sample indices, its windows computed in this process."""
+        return self.cut(torch.stack([self.windows.dataset[i] for i in indices]))
+
+    def cut(self, windows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch of `(B, len(WINDOW_FIELDS))` windows, on `self.device`."""
+        source = self.data.blocks[0].em.device
         pin = source.type == "cpu" and self.device.type == "cuda"
         zeroed = source.type == "cuda"  # there one memset of the batch costs less than zeroing frames one by one
-        cut = (torch.zeros if zeroed else torch.empty)((len(indices), self.layout.width, *self.dataset.read_shape_vox),
-                                                       dtype=torch.uint8, device=source, pin_memory=pin)
-        meta = torch.tensor([self._cut(cut[b], i, zeroed=zeroed) for b, i in enumerate(indices)], dtype=torch.int64)
-        cut, meta = _to_device(cut, self.device), _to_device(meta, self.device)
-        batch: dict[str, torch.Tensor] = {**self.layout.batch(cut), "crop": meta[:, 0], "seed": meta[:, 1],
-                                          "rotate": meta[:, 2].bool()}
+        shape = (len(windows), self.layout.width, *self.dataset.read_shape_vox)
+        cut = (torch.zeros if zeroed else torch.empty)(shape, dtype=torch.uint8, device=source, pin_memory=pin)
+        for b, (crop, _, rotate, moved, *start) in enumerate(windows.tolist()):
+            self._cut(cut[b], self.data.blocks[crop], start, rotate=bool(rotate), moved=moved, zeroed=zeroed)
+        cut, meta = _to_device(cut, self.device), _to_device(windows[:, :3].contiguous(), self.device)
+        batch = {**self.layout.batch(cut), "crop": meta[:, 0], "seed": meta[:, 1], "rotate": meta[:, 2].bool()}
         if self._luts is not None:
             luts = self._luts[meta[:, 0]]
             batch.update(target_lut=luts[:, 0], known_lut=luts[:, 1])
         return batch
 
-    def _cut(self, out: torch.Tensor, i: int, *, zeroed: bool) -> tuple[int, int, int]:
-        """Copy sample i into `out` `(W, *read)` (already zero if `zeroed`); returns (crop, seed, rotate)."""
-        ds = self.dataset
-        spec = ds.sampler(int(i))
-        rotate = ds.rotates(spec)
-        grid = ds.grid_for(spec, None if rotate else ds.patch_shape_vox)
-        block = self.blocks[spec.crop]
-        start = block.start_of(grid)
+    def _cut(self, out: torch.Tensor, block: Block, start: Sequence[int], *, rotate: bool, moved: int,
+             zeroed: bool) -> None:
+        """One sample into `out` `(W, *read)` (zero already if `zeroed`)."""
         if not rotate:  # the patch centred in a zero frame of the read shape, as the streaming loader pads it
             for region in [] if zeroed else self._frame:
                 out[region].zero_()
             out = out[self._centre]
-        if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:  # 2D across y or x: the batch has the
-            out = out.movedim(1, 1 + spec.slice_axis)  # slicing axis first; the block, in world orientation
+        if moved:  # a 2D window across y or x: the batch has its slicing axis first, the block world orientation
+            out = out.movedim(1, 1 + moved)
         block.cut(out, start, zeroed=zeroed)
-        return spec.crop, spec.seed, int(rotate)
 
 
 def _centre_and_frame(read: Sequence[int], patch: Sequence[int]) -> tuple[tuple[slice, ...], list[tuple[slice, ...]]]:
@@ -182,15 +236,13 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
-def build_resident(dataset: PatchDataset, sampler: EpochSampler, cfg: DataConfig, *, batch_size: int,
-                   device: torch.device, gpu_room_bytes: int | None = None, progress: bool = False
-                   ) -> ResidentLoader | None:
+def read_resident(dataset: PatchDataset, cfg: DataConfig, *, device: torch.device, gpu_room_bytes: int | None = None,
+                  progress: bool = False) -> ResidentData | None:
     """Read the training crops into blocks where `data.resident` and the budgets allow; None means streaming.
 
     Args:
-        dataset, sampler: the streaming dataset and the rank's `EpochSampler` (they define the samples).
+        dataset: the streaming dataset (its crops, sampler and target encoding define the blocks).
         cfg: `data.resident`, `resident_host_gb` and `resident_gpu_share`.
-        batch_size: samples per batch.
         device: the training device.
         gpu_room_bytes: GPU memory the training leaves free (`cellseg.train.setup` measures it after the model and
             one step at the batch size); default: what is free now.
@@ -221,8 +273,7 @@ def build_resident(dataset: PatchDataset, sampler: EpochSampler, cfg: DataConfig
     else:
         log.warning("data.resident=%s: the training data goes to %s memory instead (%s)", cfg.resident, placement, why)
     _fill(blocks, dataset, layout, progress=progress)
-    return ResidentLoader(dataset, sampler, blocks, batch_size=batch_size, device=device, placement=placement,
-                          setup_s=time.perf_counter() - start)
+    return ResidentData(blocks=blocks, placement=placement, setup_s=time.perf_counter() - start)
 
 
 def _allocate(grids: Sequence[Grid], dataset: PatchDataset, layout: Layout, device: torch.device,

@@ -63,8 +63,7 @@ class Trainer:
     def _batches(self, stop: StopRequest) -> Iterator[Batch]:
         """Loader batches from where the run stands (the sample stream is a pure function of the index)."""
         sampler, loader = self.s.data.sampler, self.s.data.loader
-        if isinstance(loader, torch.utils.data.DataLoader):  # resident batches need no workers
-            loader.worker_init_fn = stop.worker_init_fn
+        loader.worker_init_fn = stop.worker_init_fn
         epoch, offset = divmod(self.s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
         while True:
             sampler.set_epoch(epoch, start_batch=offset)

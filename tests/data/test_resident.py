@@ -3,6 +3,7 @@ where the budgets allow (GPU, host memory, or streaming with a notice)."""
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from crafted import write_root
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig, replace
 from cellseg.data.blocks import Block, Layout, block_nbytes
 from cellseg.data.loader import build_train_data
-from cellseg.data.resident import ResidentLoader, build_resident, choose_placement, host_budget_bytes
+from cellseg.data.resident import ResidentLoader, choose_placement, host_budget_bytes
 
 NO_INTENSITY = dict(intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0,
                     misalign_p=0.0)
@@ -21,6 +22,12 @@ GB = 10**9
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return write_root(tmp_path_factory.mktemp("crafted"), black_slab=True)  # black EM: the padding rule matters
+
+
+@pytest.fixture(scope="module")
+def root_bits(tmp_path_factory):
+    """Crops without their `all` array: targets travel in the "bits" encoding."""
+    return write_root(tmp_path_factory.mktemp("crafted_bits"), black_slab=True, with_all=False)
 
 
 def _data(root, **kw):
@@ -49,26 +56,21 @@ def _assert_same(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
-CASES = {  # name: (DataConfig overrides, use_all)
-    "3d-ids": (dict(), True),
-    "2d-ids": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x")), True),
-    "3d-bits": (dict(instance_boundaries=False), False),
-    "2d-bits": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x"), instance_boundaries=False), False),
+CASES = {  # name: (DataConfig overrides, target encoding)
+    "3d-ids": (dict(), "ids"),
+    "2d-ids": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x")), "ids"),
+    "3d-bits": (dict(instance_boundaries=False), "bits"),
+    "2d-bits": (dict(patch_shape_vox=(1, 12, 12), slice_axes=("z", "y", "x"), instance_boundaries=False), "bits"),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_batches_equal_the_streaming_loader_bit_for_bit(root, tmp_path, case):
+def test_batches_equal_the_streaming_loader_bit_for_bit(root, root_bits, tmp_path, case):
     """EM with a level at the training voxel size: every batch equals the DataLoader's, rotated or not."""
-    overrides, use_all = CASES[case]
-    data = _data(root, boundary_cache=str(tmp_path / "cache"), **overrides)
+    overrides, encoding = CASES[case]
+    data = _data(root if encoding == "ids" else root_bits, boundary_cache=str(tmp_path / "cache"), **overrides)
     resident, streaming = _pair(data)
-    if not use_all:  # the "bits" encoding: every channel travels as bits
-        for td in (resident, streaming):
-            td.dataset.use_all = False
-        resident.loader = build_resident(resident.dataset, resident.sampler, data, batch_size=4,
-                                         device=torch.device("cpu"))
-    assert resident.dataset.target_mode == streaming.dataset.target_mode == ("ids" if use_all else "bits")
+    assert resident.dataset.target_mode == streaming.dataset.target_mode == encoding
     rotated = []
     for step, (a, b) in enumerate(zip(resident.loader, streaming.loader, strict=True)):
         _assert_same(a, b)
@@ -79,28 +81,24 @@ def test_batches_equal_the_streaming_loader_bit_for_bit(root, tmp_path, case):
         if step == 5:
             break
     assert any(rotated) and not all(rotated)
-    if case == "2d-ids":
+    if case.startswith("2d"):
         assert {resident.dataset.sampler(i).slice_axis for i in range(24)} == {0, 1, 2}
 
 
-def test_boundary_channels_cover_the_whole_crop(root):
+def test_boundary_channels_cover_the_whole_crop(root_bits):
     """In the "bits" encoding the streaming loader computes boundary channels per patch; blocks compute them over
     the whole crop (as `data.boundary_cache` does), so they may differ only on a patch's faces."""
-    data = _data(root, patch_shape_vox=(12, 12, 12))
-    td = _build(data, rotate_p=0.0)  # read shape = patch shape
-    td.dataset.use_all = False
-    loader = build_resident(td.dataset, td.sampler, data, batch_size=4, device=torch.device("cpu"))
-    a = loader.batch(range(12))
-    b = torch.utils.data.default_collate([td.dataset[i] for i in range(12)])
-    boundary = len(data.classes)  # channels: mito, ecs, golgi, then mito's boundary channel (bit 3)
+    resident, streaming = _pair(_data(root_bits, patch_shape_vox=(12, 12, 12)), rotate_p=0.0)  # read = patch
+    a = resident.loader.batch(range(12))
+    b = torch.utils.data.default_collate([streaming.dataset[i] for i in range(12)])
+    classes = (1 << 3) - 1  # bits 0-2: mito, ecs, golgi; bit 3: mito's boundary channel
     inside = (slice(None), slice(None), *[slice(1, -1)] * 3)
     for key in ("target_bits", "known_bits"):
-        classes = (1 << boundary) - 1
         assert torch.equal(a[key] & classes, b[key] & classes), key
         assert torch.equal(a[key][inside], b[key][inside]), key
     assert not torch.equal(a["target_bits"], b["target_bits"])  # touching voxels on the faces, seen by blocks only
-    _assert_same({k: a[k] for k in ("image", "crop", "seed", "rotate")}, {k: b[k] for k in ("image", "crop", "seed",
-                                                                                         "rotate")})
+    for key in ("image", "crop", "seed", "rotate"):
+        assert torch.equal(a[key], b[key]), key
 
 
 def test_samples_snap_to_the_block_where_the_em_is_resampled(tiny_synth_root):
@@ -156,13 +154,13 @@ def test_memory_accounting_and_margins(root):
     td = _build(_data(root, patch_shape_vox=(12, 12, 12)))
     loader, layout = td.loader, Layout.of(td.dataset)
     assert layout.width == 1 + layout.targets == 1 + 1 + 2 * 1  # EM, `all` id, mito's boundary target and known
-    for block, crop in zip(loader.blocks, td.dataset.crops, strict=True):
+    for block, crop in zip(loader.data.blocks, td.dataset.crops, strict=True):
         box = block.targets.shape[1:]
         assert block.nbytes == math.prod(block.grid.shape_vox) + layout.targets * math.prod(box)
         assert block.nbytes == block_nbytes(block.grid, crop, layout)
         assert math.prod(box) == 24**3  # targets only over the crop (24³ at 8 nm), EM over the margin too
-    assert loader.nbytes == sum(b.nbytes for b in loader.blocks)
-    for i in range(0, 4000, 7):  # no window ever leaves its block (`Block.start_of` raises if one does)
+    assert loader.data.nbytes == sum(b.nbytes for b in loader.data.blocks)
+    for i in range(0, 4000, 7):  # no window ever leaves its block (`window_start` raises if one does)
         loader.batch([i])
     bits = Layout(ids=False, nbits=1)
     assert bits.width == 3 and set(bits.batch(torch.zeros(2, 3, 1, 1, 1))) == {"image", "target_bits", "known_bits"}
@@ -180,10 +178,19 @@ def test_small_budget_streams_with_a_notice(root, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.endswith("resident")]  # asked for
 
 
+def test_resident_off_in_yaml(tmp_path):
+    from cellseg.config import load_run_config
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "smoke" / "unet_3d.yaml"
+    assert load_run_config(smoke, ["data.resident=off"]).data.resident == "off"  # YAML 1.1 reads `off` as false
+    with pytest.raises(ValueError, match=r"data.resident: True is not one of"):
+        load_run_config(smoke, ["data.resident=on"])
+
+
 def test_gpu_without_cuda_falls_back_to_host(root, caplog):
     with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
         td = _build(_data(root, resident="gpu"))
-    assert td.resident == "host" and td.loader.blocks[0].em.device.type == "cpu"
+    assert td.resident == "host" and td.loader.data.blocks[0].em.device.type == "cpu"
     assert any(r.levelno == logging.WARNING and "no CUDA device" in r.getMessage() for r in caplog.records)
 
 
@@ -216,19 +223,20 @@ def test_host_budget_is_shared_by_the_machines_ranks(root, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_blocks_give_the_streaming_batches_on_the_gpu(root, tmp_path):
     device = torch.device("cuda")
-    data = _data(root, boundary_cache=str(tmp_path / "cache"), resident="gpu")
-    resident = build_train_data(data, LoaderConfig(num_workers=0, samples_per_epoch=32),
+
+    def build(resident):
+        data = _data(root, boundary_cache=str(tmp_path / "cache"), resident=resident)
+        return build_train_data(data, LoaderConfig(num_workers=0, samples_per_epoch=32),
                                 AugmentConfig(rotate_p=0.5, **NO_INTENSITY), batch_size=4, seed=3, device=device)
-    assert resident.resident == "gpu" and resident.loader.blocks[0].em.is_cuda
-    host = build_resident(resident.dataset, resident.sampler, replace(data, resident="host"),
-                          batch_size=4, device=device)
-    assert host.placement == "host"
-    for step, (a, b) in enumerate(zip(resident.loader, host, strict=True)):
+
+    gpu, host, streaming = build("gpu"), build("host"), build("off")
+    assert (gpu.resident, host.resident, streaming.resident) == ("gpu", "host", "off")
+    assert gpu.loader.data.blocks[0].em.is_cuda and not host.loader.data.blocks[0].em.is_cuda
+    for a, b, c in zip(gpu.loader, host.loader, streaming.loader, strict=True):
         assert all(v.is_cuda for v in a.values()) and all(v.is_cuda for v in b.values())
-        streamed = {k: v.to(device) for k, v in torch.utils.data.default_collate(
-            [resident.dataset[i] for i in range(step * 4, step * 4 + 4)]).items()}
-        _assert_same(a, streamed)
-        _assert_same(b, streamed)
+        c = {k: v.to(device) for k, v in c.items()}
+        _assert_same(a, c)
+        _assert_same(b, c)
         assert all(v.to(device, non_blocking=True) is v for v in a.values())  # the trainer copies nothing
 
 
