@@ -10,14 +10,16 @@ Only the EM covers all of it. Targets are stored over the crop's annotated box a
 read pads, so the streaming loader's values there are known constants (`all` id `ALL_OUTSIDE`, every bit 0),
 and the margin costs 1 byte per voxel instead of the W of a whole sample.
 
-Memory per block: `em` uint8 `(z, y, x)` over the grid; `targets` uint8 `(T, z', y', x')` over the box, with T =
-the `all` id byte ("ids" encoding only), then the packed target bytes and the packed known bytes (boundary
-channels in "ids", every channel in "bits"): `Layout` names them. A sample's window is cut into a `(1 + T,
+Memory per block: `em` uint8 `(z, y, x)` over the grid; `targets` uint8 `(z', y', x', T)` over the box (channel-last:
+one gather moves a voxel's T bytes together), with T = the `all` id byte ("ids" encoding only), then the packed
+target bytes and the packed known bytes (boundary channels in "ids", every channel in "bits"): `Layout` names
+them. A `BlockStore` holds every block of a run in two tensors. A sample's window is cut into a `(1 + T,
 *shape)` region: EM first, then the targets, as the streaming loader would have read them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,23 +90,15 @@ class Layout:
 
 @dataclass
 class Block:
-    """One crop's resident data: `em` on `grid`, `targets` on the box starting at voxel `offset` of `grid`."""
+    """One crop's resident data (views into a `BlockStore`): `em` on `grid`, `targets` channel-last on the box
+    that starts at voxel `offset` of `grid`."""
 
     grid: Grid
     em: torch.Tensor  # (z, y, x) uint8
-    targets: torch.Tensor  # (T, z', y', x') uint8
+    targets: torch.Tensor  # (z', y', x', T) uint8
     offset: tuple[int, int, int]
     layout: Layout
     dataset: str  # the CellMap dataset it comes from (for the log)
-
-    @classmethod
-    def empty(cls, grid: Grid, crop: CropSource, *, layout: Layout, device: torch.device) -> Block:
-        """An unfilled block of `crop` on `grid` (`block_grid`) in `device` memory."""
-        start, stop = _box_in(grid, crop)
-        targets = torch.empty((layout.targets, *(b - a for a, b in zip(start, stop, strict=True))), dtype=torch.uint8,
-                              device=device)
-        return cls(grid=grid, em=torch.empty(grid.shape_vox, dtype=torch.uint8, device=device), targets=targets,
-                   offset=start, layout=layout, dataset=_dataset_name(crop.entry.em_url))
 
     @property
     def nbytes(self) -> int:
@@ -115,13 +109,13 @@ class Block:
     def target_grid(self) -> Grid:
         """The grid of `targets`."""
         t = [a + o * v for a, o, v in zip(self.grid.translation_nm, self.offset, self.grid.voxel_size_nm, strict=True)]
-        return Grid.of(translation_nm=t, shape_vox=self.targets.shape[1:], voxel_size_nm=self.grid.voxel_size_nm)
+        return Grid.of(translation_nm=t, shape_vox=self.targets.shape[:3], voxel_size_nm=self.grid.voxel_size_nm)
 
     def cut(self, out: torch.Tensor, start: Sequence[int], *, zeroed: bool) -> None:
         """Copy the window at `start` of shape `out.shape[1:]` into `out` `(W, z, y, x)` (zero already if `zeroed`)."""
         shape = out.shape[1:]
         out[0].copy_(self.em[tuple(slice(s, s + n) for s, n in zip(start, shape, strict=True))])
-        box = self.targets.shape[1:]
+        box = self.targets.shape[:3]
         lo = [max(s, o) for s, o in zip(start, self.offset, strict=True)]
         hi = [min(s + n, o + m) for s, n, o, m in zip(start, shape, self.offset, box, strict=True)]
         if lo != list(start) or hi != [s + n for s, n in zip(start, shape, strict=True)]:  # reaches past the box
@@ -132,7 +126,40 @@ class Block:
         if all(h > a for a, h in zip(lo, hi, strict=True)):
             dst = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, start, strict=True))
             src = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, self.offset, strict=True))
-            out[(slice(1, None), *dst)].copy_(self.targets[(slice(None), *src)])
+            out[(slice(1, None), *dst)].copy_(self.targets[src].permute(3, 0, 1, 2))
+
+
+class BlockStore:
+    """Every block's EM in one flat uint8 tensor and every block's targets in one `(voxels, T)` tensor, so that a
+    single gather can cut windows out of any block (`cellseg.data.gather`); `blocks` are views into them.
+
+    Args:
+        grids: the blocks' grids (`block_grid`), one per crop.
+        crops: the crops.
+        layout: the target channels.
+        device: where the memory is allocated (raises what the allocation raises, e.g. `torch.OutOfMemoryError`).
+    """
+
+    def __init__(self, grids: Sequence[Grid], crops: Sequence[CropSource], *, layout: Layout, device: torch.device):
+        boxes = [_box_in(g, c) for g, c in zip(grids, crops, strict=True)]
+        em_sizes = [math.prod(g.shape_vox) for g in grids]
+        box_shapes = [tuple(b - a for a, b in zip(start, stop, strict=True)) for start, stop in boxes]
+        self.em = torch.empty(sum(em_sizes), dtype=torch.uint8, device=device)
+        self.targets = torch.empty((sum(math.prod(b) for b in box_shapes), layout.targets), dtype=torch.uint8,
+                                   device=device)
+        self.em_base = [0, *itertools.accumulate(em_sizes)][:-1]
+        self.target_base = [0, *itertools.accumulate(math.prod(b) for b in box_shapes)][:-1]
+        self.blocks = [
+            Block(grid=g, em=self.em[e:e + n].view(g.shape_vox), offset=start, layout=layout,
+                  targets=self.targets[t:t + math.prod(box)].view(*box, layout.targets),
+                  dataset=_dataset_name(c.entry.em_url))
+            for g, c, e, n, t, (start, _), box in zip(grids, crops, self.em_base, em_sizes, self.target_base, boxes,
+                                                      box_shapes, strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return self.em.numel() + self.targets.numel()
 
 
 def window_start(grid: Grid, window: Grid) -> tuple[int, int, int]:
@@ -167,7 +194,7 @@ def block_grid(crop: CropSource, points: Sequence[np.ndarray], dataset: PatchDat
 
 
 def block_nbytes(grid: Grid, crop: CropSource, layout: Layout) -> int:
-    """Bytes of the block of `crop` on `grid` (what `Block.empty` allocates)."""
+    """Bytes of the block of `crop` on `grid` (what a `BlockStore` allocates for it)."""
     start, stop = _box_in(grid, crop)
     return math.prod(grid.shape_vox) + layout.targets * math.prod(b - a for a, b in zip(start, stop, strict=True))
 
@@ -225,7 +252,7 @@ def fill_block(block: Block, crop: CropSource, dataset: PatchDataset, layout: La
         index = (slice(block.offset[0] + z0, block.offset[0] + z1),
                  *(slice(o, o + n) for o, n in zip(block.offset[1:], box.shape_vox[1:], strict=True)))
         targets = read_targets(crop, _planes(box, z0, z1), block.em[index].cpu().numpy(), dataset, layout)
-        block.targets[:, z0:z1].copy_(torch.from_numpy(targets))
+        block.targets[z0:z1].copy_(torch.from_numpy(targets).permute(1, 2, 3, 0))
         progress.update(targets.size)
 
 

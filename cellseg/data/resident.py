@@ -23,7 +23,8 @@ model and a training step leave free, else host memory within a budget, else str
 
 The training process only copies: `WindowSpecs` (the sampling rule: about 150 µs a sample, the cost of its seeded
 generators) runs in up to `SPEC_WORKERS` DataLoader workers, which hand over one row of `WINDOW_FIELDS` per
-sample, and `ResidentLoader` cuts the batch from the blocks with a few copies per sample.
+sample, and `ResidentLoader` cuts the batch from the blocks: with a few gathers for the whole batch where the
+blocks are in GPU memory (`cellseg.data.gather`), with a few slice copies per sample in host memory.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ import numpy as np
 import torch
 
 from cellseg.config.schema import DataConfig
-from cellseg.data.blocks import Block, Layout, block_grid, block_nbytes, fill_block, window_start
+from cellseg.data.blocks import Block, BlockStore, Layout, block_grid, block_nbytes, fill_block, window_start
 from cellseg.data.dataset import PatchDataset
+from cellseg.data.gather import WindowGather
 from cellseg.data.grid import Grid
 
 log = logging.getLogger(__name__)
@@ -55,14 +57,19 @@ WINDOW_FIELDS = ("crop", "seed", "rotate", "slice_axis", "z", "y", "x")  # a `Wi
 class ResidentData:
     """The training crops' blocks (in crop order), where they live, and how long reading them took."""
 
-    blocks: list[Block]
+    store: BlockStore
     placement: Placement
     setup_s: float
 
     @property
+    def blocks(self) -> list[Block]:
+        """One block per crop."""
+        return self.store.blocks
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the blocks."""
-        return sum(b.nbytes for b in self.blocks)
+        return self.store.nbytes
 
     @property
     def grids(self) -> list[Grid]:
@@ -147,17 +154,24 @@ class ResidentLoader:
         data: the blocks.
         windows: a DataLoader of `WindowSpecs` batches over the rank's `EpochSampler`.
         device: where batches are delivered; blocks elsewhere (host memory) are cut there and copied in one transfer.
+        gather: cut a batch with a few gathers (`WindowGather`) rather than sample by sample; default: where the
+            blocks are in GPU memory (on the CPU, copying each sample's slices is faster).
 
     Example:
         >>> loader = ResidentLoader(read_resident(dataset, cfg, device=gpu), windows, device=gpu)
         >>> image, target, known = augment(next(iter(loader)), step=0)
     """
 
-    def __init__(self, data: ResidentData, windows: torch.utils.data.DataLoader, *, device: torch.device):
+    def __init__(self, data: ResidentData, windows: torch.utils.data.DataLoader, *, device: torch.device,
+                 gather: bool | None = None):
         self.data, self.windows, self.device = data, windows, device
         self.dataset: PatchDataset = windows.dataset.dataset
         self.layout = Layout.of(self.dataset)
-        self._centre, self._frame = _centre_and_frame(self.dataset.read_shape_vox, self.dataset.patch_shape_vox)
+        read, patch = self.dataset.read_shape_vox, self.dataset.patch_shape_vox
+        self._centre, self._frame = _centre_and_frame(read, patch)
+        self._gather = None
+        if gather or (gather is None and data.store.em.is_cuda):
+            self._gather = WindowGather(data.store, self.layout, read_shape_vox=read, patch_shape_vox=patch)
         self._luts = None
         if self.layout.ids:  # (crops, 2, Kb, 256): target and known tables per crop
             tables = [np.stack(c.lookup_tables) for c in self.dataset.crops]
@@ -190,19 +204,24 @@ class ResidentLoader:
 
     def cut(self, windows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The batch of `(B, len(WINDOW_FIELDS))` windows, on `self.device`."""
-        source = self.data.blocks[0].em.device
-        pin = source.type == "cpu" and self.device.type == "cuda"
-        zeroed = source.type == "cuda"  # there one memset of the batch costs less than zeroing frames one by one
-        shape = (len(windows), self.layout.width, *self.dataset.read_shape_vox)
-        cut = (torch.zeros if zeroed else torch.empty)(shape, dtype=torch.uint8, device=source, pin_memory=pin)
-        for b, (crop, _, rotate, moved, *start) in enumerate(windows.tolist()):
-            self._cut(cut[b], self.data.blocks[crop], start, rotate=bool(rotate), moved=moved, zeroed=zeroed)
+        cut = self._gather(windows) if self._gather is not None else self._cut_each(windows)
         cut, meta = _to_device(cut, self.device), _to_device(windows[:, :3].contiguous(), self.device)
         batch = {**self.layout.batch(cut), "crop": meta[:, 0], "seed": meta[:, 1], "rotate": meta[:, 2].bool()}
         if self._luts is not None:
             luts = self._luts[meta[:, 0]]
             batch.update(target_lut=luts[:, 0], known_lut=luts[:, 1])
         return batch
+
+    def _cut_each(self, windows: torch.Tensor) -> torch.Tensor:
+        """The `(B, W, *read)` batch, sample by sample, where the blocks are (pinned for a GPU if they are not)."""
+        source = self.data.store.em.device
+        pin = source.type == "cpu" and self.device.type == "cuda"
+        zeroed = source.type == "cuda"  # there one memset of the batch costs less than zeroing frames one by one
+        shape = (len(windows), self.layout.width, *self.dataset.read_shape_vox)
+        cut = (torch.zeros if zeroed else torch.empty)(shape, dtype=torch.uint8, device=source, pin_memory=pin)
+        for b, (crop, _, rotate, moved, *start) in enumerate(windows.tolist()):
+            self._cut(cut[b], self.data.blocks[crop], start, rotate=bool(rotate), moved=moved, zeroed=zeroed)
+        return cut
 
     def _cut(self, out: torch.Tensor, block: Block, start: Sequence[int], *, rotate: bool, moved: int,
              zeroed: bool) -> None:
@@ -258,13 +277,13 @@ def read_resident(dataset: PatchDataset, cfg: DataConfig, *, device: torch.devic
         gpu_room_bytes = torch.cuda.mem_get_info(device)[0] if cuda else 0
     placement, why = choose_placement(cfg.resident, nbytes, cuda=cuda, gpu_room_bytes=gpu_room_bytes,
                                       gpu_share=cfg.resident_gpu_share, host_budget_bytes=host_budget)
-    blocks = _allocate(grids, dataset, layout, device if placement == "gpu" else torch.device("cpu"), placement)
-    if blocks is None and placement == "gpu":  # the estimate was wrong: never an out-of-memory error from here
+    store = _allocate(grids, dataset, layout, device if placement == "gpu" else torch.device("cpu"), placement)
+    if store is None and placement == "gpu":  # the estimate was wrong: never an out-of-memory error from here
         placement, why = choose_placement("host", nbytes, cuda=cuda, gpu_room_bytes=0, gpu_share=0.0,
                                           host_budget_bytes=host_budget)
         why = f"the GPU allocation failed; {why}"
-        blocks = _allocate(grids, dataset, layout, torch.device("cpu"), placement)
-    if blocks is None:
+        store = _allocate(grids, dataset, layout, torch.device("cpu"), placement)
+    if store is None:
         if cfg.resident != "off":
             log.warning("training data streams from zarr through loader workers (%s)", why)
         return None
@@ -272,17 +291,17 @@ def read_resident(dataset: PatchDataset, cfg: DataConfig, *, device: torch.devic
         log.info("resident training data in %s memory (%s)", placement, why)
     else:
         log.warning("data.resident=%s: the training data goes to %s memory instead (%s)", cfg.resident, placement, why)
-    _fill(blocks, dataset, layout, progress=progress)
-    return ResidentData(blocks=blocks, placement=placement, setup_s=time.perf_counter() - start)
+    _fill(store.blocks, dataset, layout, progress=progress)
+    return ResidentData(store=store, placement=placement, setup_s=time.perf_counter() - start)
 
 
 def _allocate(grids: Sequence[Grid], dataset: PatchDataset, layout: Layout, device: torch.device,
-              placement: Placement) -> list[Block] | None:
+              placement: Placement) -> BlockStore | None:
     """Empty blocks on `device`; None when `placement` is "off" or the memory is not there (logged)."""
     if placement == "off":
         return None
     try:
-        return [Block.empty(g, c, layout=layout, device=device) for g, c in zip(grids, dataset.crops, strict=True)]
+        return BlockStore(grids, dataset.crops, layout=layout, device=device)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:  # RuntimeError: a failed CUDA allocation
         log.warning("resident training data: %s memory could not be allocated (%s)", placement,
                     str(err).splitlines()[0] if str(err) else type(err).__name__)

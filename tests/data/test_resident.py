@@ -10,7 +10,8 @@ import torch
 from crafted import write_root
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig, replace
-from cellseg.data.blocks import Block, Layout, block_nbytes
+from cellseg.data import resident as resident_module
+from cellseg.data.blocks import Layout, block_nbytes
 from cellseg.data.loader import build_train_data
 from cellseg.data.resident import ResidentLoader, choose_placement, host_budget_bytes
 
@@ -71,9 +72,11 @@ def test_batches_equal_the_streaming_loader_bit_for_bit(root, root_bits, tmp_pat
     data = _data(root if encoding == "ids" else root_bits, boundary_cache=str(tmp_path / "cache"), **overrides)
     resident, streaming = _pair(data)
     assert resident.dataset.target_mode == streaming.dataset.target_mode == encoding
+    gathered = ResidentLoader(resident.loader.data, resident.loader.windows, device=torch.device("cpu"), gather=True)
     rotated = []
     for step, (a, b) in enumerate(zip(resident.loader, streaming.loader, strict=True)):
         _assert_same(a, b)
+        _assert_same(gathered.batch(range(4 * step, 4 * step + 4)), b)  # the GPU's way of cutting, on the CPU
         rotated += a["rotate"].tolist()
         image, target, known = resident.augment(a, step)
         for x, y in zip((image, target, known), streaming.augment(b, step), strict=True):
@@ -155,7 +158,7 @@ def test_memory_accounting_and_margins(root):
     loader, layout = td.loader, Layout.of(td.dataset)
     assert layout.width == 1 + layout.targets == 1 + 1 + 2 * 1  # EM, `all` id, mito's boundary target and known
     for block, crop in zip(loader.data.blocks, td.dataset.crops, strict=True):
-        box = block.targets.shape[1:]
+        box = block.targets.shape[:3]  # channel-last
         assert block.nbytes == math.prod(block.grid.shape_vox) + layout.targets * math.prod(box)
         assert block.nbytes == block_nbytes(block.grid, crop, layout)
         assert math.prod(box) == 24**3  # targets only over the crop (24³ at 8 nm), EM over the margin too
@@ -243,14 +246,14 @@ def test_gpu_blocks_give_the_streaming_batches_on_the_gpu(root, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_allocation_failure_falls_back_to_host(root, monkeypatch, caplog):
-    empty = Block.empty.__func__
+    real = resident_module.BlockStore
 
-    def no_gpu_memory(cls, grid, crop, *, layout, device):
+    def no_gpu_memory(grids, crops, *, layout, device):
         if device.type == "cuda":
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return empty(cls, grid, crop, layout=layout, device=device)
+        return real(grids, crops, layout=layout, device=device)
 
-    monkeypatch.setattr(Block, "empty", classmethod(no_gpu_memory))
+    monkeypatch.setattr(resident_module, "BlockStore", no_gpu_memory)
     with caplog.at_level(logging.INFO, logger="cellseg.data.resident"):
         td = build_train_data(_data(root, resident="gpu"), LoaderConfig(num_workers=0, samples_per_epoch=8),
                               AugmentConfig(), batch_size=2, seed=0, device=torch.device("cuda"),
