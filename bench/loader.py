@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instance-boundary target channels (10 extra id-array reads per 3D sample)")
     parser.add_argument("--boundary-cache", default=None, metavar="DIR|auto",
                         help="data.boundary_cache for the runs (default: none, boundaries per sample)")
+    parser.add_argument("--augment", default="no,yes", help="runs without and/or with the GPU augmentation")
     parser.add_argument("--resident", default="off",
                         help="data.resident values to compare: off (streaming), host, gpu (e.g. off,host)")
     parser.add_argument("--no-runs", action="store_true", help="only the RSS measurement")
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(mode, workers) for mode in modes for workers in
                 ([int(w) for w in args.workers.split(",")] if mode == "off" else [0])]  # resident: no workers
         for mode, workers in runs:
-            for augment in (False, True):
+            for augment in [a == "yes" for a in args.augment.split(",")]:
                 for boundaries in {"on": [True], "off": [False], "both": [True, False]}[args.boundaries]:
                     r = time_loader(args.root, shape, workers, augment, args.seconds, batch, boundaries=boundaries,
                                     resident=mode)

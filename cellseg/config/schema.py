@@ -107,7 +107,8 @@ class DataConfig:
             `resident_gpu_share` of what the model and a training step leave free, else into host memory when it
             fits `resident_host_gb`, else streams patches from zarr through loader workers (a notice says so);
             "gpu" or "host" ask for that place (a GPU without room falls back to host, host memory without room
-            to streaming); "off" always streams.
+            to streaming); "off" always streams. Resident batches equal the streamed ones (docs/hpc.md, "Training
+            data in memory"); at most 2 loader workers run then, computing where each sample lies.
         resident_host_gb: host memory (GB) the resident data of one machine may take, shared by its training
             processes (each DDP rank holds its own copy).
         resident_gpu_share: share of the GPU memory left free by the model, its optimizer state and one training

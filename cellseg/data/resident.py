@@ -30,6 +30,7 @@ blocks are in GPU memory (`cellseg.data.gather`), with a few slice copies per sa
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,7 +44,7 @@ import torch
 from cellseg.config.schema import DataConfig
 from cellseg.data.blocks import Block, BlockStore, Layout, block_grid, block_nbytes, fill_block, window_start
 from cellseg.data.dataset import PatchDataset
-from cellseg.data.gather import WindowGather
+from cellseg.data.gather import GATHER_VOXELS, WindowGather
 from cellseg.data.grid import Grid
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ class ResidentLoader:
         windows: a DataLoader of `WindowSpecs` batches over the rank's `EpochSampler`.
         device: where batches are delivered; blocks elsewhere (host memory) are cut there and copied in one transfer.
         gather: cut a batch with a few gathers (`WindowGather`) rather than sample by sample; default: where the
-            blocks are in GPU memory (on the CPU, copying each sample's slices is faster).
+            blocks are in GPU memory and one gather takes several samples (2D patches, small 3D ones). On the CPU
+            copying each sample's slices is faster, and a large 3D sample is a few copies against a long step.
 
     Example:
         >>> loader = ResidentLoader(read_resident(dataset, cfg, device=gpu), windows, device=gpu)
@@ -170,7 +172,7 @@ class ResidentLoader:
         read, patch = self.dataset.read_shape_vox, self.dataset.patch_shape_vox
         self._centre, self._frame = _centre_and_frame(read, patch)
         self._gather = None
-        if gather or (gather is None and data.store.em.is_cuda):
+        if gather or (gather is None and data.store.em.is_cuda and GATHER_VOXELS >= 2 * math.prod(read)):
             self._gather = WindowGather(data.store, self.layout, read_shape_vox=read, patch_shape_vox=patch)
         self._luts = None
         if self.layout.ids:  # (crops, 2, Kb, 256): target and known tables per crop
