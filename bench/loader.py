@@ -6,7 +6,7 @@ augmentation, peak and growth of host RSS — optionally side by side with cellm
 
 `--resident` compares the streaming loader (`off`: DataLoader workers read zarr) with resident data
 (`cellseg.data.resident`: the crops read once into host or GPU memory, batches cut from them in the main
-process, which the worker count does not change); its set-up time and bytes are recorded too.
+process while up to 2 workers compute the samples' windows); its set-up time and bytes are recorded too.
 
 DATA is a `cellseg synth` root (the `medium` preset for GPU nodes); `--synth medium` generates it first.
 "With augmentation" runs our batched GPU augmentation on each batch (on the CPU when there is no GPU);
@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.resident.split(",")
     for shape in [] if args.no_runs else args.shapes.split(","):
         batch = args.batch_3d if shape == "3d" else args.batch_2d
-        runs = [(mode, workers) for mode in modes for workers in
-                ([int(w) for w in args.workers.split(",")] if mode == "off" else [0])]  # resident: no workers
+        workers_list = [int(w) for w in args.workers.split(",")]
+        # Resident data runs once, with the most workers asked for (it starts at most SPEC_WORKERS, which only
+        # compute the samples' windows).
+        runs = [(mode, workers) for mode in modes for workers in (workers_list if mode == "off" else [max(workers_list)])]
         for mode, workers in runs:
             for augment in [a == "yes" for a in args.augment.split(",")]:
                 for boundaries in {"on": [True], "off": [False], "both": [True, False]}[args.boundaries]:

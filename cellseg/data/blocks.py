@@ -6,9 +6,9 @@ shape (with rotation context, `dataset.context_shape`; for 2D, across every slic
 `PatchDataset.grid_for` snaps samples to (the EM level at the training voxel size; where there is none, the
 closest level's origin with the training voxel size: the EM is then resampled once, for the whole block).
 
-Only the EM covers all of it. Targets are stored over the crop's annotated box alone: outside it every label
-read pads, so the streaming loader's values there are known constants (`all` id `ALL_OUTSIDE`, every bit 0),
-and the margin costs 1 byte per voxel instead of the W of a whole sample.
+Only the EM covers all of it. Targets are stored over the crop's annotated box alone (and `BOX_MARGIN_VOX`):
+outside it every label read pads, so the streaming loader's values there are known constants (`all` id
+`ALL_OUTSIDE`, every bit 0), and the margin costs 1 byte per voxel instead of the W of a whole sample.
 
 Memory per block: `em` uint8 `(z, y, x)` over the grid; `targets` uint8 `(z', y', x', T)` over the box (channel-last:
 one gather moves a voxel's T bytes together), with T = the `all` id byte ("ids" encoding only), then the packed
@@ -38,6 +38,9 @@ from cellseg.data.targets import ALL_OUTSIDE, CropSource
 SLACK_VOX = 2  # extra voxels around every block: a window's origin snaps by up to half a voxel
 HALO_VOX = 1  # label planes read above and below each slab: boundary channels compare 6-neighbours
 SLAB_VOXELS = 2**22  # voxels read per slab while filling a block (bounds the reading's host memory)
+# The annotated box is that of the labels' finest levels; a coarser level read at the training voxel size may
+# reach past it by less than one of its voxels (an odd shape halved), at most 2 training voxels.
+BOX_MARGIN_VOX = 2
 
 
 def outside_imaged(em: np.ndarray, pad_value: int) -> np.ndarray:
@@ -200,11 +203,12 @@ def block_nbytes(grid: Grid, crop: CropSource, layout: Layout) -> int:
 
 
 def _box_in(grid: Grid, crop: CropSource) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Voxels `[start, stop)` of `grid` whose centres lie in the crop's annotated box (closed, as label reads
-    count a centre on the edge as inside): outside them every label read pads."""
+    """Voxels `[start, stop)` of `grid` whose centres lie in the crop's annotated box widened by `BOX_MARGIN_VOX`
+    (closed, as label reads count a centre on the edge as inside): outside them every label read pads."""
     t, v = np.asarray(grid.translation_nm), np.asarray(grid.voxel_size_nm)
-    start = np.clip(np.ceil((np.asarray(crop.start_nm) - t) / v - GRID_ATOL_VOX), 0, grid.shape_vox).astype(int)
-    stop = np.clip(np.floor((np.asarray(crop.stop_nm) - t) / v + GRID_ATOL_VOX) + 1, start, grid.shape_vox).astype(int)
+    lo, hi = np.asarray(crop.start_nm) - BOX_MARGIN_VOX * v, np.asarray(crop.stop_nm) + BOX_MARGIN_VOX * v
+    start = np.clip(np.ceil((lo - t) / v - GRID_ATOL_VOX), 0, grid.shape_vox).astype(int)
+    stop = np.clip(np.floor((hi - t) / v + GRID_ATOL_VOX) + 1, start, grid.shape_vox).astype(int)
     return (int(start[0]), int(start[1]), int(start[2])), (int(stop[0]), int(stop[1]), int(stop[2]))
 
 

@@ -61,8 +61,9 @@ class WindowGather:
             self.outside[0] = ALL_OUTSIDE
 
     def __call__(self, windows: torch.Tensor) -> torch.Tensor:
-        """`(B, 7)` int64 windows (`WINDOW_FIELDS`) → `(B, W, *read)` uint8 on the store's device."""
-        windows = windows.to(self.em_base.device, non_blocking=True)
+        """`(B, 7)` int64 windows (`WINDOW_FIELDS`, best already on the store's device) → `(B, W, *read)` uint8 on
+        the store's device."""
+        windows = windows.to(self.em_base.device)
         per_chunk = max(1, GATHER_VOXELS // max(1, self.read[0] * self.read[1] * self.read[2]))
         return torch.cat([self._cut(windows[i:i + per_chunk]) for i in range(0, len(windows), per_chunk)])
 

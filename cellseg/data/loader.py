@@ -13,7 +13,7 @@ of (seed, rank, epoch, index) (`cellseg.data.sampling`), so the number of worker
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,7 +109,7 @@ class TrainData:
     a `ResidentLoader` or a streaming DataLoader.
     """
 
-    loader: Iterable[dict[str, object]]
+    loader: torch.utils.data.DataLoader | ResidentLoader
     dataset: PatchDataset
     sampler: EpochSampler
     augment: GpuAugment
@@ -160,7 +160,7 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resident = read_resident(dataset, data, device=device, gpu_room_bytes=gpu_room_bytes, progress=run_dir is not None)
-    batches: Iterable[dict[str, object]]
+    batches: torch.utils.data.DataLoader | ResidentLoader
     if resident is None:
         batches = _worker_loader(dataset, epochs, loader, batch_size=batch_size, mp_context=mp_context)
     else:  # workers compute the samples' windows only; the training process cuts them from the blocks

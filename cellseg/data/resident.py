@@ -206,8 +206,12 @@ class ResidentLoader:
 
     def cut(self, windows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The batch of `(B, len(WINDOW_FIELDS))` windows, on `self.device`."""
-        cut = self._gather(windows) if self._gather is not None else self._cut_each(windows)
-        cut, meta = _to_device(cut, self.device), _to_device(windows[:, :3].contiguous(), self.device)
+        if self._gather is not None:
+            windows = _to_device(windows, self.data.store.em.device)
+            cut = self._gather(windows)
+        else:
+            cut = self._cut_each(windows)
+        cut, meta = _to_device(cut, self.device), _to_device(windows, self.device)
         batch = {**self.layout.batch(cut), "crop": meta[:, 0], "seed": meta[:, 1], "rotate": meta[:, 2].bool()}
         if self._luts is not None:
             luts = self._luts[meta[:, 0]]

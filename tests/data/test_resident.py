@@ -5,15 +5,19 @@ import logging
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from crafted import write_root
 
+from cellseg.classes import get_class
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig, replace
 from cellseg.data import resident as resident_module
 from cellseg.data.blocks import Layout, block_nbytes
 from cellseg.data.loader import build_train_data
 from cellseg.data.resident import ResidentLoader, choose_placement, host_budget_bytes
+from cellseg.data.split import SplitEntry, write_datasplit
+from cellseg.data.write import write_multiscale
 
 NO_INTENSITY = dict(intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0,
                     misalign_p=0.0)
@@ -104,6 +108,41 @@ def test_boundary_channels_cover_the_whole_crop(root_bits):
         assert torch.equal(a[key], b[key]), key
 
 
+def _odd_root(root):
+    """EM 4 nm 64³; crop 1 annotated at 4 nm over 33³ voxels (mito ids, ecs, `all`), crop 2 (ecs) validating. The
+    labels' 8 nm level (17³ voxels) reaches half an 8 nm voxel past the annotated box, onto the EM's 8 nm lattice."""
+    ds, vs, t = "jrc_odd-1", (4.0, 4.0, 4.0), (44.0, 44.0, 44.0)
+    zarr = root / ds / f"{ds}.zarr" / "recon-1"
+    z, y, x = np.indices((64, 64, 64))
+    mito = (z // 6 + y // 6 + x // 6) % 2 == 0
+    write_multiscale(zarr / "em" / "fibsem-uint8", np.where(mito, 200, 60).astype(np.uint8), voxel_size_nm=vs,
+                     translation_nm=(0, 0, 0), kind="em")
+    box = (slice(11, 44),) * 3  # translation 44 nm = voxel 11 of the EM
+    arrays = {"mito": (mito * (z // 12 + 1)).astype(np.uint32)[box], "ecs": (~mito).astype(np.uint8)[box],
+              "all": np.where(mito, get_class("mito_lum").id, get_class("ecs").id).astype(np.uint8)[box]}
+    gt = zarr / "labels" / "groundtruth"
+    for crop, names in ((1, ("mito", "ecs", "all")), (2, ("ecs",))):
+        for name in names:
+            write_multiscale(gt / f"crop{crop}" / name, arrays[name], voxel_size_nm=vs, translation_nm=t, kind="labels")
+    rows = [(1, "mito"), (1, "ecs"), (2, "ecs")]
+    lines = [f"{c},{ds},{n},[4.0;4.0;4.0],[44.0;44.0;44.0],[33;33;33]" for c, n in rows]
+    (root / "train_crop_manifest.csv").write_text("\n".join(["crop_name,dataset,class_label,voxel_size,translation,"
+                                                            "shape", *lines]) + "\n")
+    write_datasplit([SplitEntry(split=split, em_url=str(zarr / "em" / "fibsem-uint8"), crop_url=str(gt / f"crop{c}"),
+                                classes=tuple(n for k, n in rows if k == c))
+                     for c, split in ((1, "train"), (2, "validate"))], root / "datasplit.csv")
+    return root
+
+
+def test_a_coarser_label_level_past_the_box_is_kept(tmp_path):
+    """At 8 nm the labels' s1 covers 17 voxels where s0's box holds 16.5: those reads are not padding."""
+    data = DataConfig(root=str(_odd_root(tmp_path)), classes=("mito", "ecs"), voxel_size_nm=(8.0, 8.0, 8.0),
+                      patch_shape_vox=(8, 8, 8))
+    resident, streaming = _pair(data, samples=96)
+    for a, b in zip(resident.loader, streaming.loader, strict=True):
+        _assert_same(a, b)
+
+
 def test_samples_snap_to_the_block_where_the_em_is_resampled(tiny_synth_root):
     """The tiny root has 4 nm, 5.24 x 4 x 4 nm and 8 nm EM: at 8 nm only the anisotropic one is resampled."""
     data = DataConfig(root=str(tiny_synth_root), classes=("mito", "er", "nuc", "ecs", "pm"),
@@ -161,7 +200,7 @@ def test_memory_accounting_and_margins(root):
         box = block.targets.shape[:3]  # channel-last
         assert block.nbytes == math.prod(block.grid.shape_vox) + layout.targets * math.prod(box)
         assert block.nbytes == block_nbytes(block.grid, crop, layout)
-        assert math.prod(box) == 24**3  # targets only over the crop (24³ at 8 nm), EM over the margin too
+        assert math.prod(box) == (24 + 2 * 2) ** 3  # targets over the crop (24³ at 8 nm) and 2 voxels, EM over all
     assert loader.data.nbytes == sum(b.nbytes for b in loader.data.blocks)
     for i in range(0, 4000, 7):  # no window ever leaves its block (`window_start` raises if one does)
         loader.batch([i])
