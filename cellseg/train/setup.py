@@ -178,12 +178,12 @@ def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision
     free_memory()
     base = torch.cuda.memory_allocated(d.device)
     torch.cuda.reset_peak_memory_stats(d.device)
-    probe = torch.Generator(device=d.device).manual_seed(0)  # the global generators stay untouched
     try:
-        image = torch.randn((batch, 1, *patch), device=d.device, generator=probe).contiguous(memory_format=fmt)
-        with runtime.autocast(d.device, precision):
-            out = model(image)
-        (out[0] if isinstance(out, (list, tuple)) else out).float().square().mean().backward()
+        with torch.random.fork_rng(devices=[d.device]):  # the probe's draws (input, dropout) leave no trace
+            image = torch.randn((batch, 1, *patch), device=d.device).contiguous(memory_format=fmt)
+            with runtime.autocast(d.device, precision):
+                out = model(image)
+            (out[0] if isinstance(out, (list, tuple)) else out).float().square().mean().backward()
         step: int | None = torch.cuda.max_memory_allocated(d.device) - base
     except torch.OutOfMemoryError:
         step = None  # the step alone does not fit: no room for data
