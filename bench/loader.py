@@ -2,6 +2,11 @@
 augmentation, peak and growth of host RSS — optionally side by side with cellmap-data on the same data.
 
     python bench/loader.py --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
+    python bench/loader.py --root DATA --out OUT --resident off,host[,gpu]   # streaming vs resident data
+
+`--resident` compares the streaming loader (`off`: DataLoader workers read zarr) with resident data
+(`cellseg.data.resident`: the crops read once into host or GPU memory, batches cut from them in the main
+process while up to 2 workers compute the samples' windows); its set-up time and bytes are recorded too.
 
 DATA is a `cellseg synth` root (the `medium` preset for GPU nodes); `--synth medium` generates it first.
 "With augmentation" runs our batched GPU augmentation on each batch (on the CPU when there is no GPU);
@@ -13,6 +18,7 @@ Writes OUT/loader.json and OUT/loader.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -72,14 +78,16 @@ def classes_of(root: Path) -> tuple[str, ...]:
 
 
 def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: float, batch: int, seed: int = 0,
-                boundaries: bool = True) -> dict[str, float]:
+                boundaries: bool = True, resident: str = "off") -> dict[str, float]:
     """Run one configuration for ~`seconds` after warm-up."""
     patch, vs = SHAPES[shape]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
                       slice_axes=("z", "y", "x") if shape == "2d" else ("z",), instance_boundaries=boundaries,
-                      boundary_cache=BOUNDARY_CACHE[0])
+                      boundary_cache=BOUNDARY_CACHE[0], resident=resident)
     loader_cfg = LoaderConfig(num_workers=workers, samples_per_epoch=10**6, prefetch_factor=4)
+    start = time.perf_counter()
     td = build_train_data(data, loader_cfg, AugmentConfig(enabled=augment), batch_size=batch, seed=seed)
+    setup_s = time.perf_counter() - start
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     it = iter(td.loader)
     for _ in range(2 + workers):  # warm-up: workers started, first batches through
@@ -91,12 +99,13 @@ def time_loader(root: Path, shape: str, workers: int, augment: bool, seconds: fl
         if augment:
             b = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
             td.augment(b, n)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+        if device.type == "cuda":  # resident batches are cut asynchronously on the GPU: count finished ones
+            torch.cuda.synchronize()
         n += 1
     elapsed = time.perf_counter() - start
     result = {"shape": shape, "workers": workers, "augment": augment, "batch": batch, "boundaries": boundaries,
-              "channels": data.num_target_channels,
+              "channels": data.num_target_channels, "data": td.resident, "setup_s": setup_s,
+              "resident_GB": td.loader.data.nbytes / 1e9 if td.resident != "off" else 0.0,
               "patches_per_s": n * batch / elapsed, "MB_per_s": nbytes / elapsed / 1e6,
               "rss_GB": rss_bytes() / 1e9, "rss_start_GB": rss0 / 1e9, "batches": n}
     del it, td
@@ -108,6 +117,7 @@ def rss_growth(root: Path, samples: int, workers: int, shape: str = "2d") -> dic
     patch, vs = SHAPES[shape]
     data = DataConfig(root=str(root), classes=classes_of(root), voxel_size_nm=vs, patch_shape_vox=patch,
                       slice_axes=("z", "y", "x") if shape == "2d" else ("z",))
+    data = dataclasses.replace(data, resident="off")  # the streaming loader's workers
     td = build_train_data(data, LoaderConfig(num_workers=workers, samples_per_epoch=samples + 64),
                           AugmentConfig(), batch_size=4, seed=1)
     it = iter(td.loader)
@@ -138,17 +148,19 @@ def markdown(results: dict) -> str:
     """The results as a markdown table."""
     lines = [f"Loader benchmark, {results['date']}, {results['host']}, torch {results['torch']}, "
              f"{results['cpus']} CPU cores, GPU: {results['gpu']}", "",
-             "| patch | channels | workers | GPU aug | batch | cellseg patches/s | MB/s | memory GB | cellmap-data patches/s | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| patch | channels | data | workers | GPU aug | batch | cellseg patches/s | MB/s | memory GB | set-up s "
+             "| resident GB | cellmap-data patches/s | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     peers = {(p["shape"], p["workers"]): p for p in results["peer"] if p}
     for r in results["runs"]:
-        p = peers.get((r["shape"], r["workers"])) if not r["augment"] else None
-        ratio = f"{r['patches_per_s'] / p['patches_per_s']:.1f}×" if p else ""
-        lines.append(f"| {r['shape']} | {r.get('channels', '')} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
-                     f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | "
-                     f"{p['patches_per_s']:.1f} | {ratio} |" if p else
-                     f"| {r['shape']} | {r.get('channels', '')} | {r['workers']} | {'yes' if r['augment'] else 'no'} | {r['batch']} | "
-                     f"{r['patches_per_s']:.1f} | {r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | | |")
+        data = r.get("data", "off")
+        p = peers.get((r["shape"], r["workers"])) if not r["augment"] and data == "off" else None
+        peer, ratio = (f"{p['patches_per_s']:.1f}", f"{r['patches_per_s'] / p['patches_per_s']:.1f}×") if p else ("", "")
+        where = "streamed" if data == "off" else f"resident ({data})"
+        lines.append(f"| {r['shape']} | {r.get('channels', '')} | {where} | {r['workers']} | "
+                     f"{'yes' if r['augment'] else 'no'} | {r['batch']} | {r['patches_per_s']:.1f} | "
+                     f"{r['MB_per_s']:.0f} | {r['rss_GB']:.2f} | {r.get('setup_s', 0):.1f} | "
+                     f"{r.get('resident_GB', 0):.2f} | {peer} | {ratio} |")
     if results.get("rss"):
         g = results["rss"]
         lines += ["", f"RSS over {g['samples']} {g.get('shape', '3d')} samples with {g['workers']} workers: "
@@ -174,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instance-boundary target channels (10 extra id-array reads per 3D sample)")
     parser.add_argument("--boundary-cache", default=None, metavar="DIR|auto",
                         help="data.boundary_cache for the runs (default: none, boundaries per sample)")
+    parser.add_argument("--augment", default="no,yes", help="runs without and/or with the GPU augmentation")
+    parser.add_argument("--resident", default="off",
+                        help="data.resident values to compare: off (streaming), host, gpu (e.g. off,host)")
     parser.add_argument("--no-runs", action="store_true", help="only the RSS measurement")
     args = parser.parse_args(argv)
     BOUNDARY_CACHE[0] = args.boundary_cache
@@ -186,16 +201,22 @@ def main(argv: list[str] | None = None) -> int:
                "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
                "runs": [], "peer": []}
     peer_workers = {int(w) for w in (args.peer_workers or args.workers).split(",")}
+    modes = args.resident.split(",")
     for shape in [] if args.no_runs else args.shapes.split(","):
         batch = args.batch_3d if shape == "3d" else args.batch_2d
-        for workers in (int(w) for w in args.workers.split(",")):
-            for augment in (False, True):
+        workers_list = [int(w) for w in args.workers.split(",")]
+        # Resident data runs once, with the most workers asked for (it starts at most SPEC_WORKERS, which only
+        # compute the samples' windows).
+        runs = [(mode, workers) for mode in modes for workers in (workers_list if mode == "off" else [max(workers_list)])]
+        for mode, workers in runs:
+            for augment in [a == "yes" for a in args.augment.split(",")]:
                 for boundaries in {"on": [True], "off": [False], "both": [True, False]}[args.boundaries]:
-                    r = time_loader(args.root, shape, workers, augment, args.seconds, batch, boundaries=boundaries)
+                    r = time_loader(args.root, shape, workers, augment, args.seconds, batch, boundaries=boundaries,
+                                    resident=mode)
                     print(json.dumps(r), flush=True)
                     results["runs"].append(r)
                     save(args.out, results)
-            if args.peer_python and workers in peer_workers:
+            if args.peer_python and mode == "off" and workers in peer_workers:
                 p = run_peer(args.peer_python, args.root, shape, workers, args.seconds, batch)
                 print(json.dumps(p), flush=True)
                 results["peer"].append(p)

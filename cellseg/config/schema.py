@@ -107,6 +107,17 @@ class DataConfig:
             `~/.cache/cellseg/boundaries`; or a folder). See cellseg/data/boundary_cache.py.
         backend: array backend for reads.
         cache_bytes: tensorstore chunk cache per process, shared by every opened array (bounded host memory).
+        resident: where the training crops' data lives (`cellseg.data.resident`): "auto" (default) reads every
+            training crop once, with the margin its patches reach, into GPU memory when it fits
+            `resident_gpu_share` of what the model and a training step leave free, else into host memory when it
+            fits `resident_host_gb`, else streams patches from zarr through loader workers (a notice says so);
+            "gpu" or "host" ask for that place (a GPU without room falls back to host, host memory without room
+            to streaming); "off" always streams. Resident batches equal the streamed ones (docs/hpc.md, "Training
+            data in memory"); at most 2 loader workers run then, computing where each sample lies.
+        resident_host_gb: host memory (GB) the resident data of one machine may take, shared by its training
+            processes (each DDP rank holds its own copy).
+        resident_gpu_share: share of the GPU memory left free by the model, its optimizer state and one training
+            step at the batch size that `resident: auto` may fill.
     """
 
     root: str
@@ -129,6 +140,9 @@ class DataConfig:
     boundary_cache: str | None = None
     backend: Literal["tensorstore", "zarr"] = "tensorstore"
     cache_bytes: int = 256 * 2**20
+    resident: Literal["auto", "host", "gpu", "off"] = "auto"
+    resident_host_gb: float = 32.0
+    resident_gpu_share: float = 0.5
 
     def __post_init__(self) -> None:
         from cellseg.classes import get_class
@@ -149,6 +163,8 @@ class DataConfig:
         for where, mode in [("padding_mask", self.padding_mask), *(
                 (f"padding_mask_by_dataset.{d}", m) for d, m in self.padding_mask_by_dataset.items())]:
             _check(mode in modes, f"data.{where}={mode!r}: choose one of {list(modes)}")
+        _check(self.resident_host_gb >= 0, f"data.resident_host_gb={self.resident_host_gb} must be >= 0")
+        _check(0 <= self.resident_gpu_share <= 1, f"data.resident_gpu_share={self.resident_gpu_share} must be in [0, 1]")
 
     @property
     def boundary_classes(self) -> tuple[str, ...]:

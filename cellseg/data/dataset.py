@@ -49,6 +49,15 @@ def context_shape(patch_shape_vox: Sequence[int], factor: float, *, is_2d: bool)
     return tuple(out)  # type: ignore[return-value]
 
 
+def oriented_shape(shape_vox: Sequence[int], slice_axis: int) -> tuple[int, int, int]:
+    """A patch shape (z, y, x) in world orientation: a 2D patch `(1, H, W)` cut across y or x moves its 1 to that
+    axis (`(H, 1, W)`, `(H, W, 1)`); 3D shapes and patches cut across z stay as they are."""
+    shape = [int(n) for n in shape_vox]
+    if shape[0] == 1 and slice_axis != 0:
+        shape.insert(slice_axis, shape.pop(0))
+    return tuple(shape)  # type: ignore[return-value]
+
+
 def pack_bits(mask: np.ndarray) -> np.ndarray:
     """`(K, ...)` bool → `(ceil(K/8), ...)` uint8, class k in bit k % 8 of byte k // 8."""
     return np.packbits(mask, axis=0, bitorder="little")
@@ -136,9 +145,7 @@ class PatchDataset(torch.utils.data.Dataset):
         The origin snaps to the lattice of the EM level at the training voxel size when there is one, so
         EM reads are plain slices (no interpolation) and EM and labels share voxel centres.
         """
-        shape = list(shape_vox or self.read_shape_vox)
-        if shape[0] == 1 and spec.slice_axis != 0:  # 2D patch cut across y or x: the 1 moves to that axis
-            shape.insert(spec.slice_axis, shape.pop(0))
+        shape = oriented_shape(shape_vox or self.read_shape_vox, spec.slice_axis)
         vs = self.voxel_size_nm
         origin = [c - (n - 1) / 2 * v for c, n, v in zip(spec.centre_nm, shape, vs, strict=True)]
         level = self.crops[spec.crop].em().choose_level(vs)

@@ -1,4 +1,8 @@
-"""From a `DataConfig` to a training DataLoader, a validation list and the GPU augmentation.
+"""From a `DataConfig` to the training batches, a validation list and the GPU augmentation.
+
+The training batches come from resident blocks when `data.resident` and the budgets allow
+(`cellseg.data.resident`: each crop read once, batches cut on the device), else from a DataLoader streaming
+patches from zarr. Both yield the same batch dict, and both follow the same `EpochSampler`.
 
 Workers are started with the "spawn" method by default: tensorstore (and zarr's blosc) keep thread pools
 that must not be forked, and every worker re-opens its own array handles (they do not pickle) with a
@@ -20,6 +24,7 @@ from cellseg.data.augment import GpuAugment
 from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
+from cellseg.data.resident import SPEC_WORKERS, ResidentLoader, WindowSpecs, read_resident
 from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import (
     SplitEntry,
@@ -98,9 +103,13 @@ def warm_boundary_caches(crops: Sequence[CropSource], voxel_size_nm: Sequence[fl
 
 @dataclass
 class TrainData:
-    """Everything the trainer needs from the data side."""
+    """Everything the trainer needs from the data side.
 
-    loader: torch.utils.data.DataLoader
+    `loader` is any iterable of batch dicts that follows `sampler` (`sampler.set_epoch(...)`, then `iter(loader)`):
+    a `ResidentLoader` or a streaming DataLoader.
+    """
+
+    loader: torch.utils.data.DataLoader | ResidentLoader
     dataset: PatchDataset
     sampler: EpochSampler
     augment: GpuAugment
@@ -108,11 +117,21 @@ class TrainData:
     val_crops: list[CropSource]
     split: list[SplitEntry]
 
+    @property
+    def resident(self) -> str:
+        """Where the training data lives: "gpu" or "host" (resident), or "off" (streamed from zarr)."""
+        return self.loader.placement if isinstance(self.loader, ResidentLoader) else "off"
+
 
 def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
                      rank: int = 0, world_size: int = 1, run_dir: str | Path | None = None,
-                     mp_context: str = "spawn") -> TrainData:
-    """Split, open crops, index foreground, and build the DataLoader and GPU augmentation.
+                     mp_context: str = "spawn", device: torch.device | None = None,
+                     gpu_room_bytes: int | None = None) -> TrainData:
+    """Split, open crops, index foreground, and build the training batches (resident or streamed, see
+    `data.resident`) and the GPU augmentation.
+
+    `device` is where training runs (default: CUDA when there is one); `gpu_room_bytes` what the model and its
+    training step leave free there (default: what is free now).
 
     Raises:
         ValueError: when no training crop annotates any requested class.
@@ -139,16 +158,31 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                            padding_mask=data.padding_mask, padding_mask_by_dataset=data.padding_mask_by_dataset,
                            patch_shape_vox=data.patch_shape_vox,
                            rotate_p=augment.rotate_p if augment.enabled else 0.0)
-    workers = loader.num_workers
     epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
-    dl = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=epochs, num_workers=workers, drop_last=True,
-        pin_memory=loader.pin_memory and torch.cuda.is_available(),
-        persistent_workers=loader.persistent_workers and workers > 0,
-        prefetch_factor=loader.prefetch_factor if workers > 0 else None,
-        multiprocessing_context=mp_context if workers > 0 else None,
-    )
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resident = read_resident(dataset, data, device=device, gpu_room_bytes=gpu_room_bytes, progress=run_dir is not None)
+    batches: torch.utils.data.DataLoader | ResidentLoader
+    if resident is None:
+        batches = _worker_loader(dataset, epochs, loader, batch_size=batch_size, mp_context=mp_context)
+    else:  # workers compute the samples' windows only; the training process cuts them from the blocks
+        windows = _worker_loader(WindowSpecs(dataset, resident.grids), epochs, loader, batch_size=batch_size,
+                                 mp_context=mp_context, num_workers=min(loader.num_workers, SPEC_WORKERS))
+        batches = ResidentLoader(resident, windows, device=device)
     gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, num_boundaries=len(data.boundary_classes),
                              patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
-    return TrainData(loader=dl, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=train, val_crops=val, split=split)
+    return TrainData(loader=batches, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=train,
+                     val_crops=val, split=split)
+
+
+def _worker_loader(dataset: torch.utils.data.Dataset, epochs: EpochSampler, cfg: LoaderConfig, *, batch_size: int,
+                   mp_context: str, num_workers: int | None = None) -> torch.utils.data.DataLoader:
+    """A DataLoader of `dataset` over `epochs` in `cfg.num_workers` (or `num_workers`) worker processes."""
+    workers = cfg.num_workers if num_workers is None else num_workers
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, sampler=epochs, num_workers=workers, drop_last=True,
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),
+        persistent_workers=cfg.persistent_workers and workers > 0,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        multiprocessing_context=mp_context if workers > 0 else None,
+    )

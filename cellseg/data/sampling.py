@@ -29,6 +29,7 @@ from cellseg.data.targets import CropSource
 log = logging.getLogger(__name__)
 MAX_POINTS = 4096  # foreground points kept per (crop, class); enough variety, little memory
 INDEX_COARSENING = 2  # the foreground index is read at 2x the training voxel size: cheap, still sees pores
+CENTRE_JITTER = 0.25  # class-balanced centres move by up to this share of the patch extent per axis
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,6 @@ class PatchSampler:
             k = int(order[i % n])
             crop = int(rng.choice(self.index.crops_with(k)))
             pts = self.index.points[crop][k]
-            centre = pts[rng.integers(len(pts))] + rng.uniform(-0.25, 0.25, size=3) * self.extent
+            centre = pts[rng.integers(len(pts))] + rng.uniform(-CENTRE_JITTER, CENTRE_JITTER, size=3) * self.extent
         return PatchSpec(crop=crop, centre_nm=tuple(float(c) for c in centre), slice_axis=slice_axis,  # type: ignore[arg-type]
                          seed=int(rng.integers(2**31)))

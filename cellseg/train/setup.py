@@ -27,7 +27,7 @@ from cellseg.data.loader import TrainData, build_train_data
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, get_entry
 from cellseg.runtime.checkpoint import git_commit, versions
-from cellseg.train.batch import find_batch_size
+from cellseg.train.batch import find_batch_size, free_memory
 from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.clock import TrainClock
 from cellseg.train.compile import maybe_compile, maybe_compile_loss
@@ -37,6 +37,7 @@ from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
 
 log = logging.getLogger(__name__)
 MICRO_BATCH_FILE = "micro_batch.json"
+STATE_COPIES = 3  # fp32 copies of the weights that training adds after set-up: two AdamW moments and the EMA
 
 
 @dataclass
@@ -168,6 +169,40 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     return found
 
 
+def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
+              fmt: torch.memory_format, batch: int) -> int:
+    """GPU bytes that training leaves free for resident data (`data.resident`): free memory once the model, one
+    forward + backward at `batch` and the optimizer/EMA state (`STATE_COPIES`) are counted; the minimum over
+    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU."""
+    if d.device.type != "cuda" or cfg.data.resident not in ("auto", "gpu"):
+        return 0
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+    buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
+    free_memory()
+    base = torch.cuda.memory_allocated(d.device)
+    torch.cuda.reset_peak_memory_stats(d.device)
+    try:
+        with torch.random.fork_rng(devices=[d.device]):  # the probe's draws (input, dropout) leave no trace
+            image = torch.randn((batch, 1, *patch), device=d.device).contiguous(memory_format=fmt)
+            with runtime.autocast(d.device, precision):
+                out = model(image)
+            (out[0] if isinstance(out, (list, tuple)) else out).float().square().mean().backward()
+        step: int | None = torch.cuda.max_memory_allocated(d.device) - base
+    except torch.OutOfMemoryError:
+        step = None  # the step alone does not fit: no room for data
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.load_state_dict(buffers, strict=False)  # the probe's batch-norm statistics are not kept
+        free_memory()
+    state = STATE_COPIES * 4 * sum(p.numel() for p in model.parameters())  # fp32 bytes
+    room = 0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state)
+    if d.distributed:
+        t = torch.tensor(room, device=d.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        room = int(t)
+    return room
+
+
 def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump(cfg))
@@ -230,10 +265,11 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     ckpt_dir = run_dir / "checkpoints"
     if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
+    room = _gpu_room(cfg, model, d, precision, fmt, batch)
     runtime.barrier(d)
     data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
-                            world_size=d.world_size,
-                            run_dir=run_dir if d.is_main else None)
+                            world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
+                            gpu_room_bytes=room)
     weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
               [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
     criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
@@ -249,7 +285,7 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
             "classes": list(cfg.data.classes), "boundary_classes": list(cfg.data.boundary_classes),
             "channels": list(cfg.data.classes) + [f"{c}_boundary" for c in cfg.data.boundary_classes],
             "voxel_size_nm": list(cfg.data.voxel_size_nm), "patch_shape_vox": list(patch), "batch_size": batch,
-            "world_size": d.world_size, "precision": precision, "device": str(d.device),
+            "world_size": d.world_size, "precision": precision, "device": str(d.device), "resident_data": data.resident,
             "gpu": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"}
     s = Setup(cfg=cfg, dist=d, precision=precision, run_dir=run_dir, model=model, net=model, memory_format=fmt,
               batch_size=batch, data=data, criterion=criterion, optimizer=optimizer, scheduler=scheduler,

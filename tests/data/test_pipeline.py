@@ -167,7 +167,7 @@ def test_unknown_class_names_and_empty_selection(root):
 
 
 def test_workers_give_the_same_samples(root):
-    data = _data(root)
+    data = _data(root, resident="off")  # the streaming loader's workers (resident batches have none)
     loader0 = build_train_data(
         data, LoaderConfig(num_workers=0, samples_per_epoch=4), AugmentConfig(), batch_size=2, seed=5
     ).loader
