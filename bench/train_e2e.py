@@ -102,7 +102,7 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
     row = {"name": name, "config": str(config.relative_to(REPO)), "batch": s.batch_size,
            "patch_shape_vox": list(cfg.data.patch_shape_vox), "channels": cfg.data.num_target_channels,
            "precision": s.precision, "compiled": bool(s.meta.get("compile", {}).get("compiled")),
-           "resident": s.meta.get("resident", cfg.data.__dict__.get("resident", "n/a")),
+           "resident": s.meta.get("resident_data", cfg.data.resident),
            "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s,
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
