@@ -221,16 +221,21 @@ class Trainer:
         return values
 
     def _validate(self, run_log: RunLog) -> dict[str, Any]:
+        """Score the validation crops and offer the checkpoint for `best.pt` by the ranking score (decision
+        mode, tuning crops only: `cellseg.train.validate`); metrics.jsonl records what ranked."""
         s, result = self.s, {}
         self.guard.check()
         if s.dist.is_main and s.data.val_crops:
             model = s.eval_model()
             result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision)
             run_log.record(s.state.step, result, prefix="val")
-            log.info("step %d validation (%s metric): overall %.4f | %s", s.state.step, result["metric"],
-                     result["overall_score"], ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
+            log.info("step %d validation (%s metric, %d tuning crops, %s grid, %.1f s): overall %.4f (%d skipped) | "
+                     "ranked by %s %.4f | %s", s.state.step, result["metric"], len(result["crops"]["tuning"]),
+                     result["grid"], result["seconds"], result["overall_score"], result["skipped_crops"],
+                     result["ranked_by"], result["ranking_score"],
+                     ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
         runtime.barrier(s.dist)
-        self._checkpoint(score=result.get("overall_score"))
+        self._checkpoint(score=result.get("ranking_score"))
         return result
 
     def _checkpoint(self, score: float | None = None) -> Path:

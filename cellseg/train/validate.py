@@ -7,12 +7,21 @@ in the crop against its truth on the same grid (`cellseg.eval.truth`) with the o
 that era (`cellseg.eval.crop_score`), only inside the annotated voxels. Instance classes become objects with
 the post-processing of `cellseg postprocess` at its default parameters (`cellseg.postprocess`: seeds from the
 mask minus the boundary channel, seeded growth back into the mask, holes filled) before scoring.
-Per-crop scores are combined exactly as the leaderboard of that era combines them.
+
+What ranks checkpoints (`best.pt`) is a decision, so (`cellseg.eval.decision`):
+- only the *tuning* validation crops count (`SplitEntry.role`); the *report* crops are scored apart when
+  `val.report_crops` is set and never rank;
+- the crops are combined in decision mode: a crop the era skips for too many predicted objects counts as
+  its worst case, never as nothing;
+- the overall score ranks when the classes hold both kinds; otherwise the defined part does, with a warning.
+The official scores are logged too, with the number of skipped crops beside them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +33,8 @@ from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
 from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
-from cellseg.eval.crop_score import combine, score_class
+from cellseg.eval.crop_score import score_class
+from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
 from cellseg.eval.truth import read_class_truth
 from cellseg.infer.engine import predict_volume
@@ -33,6 +43,23 @@ from cellseg.postprocess.instances import segment_instances
 from cellseg.postprocess.params import InstanceParams
 
 log = logging.getLogger(__name__)
+CropScores = dict[str, dict[str, dict[str, Any]]]
+
+
+def validation_sets(crops: Sequence[CropSource], max_crops: int | None = None
+                    ) -> tuple[list[CropSource], list[CropSource]]:
+    """(tuning, report) crops; a crop without a role (a split written before roles existed) is a tuning
+    crop. `max_crops` limits each part.
+
+    Raises:
+        ValueError: validation crops, but none of them a tuning crop (nothing to rank checkpoints on).
+    """
+    tuning = [c for c in crops if c.entry.role != "report"]
+    report = [c for c in crops if c.entry.role == "report"]
+    if crops and not tuning:
+        raise ValueError(f"no tuning crop among the validation crops {[c.name for c in crops]} (all are report "
+                         "crops): checkpoints are ranked on tuning crops; lower data.report_fraction")
+    return tuning[:max_crops], report[:max_crops]
 
 
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
@@ -57,30 +84,58 @@ def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) 
     return scores
 
 
+def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
+                precision: runtime.Precision) -> CropScores:
+    """Predict every crop (the model in eval mode, as the caller set it) and score it (`score_crop`)."""
+    crop_scores = {}
+    for crop in crops:
+        grid = crop_grid(crop, cfg.data.voxel_size_nm)
+        probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
+                               num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
+                               overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
+                               channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
+        crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
+    return crop_scores
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("validation ranks checkpoints by another score: %s", reason)
+
+
 @torch.inference_mode()
 def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
                    precision: runtime.Precision) -> dict[str, Any]:
-    """Predict and score the validation crops; returns overall, per-class and per-crop scores with the era.
+    """Predict and score the validation crops (module docstring).
+
+    Returns:
+        The official scores of the tuning crops (`overall_score`, its parts, `class_scores`, `label_scores`,
+        `crop_scores`), `skipped_crops` (their count), `decision_score`, `ranked_by` and `ranking_score`
+        (what `best.pt` is chosen by), `crops` (which crops were tuning and report crops), `grid`,
+        `seconds`, and with `val.report_crops` the report crops' scores under `report`.
 
     Raises:
-        ValueError: `cfg.val.metric` names no registered era.
+        ValueError: `cfg.val.metric` names no registered era, or no validation crop is a tuning crop.
     """
     get_era(cfg.val.metric)  # fail before predicting
+    tuning, report = validation_sets(crops, cfg.val.max_crops)
+    start = time.perf_counter()
     was_training = model.training
     model.eval()
-    crop_scores = {}
     try:
-        for crop in list(crops)[: cfg.val.max_crops]:
-            grid = crop_grid(crop, cfg.data.voxel_size_nm)
-            probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
-                                   num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
-                                   overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
-                                   channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
-            crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
+        crop_scores = score_crops(model, tuning, cfg, device=device, precision=precision)
+        report_scores = score_crops(model, report, cfg, device=device, precision=precision) \
+            if cfg.val.report_crops else {}
     finally:
         model.train(was_training)
-    combined = combine(crop_scores, cfg.val.metric)
-    labels = combined["label_scores"]
-    return {"metric": cfg.val.metric, **{k: v for k, v in combined.items() if k != "label_scores"},
-            "class_scores": {c: s.get("combined_score", s.get("iou")) for c, s in labels.items()},
-            "label_scores": labels, "crop_scores": crop_scores}
+    decision = decide(crop_scores, cfg.val.metric)
+    if decision.ranking.reason:
+        _warn_once(decision.ranking.reason)
+    result = {**decision.summary(), "grid": cfg.val.grid, "seconds": round(time.perf_counter() - start, 3),
+              "crops": {"tuning": [c.name for c in tuning], "report": [c.name for c in report]},
+              "class_scores": decision.class_scores(), "label_scores": decision.official["label_scores"],
+              "crop_scores": crop_scores}
+    if report_scores:
+        scored = decide(report_scores, cfg.val.metric)
+        result["report"] = {**scored.summary(), "class_scores": scored.class_scores(), "crop_scores": report_scores}
+    return result
