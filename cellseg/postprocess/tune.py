@@ -1,12 +1,18 @@
-"""Tune post-processing parameters per class on validation crops, against the challenge metric of one era.
+"""Tune post-processing parameters per class on tuning crops, against the challenge metric of one era.
 
-For every class of the store annotated in at least one tuning crop, the crops' probabilities and truth
+Tuning crops: the crops named, or by default every crop of the store with truth in the data root except the
+*report* crops of the runs the store was predicted by (`validation_roles.csv` beside their datasplit.csv):
+those are kept for measuring the decisions, never for making them. Every class of the store must be
+annotated in one of them (an error before any scoring otherwise).
+
+For every class of the store, the tuning crops' probabilities and truth
 (read at the store's grid by `cellseg.eval.truth.read_class_truth`, exactly as validation during training
 reads it: semantic truth from the class arrays, instance truth as the ids on disk, or the 26-connected
 components of a group's union) are held in memory; each candidate setting segments every crop, scores it
 with the official per-crop scorer of the era (`cellseg.eval.crop_score.score_class`, inside the annotated
-voxels only) and combines the crops as the leaderboard does (`cellseg.eval.crop_score.combine`): class IoU
-for semantic classes, the class combined score for instance classes.
+voxels only) and combines the crops as the leaderboard does, in decision mode (`cellseg.eval.crop_score.combine`:
+a crop the era skips for too many objects counts as its worst case, so a setting cannot win by shattering a
+poor crop): class IoU for semantic classes, the class combined score for instance classes.
 
 Search (small on purpose: validation sets are small, a fine grid would fit their noise):
 - semantic: the threshold over `SEMANTIC_THRESHOLDS`;
@@ -23,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,7 @@ import numpy as np
 
 from cellseg.classes import is_instance
 from cellseg.data.crops import Catalog, crop_name, crop_sort_key
-from cellseg.data.split import SplitEntry
+from cellseg.data.split import ROLES_FILE, SplitEntry, derivable, read_roles
 from cellseg.eval.crop_score import combine, score_class
 from cellseg.eval.eras import get_era
 from cellseg.eval.rules import is_scored_as_instance
@@ -62,7 +68,8 @@ class Sample:
 
 def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
                   device: str = "cpu") -> float:
-    """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`."""
+    """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`'s
+    decision mode."""
     crop_scores: dict[str, dict[str, dict[str, Any]]] = {}
     for s in samples:
         seg = segment_class(class_name, s.prob, s.boundary, voxel_size_nm=s.voxel_size_nm, params=params,
@@ -71,7 +78,7 @@ def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParam
         score = score_class(seg, s.truth, label=class_name, era=era, voxel_size_nm=s.voxel_size_nm)
         crop_scores[s.crop] = {class_name: {**score, "num_voxels": int(s.inside.sum()),
                                             "voxel_size": list(s.voxel_size_nm)}}
-    label = combine(crop_scores, era)["label_scores"][class_name]
+    label = combine(crop_scores, era, decision=True)["label_scores"][class_name]
     return float(label["combined_score" if is_scored_as_instance(class_name) else "iou"])
 
 
@@ -150,12 +157,37 @@ def split_entry(catalog: Catalog, crop_id: int) -> SplitEntry:
                       classes=crop.classes)
 
 
+def store_runs(provenance: Mapping[str, Any]) -> list[Path]:
+    """The run directories a store's provenance names (its own, or its ensemble members'), in order."""
+    found: list[Path] = []
+    stack: list[Any] = [provenance]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, Mapping):
+            if isinstance(item.get("run_dir"), str):
+                found.append(Path(item["run_dir"]))
+            stack += list(item.values())
+        elif isinstance(item, list):
+            stack += item
+    return list(dict.fromkeys(found))
+
+
+def report_crops(store: PredictionStore) -> dict[str, str]:
+    """Crop → the run that keeps it for reports, over the runs the store was predicted by."""
+    out: dict[str, str] = {}
+    for run in store_runs(store.provenance):
+        roles = read_roles(run / ROLES_FILE)
+        out.update({c: str(run) for c, role in roles.items() if role == "report" and c not in out})
+    return out
+
+
 def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: PredictionStore) -> list[SplitEntry]:
     """Training crops of `data_root` to tune on: the named ones (`12` or `crop12`), by default every crop of
-    the store that has truth in the data root.
+    the store that has truth in the data root and is not a report crop of the store's runs.
 
     Raises:
-        ValueError: a named crop that is not a training crop of the data root or not in the store.
+        ValueError: a named crop that is not a training crop of the data root or not in the store; no crop
+            left by default.
     """
     catalog = Catalog.from_dir(data_root)
     by_name = {c.name: c for c in catalog.train.values()}
@@ -170,10 +202,27 @@ def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: Predic
         if missing:
             raise ValueError(f"{store.path}: crops {missing} are not in the prediction store (it holds {sorted(written)})")
     else:
-        names = sorted(written & set(by_name))
+        kept = report_crops(store)
+        names = sorted(written & set(by_name) - set(kept), key=crop_sort_key)
+        if kept.keys() & written:
+            log.info("not tuned on (report crops of %s): %s", ", ".join(sorted(set(kept.values()))),
+                     ", ".join(sorted(kept.keys() & written, key=crop_sort_key)))
         if not names:
-            raise ValueError(f"{store.path}: none of its crops {sorted(written)} has truth in {data_root}")
+            raise ValueError(f"{store.path}: none of its crops {sorted(written)} has truth in {data_root} outside the "
+                             f"report crops of its runs {sorted(kept)}; pass --crops IDS")
     return [split_entry(catalog, by_name[n].id) for n in names]
+
+
+def check_annotated(classes: Sequence[str], entries: Sequence[SplitEntry]) -> None:
+    """Every class to tune must be annotated (listed, or derivable from its atoms) in a tuning crop.
+
+    Raises:
+        ValueError: naming the classes no tuning crop annotates and the crops.
+    """
+    lacking = [c for c in classes if not any(derivable(c, e.classes) for e in entries)]
+    if lacking:
+        raise ValueError(f"no tuning crop annotates {lacking} (tuning crops: {[e.crop_name for e in entries]}): "
+                         "pass --crops with crops that annotate every class of the store")
 
 
 def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str) -> list[Sample]:
@@ -192,13 +241,17 @@ def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_na
 
 def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
                era: str = "2026", device: str = "cpu", progress: bool = True) -> ParamSet:
-    """Tune every class of a probability store on its crops with truth in `data_root`.
+    """Tune every class of a probability store on its tuning crops with truth in `data_root` (module docstring).
 
-    Classes annotated in none of the crops keep their defaults (and no score).
+    A class whose listed annotation has no array in any tuning crop keeps its defaults (and no score).
+
+    Raises:
+        ValueError: bad crops (`find_crops`), or a class no tuning crop annotates (before any scoring).
     """
     from tqdm import tqdm
 
     entries = find_crops(data_root, crops, store)
+    check_annotated(store.classes, entries)
     chosen: dict[str, ClassParams] = {}
     scores: dict[str, dict[str, float | None]] = {}
     total = sum(num_candidates(c, boundary_channel(c) in store.channels) for c in store.classes)
@@ -214,7 +267,9 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
                      _describe(chosen[name]), scores[name]["score"], scores[name]["default_score"])
     return ParamSet(classes=chosen, scores=scores, era=era,
                     tuned_on={"store": str(store.path), "data_root": str(data_root),
-                              "crops": [e.crop_name for e in entries], "metric": era})
+                              "crops": [e.crop_name for e in entries], "metric": era, "combined": "decision mode",
+                              "crops_chosen": "given" if crops else "the store's crops with truth, report crops "
+                                                                     "of its runs left out"})
 
 
 def _describe(params: ClassParams) -> str:
