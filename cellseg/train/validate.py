@@ -2,11 +2,16 @@
 
 For each validation crop: predict its annotated box at the training voxel size with the engine of
 `cellseg predict` (`cellseg.infer.engine.predict_volume`: half a patch of EM context on every side, the
-Gaussian-blended sliding window, no test-time augmentation), threshold, and score every class annotated
-in the crop against its truth on the same grid (`cellseg.eval.truth`) with the official per-crop scoring of
-that era (`cellseg.eval.crop_score`), only inside the annotated voxels. Instance classes become objects with
-the post-processing of `cellseg postprocess` at its default parameters (`cellseg.postprocess`: seeds from the
-mask minus the boundary channel, seeded growth back into the mask, holes filled) before scoring.
+Gaussian-blended sliding window, no test-time augmentation). Then every class annotated in the crop is
+decoded on the grid of its own truth (`val.grid: annotation`, `cellseg.eval.label_grid`: the label's `s0`,
+as the leaderboard scores it) with `cellseg.postprocess.native.decode_on_grid`: semantic classes are the
+linearly resampled probability above `val.threshold`; instance classes are objects of the post-processing of
+`cellseg postprocess` at its default parameters (seeds from the mask minus the boundary channel, seeded
+growth back into the mask, holes filled) decoded on the model's grid and refined on the label grid. The
+truth is read on that grid (`cellseg.eval.truth`) and the class scored with the official per-crop scoring
+of the era (`cellseg.eval.crop_score`), only inside the annotated voxels; Hausdorff distances are normalised
+by the label's voxel size. `val.grid: model` decodes and scores on the model's grid instead (cheaper when
+labels are much finer than the model, not what the leaderboard measures).
 
 What ranks checkpoints (`best.pt`) is a decision, so (`cellseg.eval.decision`):
 - only the *tuning* validation crops count (`SplitEntry.role`); the *report* crops are scored apart when
@@ -36,11 +41,12 @@ from cellseg.data.targets import CropSource
 from cellseg.eval.crop_score import score_class
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
+from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.truth import read_class_truth
 from cellseg.infer.engine import predict_volume
 from cellseg.infer.plan import crop_grid
-from cellseg.postprocess.instances import segment_instances
-from cellseg.postprocess.params import InstanceParams
+from cellseg.postprocess.native import decode_on_grid
+from cellseg.postprocess.params import InstanceParams, SemanticParams
 
 log = logging.getLogger(__name__)
 CropScores = dict[str, dict[str, dict[str, Any]]]
@@ -63,24 +69,24 @@ def validation_sets(crops: Sequence[CropSource], max_crops: int | None = None
 
 
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`)."""
-    era, th, vs = get_era(cfg.val.metric), cfg.val.threshold, grid.voxel_size_nm
+    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`), each
+    class decoded and scored on its annotation grid (`val.grid`: "annotation") or on `grid` ("model")."""
+    era, th = get_era(cfg.val.metric), cfg.val.threshold
     boundary_of = {c: len(cfg.data.classes) + j for j, c in enumerate(cfg.data.boundary_classes)}
     scores = {}
     for k, name in enumerate(crop.classes):
-        read = read_class_truth(crop, name, grid)
-        if read is None:
+        target = grid if cfg.val.grid == "model" else annotation_grid(crop, name)
+        read = None if target is None else read_class_truth(crop, name, target)
+        if target is None or read is None:
             continue  # not annotated here: nothing to score against
         truth, inside = read
-        if is_instance(name):
-            boundary = probs[boundary_of[name]] if name in boundary_of else None
-            params = InstanceParams(threshold=th, boundary_threshold=th)
-            pred = segment_instances(np.where(inside, probs[k], np.float32(0)), boundary, voxel_size_nm=vs,
-                                     params=params)
-        else:
-            pred = (probs[k] > th) & inside
-        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=vs)
-        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(vs)}
+        boundary = probs[boundary_of[name]] if name in boundary_of else None
+        params = InstanceParams(threshold=th, boundary_threshold=th) if is_instance(name) else SemanticParams(
+            threshold=th)
+        pred = decode_on_grid(name, probs[k], boundary, source=grid, target=target, params=params)
+        pred = np.where(inside, pred, 0).astype(pred.dtype) if is_instance(name) else pred & inside
+        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=target.voxel_size_nm)
+        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(target.voxel_size_nm)}
     return scores
 
 

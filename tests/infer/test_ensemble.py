@@ -317,6 +317,29 @@ def test_auto_weights_fit_on_the_runs_tuning_crops_only(tiny_synth_root, tmp_pat
     assert not (tmp_path / "ens2.zarr").exists()
 
 
+def test_auto_weights_are_scored_on_the_labels_grid_not_the_members(tiny_synth_root, tmp_path):
+    """Members at twice the labels' voxel size: the fit counts truth voxels on the label grid (8× as many)."""
+    members = []
+    for name, flip in (("good", False), ("bad", True)):
+        crops = {}
+        for crop in ("crop2", "crop3"):
+            grid, truth = crop_truth(tiny_synth_root, crop, ("er",))
+            coarse = Grid.of(translation_nm=np.add(grid.translation_nm, np.multiply(grid.voxel_size_nm, 0.5)),
+                             shape_vox=np.array(grid.shape_vox) // 2, voxel_size_nm=np.multiply(grid.voxel_size_nm, 2))
+            p = truth["er"][::2, ::2, ::2][: coarse.shape_vox[0], : coarse.shape_vox[1], : coarse.shape_vox[2]]
+            crops[crop] = (coarse, {"er": 1 - p if flip else p})
+        members.append(write_store(tmp_path / f"{name}.zarr", crops, channels=("er",), instance=(),
+                                   provenance={"data_root": str(tiny_synth_root)}))
+    fits = {g: ensemble(members, tmp_path / f"ens_{g}.zarr", weights="auto", fit=FitOptions(score_grid=g)
+                        ).weights.report for g in ("annotation", "ensemble")}
+    labels = sum(int(crop_truth(tiny_synth_root, c, ("er",))[1]["er"].sum()) for c in ("crop2", "crop3"))
+    assert fits["annotation"]["score_grid"] == "annotation"
+    assert fits["annotation"]["classes"]["er"]["truth_voxels"] == labels
+    assert fits["ensemble"]["classes"]["er"]["truth_voxels"] < labels / 4
+    with pytest.raises(ValueError, match="score grid 'model' is not one of"):
+        FitOptions(score_grid="model")
+
+
 def test_a_class_no_tuning_crop_annotates_is_refused_before_fitting(tiny_synth_root, tmp_path):
     channels = ("mito", "mt")  # crop2 does not annotate microtubules
     a, b = (write_store(tmp_path / f"{n}.zarr", {"crop2": (GRID, random_channels(i, channels=channels))},
