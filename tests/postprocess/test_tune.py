@@ -138,3 +138,47 @@ def test_tuning_leaves_out_the_runs_report_crops_and_needs_every_class(tiny_synt
     assert [e.crop_name for e in find_crops(tiny_synth_root, ["3"], store)] == ["crop3"]  # named: as asked
     with pytest.raises(ValueError, match=r"no tuning crop annotates \['mt'\] \(tuning crops: \['crop2'\]\)"):
         tune_store(store, tiny_synth_root, crops=["2"], progress=False)
+
+
+@pytest.mark.parametrize("resampled", [False, True])
+def test_the_one_pass_threshold_sweep_equals_decoding_each_threshold(resampled):
+    from blobs import random_probabilities
+
+    from cellseg.data.grid import Grid
+    from cellseg.postprocess.tune import SEMANTIC_THRESHOLDS, threshold_counts
+
+    rng = np.random.default_rng(3)
+    target = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(20, 24, 28), voxel_size_nm=ISO)
+    source = Grid(translation_nm=(8.0, 8.0, 8.0), shape_vox=(10, 12, 14), voxel_size_nm=(16.0, 16.0, 16.0)) \
+        if resampled else target
+    prob = random_probabilities(rng, source.shape_vox, 1.5)
+    truth = random_probabilities(rng, target.shape_vox, 2.0) > 0.5
+    inside = np.ones(target.shape_vox, bool)
+    inside[:, :3] = False
+    sample = Sample(crop="crop1", prob=prob, boundary=None, truth=truth & inside, inside=inside, voxel_size_nm=ISO,
+                    source=source, target=target)
+    assert sample.resampled == resampled
+    counts = threshold_counts(sample, SEMANTIC_THRESHOLDS)
+    for (tp, fp, fn), t in zip(counts.tolist(), SEMANTIC_THRESHOLDS, strict=True):
+        seg = sample.decode("er", SemanticParams(threshold=t))
+        want = (int((seg & sample.truth).sum()), int((seg & ~sample.truth).sum()), int((~seg & sample.truth).sum()))
+        assert (tp, fp, fn) == want, t
+
+
+def test_samples_hold_the_truth_on_its_annotation_grid(tiny_synth_root, tmp_path):
+    from cellseg.data.crops import Catalog
+    from cellseg.data.grid import Grid
+    from cellseg.infer.store import PredictionStore
+    from cellseg.postprocess.tune import load_samples, split_entry
+
+    label = Catalog.from_dir(tiny_synth_root).train[2].labels["er"]
+    coarse = Grid.of(translation_nm=np.add(label.translation_nm, np.multiply(label.voxel_size_nm, 0.5)),
+                     shape_vox=np.array(label.shape_vox) // 2, voxel_size_nm=np.multiply(label.voxel_size_nm, 2))
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=["er"], instance_channels=[])
+    store.write_crop("crop2", coarse, {"er": np.full(coarse.shape_vox, 0.7, np.float32)})
+    entries = [split_entry(Catalog.from_dir(tiny_synth_root), 2)]
+    (native,) = load_samples(store, entries, "er")
+    assert native.target.shape_vox == tuple(label.shape_vox) and native.voxel_size_nm == tuple(label.voxel_size_nm)
+    assert native.truth.shape == tuple(label.shape_vox) and native.resampled
+    (model,) = load_samples(store, entries, "er", grid="model")
+    assert model.truth.shape == coarse.shape_vox and not model.resampled
