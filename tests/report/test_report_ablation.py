@@ -14,6 +14,7 @@ import yaml
 
 from cellseg.cli import main as cli
 from cellseg.data.grid import Grid
+from cellseg.data.split import read_datasplit
 from cellseg.eval.relabel import relabel_26
 from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions, run_report
@@ -56,7 +57,9 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
     for era, name in doc["best_single"].items():  # stage 1 holds each era's best single model's scores
         single = next(s for s in doc["singles"] if s["key"] == f"single_{name}")
         assert doc["stages"][0]["scores"][era]["overall"] == single["scores"][era]["overall"]
-        assert single["scores"][era]["overall"] == max(s["scores"][era]["overall"] for s in doc["singles"])
+        choice = doc["best_single_choice"][era]  # chosen by the decision score on the tuning crops, not the scored
+        assert choice["run"] == name and choice["chosen_on"] == "tuning crops"
+        assert choice["scores"][name] == max(choice["scores"].values())
     classes = set(doc["runs"][0]["classes"])
     for stage in doc["stages"] + doc["singles"]:
         assert set(stage["scores"]) == {"2025", "2026"}
@@ -64,7 +67,9 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
             assert s["evaluation"]["metric"] == era
             assert all(_unit(s[k]) for k in ("overall", "instance", "semantic")), (stage["key"], era)
             assert set(s["classes"]) == classes and all(_unit(v) for v in s["classes"].values())
-    assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == ["crop4"]
+    validation = sorted(e.crop_name for e in read_datasplit(report_runs[0] / "datasplit.csv") if e.split == "validate")
+    tuning = [c for c in validation if doc["crops"]["roles"].get(c) == "tuning"]  # the runs' tuning crops only
+    assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == tuning != []
     assert "not biased" in doc["bias"][0]  # tuned on a validation crop, scored on the test crops
 
 
