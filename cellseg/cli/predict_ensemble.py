@@ -1,5 +1,6 @@
 """`cellseg predict-ensemble [CONFIG.yaml] RUN_A RUN_B ... --crops test --out ENS.zarr [key=value ...]`: several
-runs predicted in one pass, straight into their weighted mean (no store per member)."""
+runs predicted in one pass, straight into their weighted mean (no store per member); with `ensemble.routes` in
+CONFIG, each crop by the runs of its voxel-size band."""
 
 from __future__ import annotations
 
@@ -33,12 +34,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "2D members slice across z. Weights: uniform, one per run, or the weights.json that "
                     "`cellseg ensemble --weights auto` fitted on validation predictions of the same runs (same "
                     "order). Crops already in ENS.zarr are skipped, a partly written one resumes, and under "
-                    "`torchrun --nproc-per-node N` the crops are shared among the GPUs.\n\n" + PRECEDENCE,
+                    "`torchrun --nproc-per-node N` the crops are shared among the GPUs.\n\n"
+                    "Routed: a CONFIG with `ensemble.routes` (voxel-size bands, each with its runs and weights, "
+                    "e.g. configs/ensemble/routed.yaml) predicts each crop once, with the runs of the band of its "
+                    "scale (the largest voxel edge of its finest annotation), at their voxel size, all crops into "
+                    "one store; a band may have one run. No RUN_DIR arguments then.\n\n" + PRECEDENCE,
         epilog="example:\n"
                "  cellseg ensemble val/*.zarr --out ens_val.zarr --weights auto\n"
                "  cellseg predict-ensemble runs/unet_3d runs/unet_2d --crops test --out ens_test.zarr "
                "--weights ens_val.zarr/weights.json --overlap 0.25\n"
-               "  cellseg predict-ensemble configs/ensemble/eight.yaml crops=test out=ens_test.zarr",
+               "  cellseg predict-ensemble configs/ensemble/eight.yaml crops=test out=ens_test.zarr\n"
+               "  cellseg predict-ensemble configs/ensemble/routed.yaml --crops test --out ens_test.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     option(parser, "--out", key="out", metavar="ENS.zarr", help="ensemble probability store to write")
@@ -52,16 +58,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Predict the ensemble; one summary line per crop is printed."""
+    """Predict the ensemble (routed by voxel size when the config has `ensemble.routes`); one summary line per
+    crop is printed."""
     from cellseg.config.jobs import PredictEnsembleJob
     from cellseg.config.schema import replace
 
     job = resolve(PredictEnsembleJob, args)
     if args.print_config:
         return print_config(job)
+    opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    if job.ensemble.routes:
+        from cellseg.infer.routing import predict_routed
+
+        predict_routed(job.ensemble.routes, str(job.crops), job.out, allow_partial=job.ensemble.allow_partial,
+                       opts=opts)
+        return 0
     from cellseg.infer.fused import predict_ensemble
 
-    opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
     predict_ensemble(list(job.ensemble.members), str(job.crops), job.out, weights=job.ensemble.library_weights(),
                      allow_partial=job.ensemble.allow_partial, opts=opts)
     return 0

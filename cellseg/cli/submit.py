@@ -18,8 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(crop, label) of the manifest onto that crop's grid (nearest for instance ids and binary masks; "
                     "area/linear then > --threshold for float probabilities) and write the official submission zip: "
                     "single-scale arrays with voxel_size, translation and shape attributes, binary uint8 for "
-                    "semantic labels, uint16/uint32/uint64 ids for instance labels (never wrapped). The zip is "
-                    "written under a temporary name and renamed when complete.",
+                    "semantic labels, uint16/uint32/uint64 ids for instance labels (never wrapped). A manifest "
+                    "label that PREDICTIONS lacks is written as an empty (all-zero) array, which never scores below "
+                    "a missing one (2026: a missing semantic label counts every voxel of the crop as a false "
+                    "negative); --allow-missing leaves it out instead. The zip is written under a temporary name "
+                    "and renamed when complete.",
     )
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
     parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the packaged official one of --era)")
@@ -31,14 +34,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="threshold for float probabilities, in [0, 1): a voxel is foreground when p > threshold "
                              "(default 0.5)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="leave labels the predictions lack out of the zip (each scores as missing) instead of "
+                             "writing empty arrays")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
                              "CPU cores, at most 8); the zip is the same for any N")
     parser.set_defaults(func=run)
 
 
+def _listing(names: list[str], limit: int = 20) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write the submission and list what was missing."""
+    """Write the submission and say which labels were written empty or left out."""
     from cellseg.eval.submit import check_threshold, load_manifest, write_submission
 
     check_threshold(args.threshold)
@@ -58,11 +68,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = write_submission(args.predictions, crops, args.out, overwrite=args.overwrite,
                                   threshold=args.threshold, labels=args.labels,
-                                  progress=sys.stderr.isatty() and not args.quiet, workers=args.workers)
+                                  progress=sys.stderr.isatty() and not args.quiet, workers=args.workers,
+                                  allow_missing=args.allow_missing)
     except FileExistsError as err:  # the dispatcher reports ValueErrors as one line
         raise ValueError(str(err)) from None
-    print(f"wrote {args.out}: {len(report.written)} arrays")
-    if report.missing:
-        print(f"not in the predictions (will score 0): {len(report.missing)}: {', '.join(report.missing[:20])}"
-              + (" ..." if len(report.missing) > 20 else ""))
+    print(f"wrote {args.out}: {len(report.written)} arrays from the predictions")
+    if report.empty:
+        print(f"wrote {len(report.empty)} empty arrays for labels the prediction lacks: {_listing(report.empty)}")
+    empty = set(report.empty)
+    left_out = [name for name in report.missing if name not in empty]
+    if left_out:
+        print(f"left out {len(left_out)} labels the prediction lacks, each scored as missing (2026: every voxel of "
+              f"its crop a false negative; see validate-submission): {_listing(left_out)}")
     return 0

@@ -14,10 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check a submission as the evaluators will read it",
         description="Read FILE (a submission .zip or zarr directory) the way the official evaluators do and list "
                     "every problem, without scoring: unsafe zip members, folder layout, missing crops and labels "
-                    "(including labels written as multiscale groups, which are never read), unknown labels, "
+                    "with what each costs in both eras (2025: its share of the class's volume weight; 2026: the "
+                    "crop's voxels as false negatives of a semantic class, every true object missed for an instance "
+                    "class), including labels written as multiscale groups (never read), unknown labels, "
                     "dtype and attribute problems, where each array lands after resampling and snapping, the 2025 "
                     "copy-length bug, NaNs and the number of instances. Each issue names the era(s) it affects. "
-                    "Exit status 1 when there is an error.",
+                    "Exit status 1 when there is an error (a missing crop or label is one unless --allow-missing).",
     )
     parser.add_argument("file", help="submission .zip or zarr directory")
     parser.add_argument("--manifest", help="test_crop_manifest.csv to check against (default: the packaged one)")
@@ -26,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--truth", help="a ground-truth store: check against its crops and count its objects")
     parser.add_argument("--no-data", action="store_true", help="skip the checks that read array values")
     parser.add_argument("--all", action="store_true", help="also print info lines")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="report missing crops and labels (with their cost) as warnings, not errors")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads reading arrays, at most N arrays in memory at a time (default: CPU cores, at "
                              "most 8); the issues are the same for any N")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
         crops = Catalog.official().test(args.era)
     issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth,
-                                 workers=args.workers)
+                                 workers=args.workers, allow_missing=args.allow_missing)
     shown = [i for i in issues if args.all or i.severity != "info"]
     for issue in shown:
         print(issue)

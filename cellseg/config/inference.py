@@ -1,6 +1,6 @@
 """Typed configuration of the inference steps, one section each: how a trained run predicts (`InferConfig`),
-how members are averaged (`EnsembleConfig`, with `FitConfig` for fitted weights) and how probabilities become
-a segmentation (`PostprocessConfig`).
+how members are averaged (`EnsembleConfig`, with `FitConfig` for fitted weights and `RouteConfig` for members
+routed to crops by voxel size) and how probabilities become a segmentation (`PostprocessConfig`).
 
 Same rules as the training schema (`cellseg.config.schema`): frozen, keyword-only dataclasses whose
 `__post_init__` raises `ValueError` naming the dotted key and the valid choices. YAML recipes under
@@ -10,7 +10,9 @@ compose these sections are in `cellseg.config.jobs`; `docs/config.md` is generat
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,6 +20,7 @@ from cellseg.config.schema import _check
 
 STORE_CHUNK_VOX = 64  # the prediction store's chunk edge (`cellseg.data.write.DEFAULT_CHUNK`)
 WEIGHT_METHODS = ("uniform", "auto")
+BAND_RTOL = 1e-3  # a crop's voxel edge within 0.1% of a band's bound counts as on it (manifests print 2 decimals)
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")  # "cuda" or "cuda:N"
 _CROP_ID = re.compile(r"(crop)?\d+")  # 12 or crop12
 
@@ -122,6 +125,67 @@ class FitConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RouteConfig:
+    """One voxel-size band of a routed `cellseg predict-ensemble`: the crops whose scale lies in the band are
+    predicted by these members only, at the members' own voxel size. A crop's scale is the largest edge (nm) of
+    the voxel size of its finest annotation (a test crop's one geometry): 2 for crop 557 at 1.74×2×2 nm, 16 for
+    crop 980 at 13.92×16×16 nm.
+
+    Attributes:
+        band_nm: (low, high]: the crops whose scale s satisfies low < s ≤ high, in nm; the bands of
+            `ensemble.routes` are sorted and do not overlap (gaps are allowed; a crop in one is an error).
+        members: `cellseg train` run directories (≥ 1), all at one voxel size, in the order of the weights.
+        weights: as `ensemble.weights`, for this band's members: "uniform", one number per member, or a
+            weights.json that `cellseg ensemble --weights auto` fitted on validation predictions of these members.
+
+    Example:
+        ensemble:
+          routes:    # from fine to coarse; configs/ensemble/routed.yaml routes the real test set
+            - {band_nm: [0, 4], members: [runs/4nm/unet_3d, runs/4nm/unet_2d]}
+            - {band_nm: [4, 16], members: [runs/unet_3d, runs/unet_2d], weights: [2, 1]}
+            - {band_nm: [16, 64], members: [runs/32nm/unet_3d], weights: ens_val_32nm.zarr/weights.json}
+    """
+
+    band_nm: tuple[float, float]
+    members: tuple[str, ...]
+    weights: str | tuple[float, ...] = "uniform"
+
+    def __post_init__(self) -> None:
+        low, high = self.band_nm
+        _check(0 <= low < high, f"ensemble.routes band_nm={list(self.band_nm)}: need 0 <= low < high (nm)")
+        _check(len(self.members) >= 1, f"ensemble.routes band {self.label}: no members (run directories)")
+        twice = sorted({m for m in self.members if self.members.count(m) > 1})
+        _check(not twice, f"ensemble.routes band {self.label}: members listed more than once: {twice}")
+        _check(self.weights != "auto", f"ensemble.routes band {self.label}: weights 'auto' fits on validation "
+               "predictions (`cellseg ensemble --weights auto`); give the weights.json it writes")
+        _check_weights(self.weights, f"ensemble.routes band {self.label}: weights")
+
+    @property
+    def label(self) -> str:
+        """The band as text: "(8, 32] nm"."""
+        return f"({self.band_nm[0]:g}, {self.band_nm[1]:g}] nm"
+
+    def holds(self, scale_nm: float) -> bool:
+        """Whether a crop of this scale (nm) falls in the band (bounds within `BAND_RTOL`)."""
+        low, high = self.band_nm
+        return low * (1 + BAND_RTOL) < scale_nm <= high * (1 + BAND_RTOL)
+
+
+def check_routes(routes: Sequence[RouteConfig]) -> None:
+    """The bands must be sorted by voxel size and must not overlap.
+
+    Raises:
+        ValueError: naming the two bands out of order or overlapping.
+    """
+    for before, after in itertools.pairwise(routes):
+        _check(after.band_nm[0] >= before.band_nm[0],
+               f"ensemble.routes: bands unsorted: {after.label} comes after {before.label}; list them from fine "
+               "to coarse")
+        _check(after.band_nm[0] >= before.band_nm[1],
+               f"ensemble.routes: bands {before.label} and {after.label} overlap; a crop must fall in one band")
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnsembleConfig:
     """Which members are averaged and with which weights (`cellseg predict-ensemble`, `cellseg ensemble`).
 
@@ -133,8 +197,12 @@ class EnsembleConfig:
             (fit on validation predictions, apply to the test predictions of the same members).
         grid: `ensemble` only: the common grid of a crop, the finest member's ("finest") or the first member's
             ("first"); `predict-ensemble` members share one voxel size.
-        allow_partial: members may have different classes: each class averages the members that have it.
+        allow_partial: members may have different classes: each class averages the members that have it
+            (with `routes`: within each band).
         fit: how "auto" weights are fitted.
+        routes: `predict-ensemble` only (`ensemble` leaves them out), instead of `members` and `weights`:
+            voxel-size bands, each with its own members and weights (`RouteConfig`); every crop is predicted once,
+            by the band of its scale, and all crops land in one store, each on its band's grid.
     """
 
     members: tuple[str, ...] = ()
@@ -142,17 +210,12 @@ class EnsembleConfig:
     grid: Literal["finest", "first"] = "finest"
     allow_partial: bool = False
     fit: FitConfig = field(default_factory=FitConfig)
+    routes: tuple[RouteConfig, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.weights, str):
-            _check(self.weights in WEIGHT_METHODS or self.weights.endswith(".json"),
-                   f"ensemble.weights={self.weights!r} (--weights): choose 'uniform', 'auto', one number per "
-                   "member (a YAML list such as [3, 1]; --weights 3,1) or a weights.json file")
-        else:
-            _check(len(self.weights) > 0 and all(w >= 0 for w in self.weights) and sum(self.weights) > 0,
-                   f"ensemble.weights={list(self.weights)} (--weights): need one non-negative number per member, "
-                   "not all zero")
+        _check_weights(self.weights, "ensemble.weights", " (--weights)")
         _check(self.grid in ("finest", "first"), f"ensemble.grid={self.grid!r} (--grid): choose 'finest' or 'first'")
+        check_routes(self.routes)
 
     def library_weights(self) -> str | list[float]:
         """The weights as the library's `weights=` argument takes them (a list, or the method / file name)."""
@@ -197,6 +260,18 @@ class PostprocessConfig:
     def crop_ids(self) -> list[str] | None:
         """The tuning crops as a list of ids (None: every crop of the store with truth)."""
         return None if self.crops is None else _ids(self.crops)
+
+
+def _check_weights(weights: str | tuple[float, ...], key: str, flag: str = "") -> None:
+    """A method name, a weights.json or one non-negative number per member, not all zero (`flag`: the option
+    that sets `key`, named in the message)."""
+    if isinstance(weights, str):
+        _check(weights in WEIGHT_METHODS or weights.endswith(".json"),
+               f"{key}={weights!r}{flag}: choose 'uniform', 'auto', one number per member (a YAML list such as "
+               "[3, 1]; --weights 3,1) or a weights.json file")
+    else:
+        _check(len(weights) > 0 and all(w >= 0 for w in weights) and sum(weights) > 0,
+               f"{key}={list(weights)}{flag}: need one non-negative number per member, not all zero")
 
 
 def _ids(crops: str | int) -> list[str]:

@@ -56,7 +56,8 @@ class PredictJob:
 
 @dataclass(frozen=True, kw_only=True)
 class PredictEnsembleJob:
-    """`cellseg predict-ensemble`: several runs predicted in one pass into their weighted mean.
+    """`cellseg predict-ensemble`: several runs predicted in one pass into their weighted mean; with
+    `ensemble.routes`, each crop by the members of its voxel-size band.
 
     Attributes:
         crops: "val", "test" or comma-separated crop ids, selected as for `cellseg predict` (--crops).
@@ -69,7 +70,15 @@ class PredictEnsembleJob:
     infer: InferConfig = field(default_factory=InferConfig)
 
     def __post_init__(self) -> None:
-        _check_members(self.ensemble, "run directories: the RUN_DIR arguments")
+        routes, members = self.ensemble.routes, self.ensemble.members
+        if routes:  # a routed ensemble's bands may hold one member each
+            _check(not members, f"ensemble.members {list(members)} and ensemble.routes both given: a routed "
+                   "ensemble lists its members per band (ensemble.routes[].members); drop the RUN_DIR arguments "
+                   "or the routes")
+            _check(self.ensemble.weights == "uniform", f"ensemble.weights={self.ensemble.weights!r} with "
+                   "ensemble.routes: give the weights per band (ensemble.routes[].weights)")
+        else:
+            _check_members(self.ensemble, "run directories: the RUN_DIR arguments")
         _check(self.ensemble.weights != "auto",
                "ensemble.weights=auto (--weights auto) fits on member predictions of validation crops: run "
                "`cellseg predict --crops val` per member and `cellseg ensemble ... --weights auto`, then give the "
@@ -93,6 +102,8 @@ class EnsembleJob:
 
     def __post_init__(self) -> None:
         _check_members(self.ensemble, "probability stores: the PRED.zarr arguments")
+        if self.ensemble.routes:  # a routed recipe also serves to fit one band's weights on its member stores
+            log.debug("ensemble.routes: for `cellseg predict-ensemble`; not used by `cellseg ensemble`")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cellseg.docgen.markdown import anchor, code, escape, paragraphs, table
+from cellseg.docgen.markdown import anchor, code, code_block, escape, paragraphs, table
 
 _SECTION_HEADER = re.compile(r"^(Attributes|Args|Arguments|Example|Examples|Note|Notes|Raises|Returns):\s*$")
 _ENTRY = re.compile(r"^(\w+(?:\s*,\s*\w+)*)\s*:\s*(.*)$")
@@ -46,6 +46,20 @@ def docstring_intro(cls: type) -> str:
             lines = lines[:i]
             break
     return "\n".join(lines).strip()
+
+
+def docstring_example(cls: type) -> str:
+    """The class docstring's Google `Example:` section, dedented (a YAML snippet of the section), or ""."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Example:"), None)
+    if start is None:
+        return ""
+    body = []
+    for line in lines[start + 1:]:
+        if line.strip() and not line.startswith(" "):  # the next section
+            break
+        body.append(line)
+    return textwrap.dedent("\n".join(body)).strip()
 
 
 def parse_attributes(doc: str) -> dict[str, str]:
@@ -251,6 +265,13 @@ def _section_title(section: Section, root: type) -> str:
     return f"`{section.prefix.rstrip('.')}`" if section.prefix else f"{root.__name__}: top-level keys"
 
 
+def _section_intro(section: Section) -> list[str]:
+    """The section's class summary, and its `Example:` as a YAML block when it has one."""
+    out = [f"`{section.cls.__name__}`: " + escape(" ".join(paragraphs(docstring_intro(section.cls)))), ""]
+    example = docstring_example(section.cls)
+    return [*out, code_block(example, "yaml"), ""] if example else out
+
+
 def _render_root(root: type) -> list[str]:
     out = [f"## {root.__name__}", "", *[escape(p) + "\n" for p in paragraphs(docstring_intro(root))]]
     for section in sections(root):
@@ -258,7 +279,7 @@ def _render_root(root: type) -> list[str]:
             continue
         out += [f"### {_section_title(section, root)}", ""]
         if section.prefix:
-            out += [f"`{section.cls.__name__}`: " + escape(" ".join(paragraphs(docstring_intro(section.cls)))), ""]
+            out += _section_intro(section)
         out += [_key_table(section), ""]
     return out
 
@@ -285,9 +306,7 @@ def _render_jobs() -> list[str]:
         out += [f"### {_job_title(command)}", "", _key_table(Section("", root)), ""]
     for section in _job_sections():
         if leaf_fields(section.cls):
-            out += [f"### `{section.prefix.rstrip('.')}`", "",
-                    f"`{section.cls.__name__}`: " + escape(" ".join(paragraphs(docstring_intro(section.cls)))), "",
-                    _key_table(section), ""]
+            out += [f"### `{section.prefix.rstrip('.')}`", "", *_section_intro(section), _key_table(section), ""]
     return out
 
 

@@ -16,6 +16,13 @@ How values are brought onto the grid (decided here, documented in docs/scoring.m
   NaN or infinite values are refused with an error naming the crop and label: thresholded, they would
   silently become background.
 
+A (crop, label) of the manifest that the prediction store lacks is written as an empty array (all zeros:
+uint8 for a semantic label, uint16 ids for an instance label, the same attributes), unless `allow_missing`
+leaves it out. An empty array never scores below a missing one and usually far above it: under the 2026
+rules a missing semantic label counts every voxel of the crop as a false negative of the class, pooled over
+crops, where an empty one adds only the crop's true foreground (docs/scoring.md, "Missing and empty labels").
+The empty array is metadata only (`fill_value` 0, no chunk stored), which zarr reads as zeros.
+
 Output: a zip whose root holds the zarr store (`.zgroup`, `crop<N>/.zgroup`, `crop<N>/<label>/...`) as
 the official packer writes it (arrays at the root are read by both evaluators; a store zipped inside a
 folder is rejected by the 2025 one). Every array is single-scale, with `voxel_size`, `translation` and
@@ -80,10 +87,17 @@ def load_manifest(path: str | os.PathLike[str]) -> Mapping[int, Crop]:
 
 @dataclass(kw_only=True)
 class SubmitReport:
-    """What `write_submission` did."""
+    """What `write_submission` did, as `crop<N>/<label>` names in manifest order.
+
+    Attributes:
+        written: arrays written from the predictions.
+        missing: (crop, label)s of the manifest that the predictions lack.
+        empty: those of `missing` written as empty arrays (all of them unless `allow_missing`).
+    """
 
     written: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -110,6 +124,21 @@ def to_instance_ids(data: np.ndarray, where: str) -> np.ndarray:
         raise ValueError(f"{where}: instance ids must be non-negative (found {data.min()})")
     max_id = int(data.max()) if data.size else 0
     return data.astype(instance_dtype(max_id))
+
+
+def write_empty(path: Path, geometry: Geometry, *, instance: bool) -> None:
+    """An all-zero submission array at `geometry`: uint16 ids (instance) or a uint8 mask (semantic), with the
+    official attributes; metadata only (no chunk stored: zarr reads the fill value 0)."""
+    import zarr
+
+    from cellseg.data.write import DEFAULT_CHUNK
+
+    shape = tuple(int(n) for n in geometry.shape_vox)
+    array = zarr.open_array(str(path), mode="w-", shape=shape, chunks=tuple(min(DEFAULT_CHUNK, n) for n in shape),
+                            dtype=instance_dtype(0) if instance else np.uint8, fill_value=0,
+                            dimension_separator="/")
+    array.attrs.update({"voxel_size": list(geometry.voxel_size_nm), "translation": list(geometry.translation_nm),
+                        "shape": list(shape)})
 
 
 def _interpolation(instance: bool, dtype: np.dtype, step: float) -> grid.Interpolation:
@@ -244,8 +273,10 @@ def _write_job(job: _Job) -> bool:
 
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
-                     progress: bool = False, workers: int | None = None) -> SubmitReport:
-    """Write the submission zip for every (crop, label) of `crops` found in `predictions`.
+                     progress: bool = False, workers: int | None = None, allow_missing: bool = False
+                     ) -> SubmitReport:
+    """Write the submission zip for every (crop, label) of `crops`: from `predictions` where it has the label,
+    else an empty array (`write_empty`), or nothing when `allow_missing` (the label then scores as missing).
 
     `workers` (default `default_workers()`) threads write the arrays, at most `workers` at a time and within
     a memory budget; the zip's members and the report are the same for any number.
@@ -279,8 +310,15 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
         for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
             ensure_groups(store / name)
         jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]
+        has = [job.source.exists() for job in jobs]
+        lacking = [job for job, ok in zip(jobs, has, strict=True) if not ok]
+        present = [job for job, ok in zip(jobs, has, strict=True) if ok]
         with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
-            found = map_bounded(_write_job, jobs, workers, done=bar.update, cost=_Job.estimate_bytes,
+            for job in lacking:  # an empty array is metadata only: no worker needed
+                if not allow_missing:
+                    write_empty(job.array, job.geometry, instance=is_scored_as_instance(job.array.name))
+                bar.update()
+            found = map_bounded(_write_job, present, workers, done=bar.update, cost=_Job.estimate_bytes,
                                 budget=default_budget())
         partial = tmp / out.name
         try:
@@ -288,6 +326,7 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
             os.replace(partial, out)
         except OSError as err:
             raise with_path(err, out) from err
-    names = [f"{c.name}/{label}" for c, label, _ in rows]
-    return SubmitReport(written=[n for n, ok in zip(names, found, strict=True) if ok],
-                        missing=[n for n, ok in zip(names, found, strict=True) if not ok])
+    written = [job.where for job, ok in zip(present, found, strict=True) if ok]
+    done = set(written)  # a store that vanished since `has` counts as missing, not empty
+    return SubmitReport(written=written, missing=[job.where for job in jobs if job.where not in done],
+                        empty=[] if allow_missing else [job.where for job in lacking])

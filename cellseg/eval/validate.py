@@ -3,12 +3,12 @@
 Each issue has a severity (`error`: the label or crop will score 0 or the evaluator rejects the
 submission; `warning`: it will be scored, but probably not as intended) and the eras it concerns.
 Checks, in order: zip safety; folder layout (nested store, bare numbers, missing `.zgroup`); missing
-crops and labels (including labels written as multiscale groups, which are never read); unknown or
-unexpected labels; array metadata (dtype, codecs, attributes); where each array lands after the
-evaluator's resampling, snapping and cropping (coverage, the 2025 copy-length bug, the 16³ size
-limit); and, reading the data, NaNs, float or wrapped instance ids and the number of 26-connected
-objects against the instance-count cutoffs (integer semantic masks are only decoded: every chunk must
-decode to its size).
+crops and labels, each with its cost in both eras (`missing.MissingCost`), including labels written as
+multiscale groups, which are never read; unknown or unexpected labels; array metadata (dtype, codecs,
+attributes); where each array lands after the evaluator's resampling, snapping and cropping (coverage,
+the 2025 copy-length bug, the 16³ size limit); and, reading the data, NaNs, float or wrapped instance
+ids and the number of 26-connected objects against the instance-count cutoffs (integer semantic masks
+are only decoded: every chunk must decode to its size).
 
 The data checks run on `workers` threads (decompression and numpy release the GIL on large arrays), or,
 from `PROCESS_MIN_INSTANCE_VOXELS` instance voxels on, on `workers` spawned processes (cc3d's connected
@@ -30,6 +30,7 @@ from cellseg.data.crops import Crop, Geometry, crop_id, is_crop_name
 from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
 from cellseg.eval.layout import discover
+from cellseg.eval.missing import MissingCost, missing_costs
 from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.resample import (
     BadAttributes,
@@ -187,7 +188,7 @@ def data_issues(where: str, data: np.ndarray, instance: bool, truth: np.ndarray 
     if max_id > 0 and count / max_id > ratio_cutoff_2026(max_id):
         issues.append(Issue("error", where, f"too many instances: {count} predicted for nG = {max_id} (> "
                             f"{ratio_cutoff_2026(max_id):.1f}×): the crop is skipped", ("2026",)))
-    if count < n_ids:
+    if 0 < count < n_ids:  # none at all: the 2025 Hausdorff distance is 0 (sqrt(background fraction) scored)
         issues.append(Issue("warning", where, f"{count} objects for {n_ids} true ones: an unmatched true object "
                             "makes the 2025 Hausdorff distance infinite (crop score 0)", ("2025",)))
     return issues
@@ -242,23 +243,39 @@ def _died(check: DataCheck) -> list[Issue]:
     return [Issue("error", check.where, "values not checked: the process reading them died (out of memory?)")]
 
 
+GROUP_LABEL = "written as a group (OME-NGFF multiscale?): the evaluators list arrays only"
+
+
+def missing_issue(where: str, cost: MissingCost, *, why: str = "absent", allowed: bool = False) -> Issue:
+    """A label the submission lacks, with its cost in both eras: an error, or a warning when `allowed`
+    (`--allow-missing`)."""
+    allow = " (allowed by --allow-missing)" if allowed else ""
+    fix = "write a single-scale array" if why == GROUP_LABEL else "write an empty array instead"
+    return Issue("warning" if allowed else "error", where,
+                 f"label {why}; scored as missing{allow}. {cost.describe()}. Fix: {fix} (`cellseg submit` does)")
+
+
 def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, read_data: bool,
-                 max_bytes: int, truth: Source | None) -> list[Issue | DataCheck]:
+                 max_bytes: int, truth: Source | None, costs: Mapping[str, MissingCost],
+                 allow_missing: bool) -> list[Issue | DataCheck]:
     """The crop's issues in order, with a deferred `DataCheck` where an array's values are to be read."""
     from cellseg.classes import get_class
     from cellseg.eval.io import list_crop
 
     if listing is None:
-        return [Issue("error", crop.name, f"crop missing: all {len(crop.labels)} labels score 0")]
+        whole = Issue("warning" if allow_missing else "error", crop.name,
+                      f"crop missing: all {len(crop.labels)} labels scored as missing (each below)")
+        return [whole] + [missing_issue(f"{crop.name}/{label}", costs[f"{crop.name}/{label}"], why="absent (crop "
+                                        "missing)", allowed=allow_missing) for label in sorted(crop.labels)]
     true_arrays = list_crop(truth, crop.name).arrays if truth is not None and read_data else {}
     issues: list[Issue | DataCheck] = []
     for label, geometry in sorted(crop.labels.items()):
         where = f"{crop.name}/{label}"
         info = listing.arrays.get(label)
         if info is None:
-            why = "written as a group (OME-NGFF multiscale?): the evaluators list arrays only" \
-                if label in listing.groups else "absent"
-            issues.append(Issue("error", where, f"label {why}; scored as missing (0)"))
+            group = label in listing.groups  # a mistake, not a choice: never allowed
+            issues.append(missing_issue(where, costs[where], why=GROUP_LABEL if group else "absent",
+                                        allowed=allow_missing and not group))
             continue
         instance = is_scored_as_instance(label)
         issues += metadata_issues(where, info, instance)
@@ -316,12 +333,15 @@ def uses_processes(instance_voxels: int, workers: int) -> bool:
 
 def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
                         max_bytes: int = 8 * 1024**3, truth: Source | None = None,
-                        workers: int | None = None, processes: bool | None = None) -> list[Issue]:
+                        workers: int | None = None, processes: bool | None = None,
+                        allow_missing: bool = False) -> list[Issue]:
     """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
 
-    With `truth` (a ground-truth source), instance counts are checked against the true objects. `workers`
-    (default `default_workers()`) threads, or processes (`processes`; None: when `uses_processes`), read the
-    arrays, at most `workers` at a time; the issues are the same either way.
+    A missing crop or label is an error naming its cost in both eras (a warning with `allow_missing`; a label
+    written as a multiscale group stays an error). With `truth` (a ground-truth source), instance counts are
+    checked against the true objects. `workers` (default `default_workers()`) threads, or processes
+    (`processes`; None: when `uses_processes`), read the arrays, at most `workers` at a time; the issues are
+    the same either way.
 
     Raises:
         ValueError: `workers` < 1.
@@ -343,9 +363,10 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
     layout = next((layouts[e] for e in ERAS if get_era(e).repairs_layout), layouts[ERAS[-1]])
     issues += [Issue("warning", "submission", f"folder {f!r} matches no test crop (ignored)") for f in layout.unmatched
                if not f.startswith(".")]
+    costs = missing_costs(crops)
     for crop in sorted(crops.values(), key=lambda c: c.id):
         issues += _crop_issues(source, crop, layout.crops.get(crop.name), read_data=read_data, max_bytes=max_bytes,
-                               truth=truth)
+                               truth=truth, costs=costs, allow_missing=allow_missing)
     checks = [i for i in issues if not isinstance(i, Issue)]
     if processes is None:
         processes = uses_processes(sum(c.info.num_voxels for c in checks if c.instance), workers)

@@ -24,7 +24,8 @@ When both paths cut a crop into the same columns, the result equals `cellseg pre
 bit for bit (tested).
 
 Restrictions: every member predicts at the same voxel size (the crop grid is shared; members at different
-voxel sizes need the two-step path, which resamples), and 2D members slice across z only.
+voxel sizes need the two-step path, which resamples, or a routed ensemble, `cellseg.infer.routing`, which
+gives each crop the members of its voxel-size band), and 2D members slice across z only.
 
 Shapes: `K` channels, `Kₘ` those a member contributes, `dz` planes, `Y, X` a column's grid.
 """
@@ -35,7 +36,7 @@ import datetime
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ from cellseg.infer.weights import (
 )
 
 AVERAGE_PLANES = 16  # planes averaged and copied to the host at a time: bounds the float32 sums of the mean
-RESUME_KEYS = ("members", "weights", "tta", "overlap", "blend", "dtype", "channels")  # must agree to add crops
+# must agree to add crops to a store ("routes": a routed ensemble's bands, `cellseg.infer.routing`)
+RESUME_KEYS = ("members", "weights", "routes", "tta", "overlap", "blend", "dtype", "channels")
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,11 @@ class Member:
 
     run: LoadedRun
     window: Window
+
+    @classmethod
+    def of(cls, run: LoadedRun, opts: InferConfig, precision: runtime.Precision) -> Member:
+        """The run with its window for `opts` (built once per run: it holds the compiled model)."""
+        return cls(run, run_window(run, opts, precision=precision, transforms=run_transforms(run, opts.tta)))
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,9 @@ def common_voxel_size(runs: Sequence[LoadedRun]) -> tuple[float, float, float]:
     sizes = [tuple(float(v) for v in r.cfg.data.voxel_size_nm) for r in runs]
     if any(not np.allclose(s, sizes[0], rtol=ISOTROPY_RTOL) for s in sizes):
         listed = "; ".join(f"{r.run_dir}: {list(s)} nm" for r, s in zip(runs, sizes, strict=True))
-        raise ValueError(f"predict-ensemble needs members at one voxel size, got {listed}. Predict each with "
-                         "`cellseg predict` and combine with `cellseg ensemble`, which resamples")
+        raise ValueError(f"predict-ensemble needs members at one voxel size, got {listed}. Route each crop to "
+                         "the members of its scale (ensemble.routes, configs/ensemble/routed.yaml), or predict "
+                         "each with `cellseg predict` and combine with `cellseg ensemble`, which resamples")
     return sizes[0]  # type: ignore[return-value]
 
 
@@ -248,22 +256,26 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         chosen = choose_weights(weights, plan, views)
         precision = runtime.resolve_precision("auto", d.device)
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
-        targets = _targets(runs, crops, opts.data_root)
+        targets = member_targets(runs, crops, opts.data_root)
         provenance = _ensemble_provenance(runs, views, plan, chosen, opts, precision)
-        todo = pending_crops(lambda: _open_store(out, plan, chosen, provenance, views, overwrite=opts.overwrite),
-                             targets, out, d)
+        weights_doc = {**chosen.to_json(), "members": member_summary(views), "grid": "shared"}  # type: ignore[arg-type]
+        todo = pending_crops(lambda: open_store(out, plan.channels, plan.instance_channels, provenance, weights_doc,
+                                                overwrite=opts.overwrite), targets, out, d)
         store = PredictionStore.open(out)
-        members = [Member(r, run_window(r, opts, precision=precision, transforms=run_transforms(r, opts.tta)))
-                   for r in runs]
-        return predict_crops(shard_crops(todo, d.rank, d.world_size), lambda target, progress: _predict_crop(
+        members = [Member.of(r, opts, precision) for r in runs]
+        return predict_crops(shard_crops(todo, d.rank, d.world_size), lambda target, progress: predict_crop(
             members, target, store, plan, chosen, opts, voxel_size=voxel_size, progress=progress, rank=d.rank),
             desc="predict-ensemble", opts=opts, d=d)
     finally:
         runtime.shutdown_distributed()
 
 
-def _targets(runs: Sequence[LoadedRun], crops: str, data_root: str | None) -> list[CropTarget]:
-    """The crops, selected as the first run selects them; the others must select the same crop names."""
+def member_targets(runs: Sequence[LoadedRun], crops: str, data_root: str | None) -> list[CropTarget]:
+    """The crops, selected as the first run selects them; the others must select the same crop names.
+
+    Raises:
+        ValueError: runs that select different crops (e.g. "val" of runs with different splits).
+    """
     targets = select_targets(crops, runs[0].cfg, runs[0].run_dir, data_root=data_root)
     names = [t.name for t in targets]
     for run in runs[1:]:
@@ -290,25 +302,23 @@ def _ensemble_provenance(runs: Sequence[LoadedRun], views: Sequence[RunChannels]
             **({"data_root": roots.pop()} if len(roots) == 1 else {})}
 
 
-def _open_store(out: str | Path, plan: ChannelPlan, weights: Weights, provenance: dict[str, Any],
-                views: Sequence[RunChannels], *, overwrite: bool) -> PredictionStore:
-    """Create the store (with its weights.json), replace it, or reopen it to add crops when it was written by the
-    same members, weights and settings."""
+def open_store(out: str | Path, channels: Sequence[str], instance_channels: Sequence[str],
+               provenance: dict[str, Any], weights_doc: dict[str, Any], *, overwrite: bool) -> PredictionStore:
+    """Create the store (with `weights_doc` as its weights.json), replace it, or reopen it to add crops when it
+    was written by the same members, weights and settings (`RESUME_KEYS`)."""
     out = Path(out)
     if out.exists() and not overwrite:
-        store = PredictionStore.create(out, kind="probabilities", channels=plan.channels,
-                                       instance_channels=plan.instance_channels, resume=True)
-        differ = [k for k in RESUME_KEYS if store.provenance.get(k) != provenance[k]]
+        store = PredictionStore.create(out, kind="probabilities", channels=channels,
+                                       instance_channels=instance_channels, resume=True)
+        differ = [k for k in RESUME_KEYS if store.provenance.get(k) != provenance.get(k)]
         if differ:
             raise ValueError(f"{out}: written by other members or settings ({', '.join(differ)} differ); use "
                              "--overwrite to replace it or choose another --out")
         return store
-    store = PredictionStore.create(out, kind="probabilities", channels=plan.channels,
-                                   instance_channels=plan.instance_channels, provenance=provenance,
-                                   overwrite=overwrite)
-    doc = {**weights.to_json(), "members": member_summary(views), "grid": "shared"}  # type: ignore[arg-type]
+    store = PredictionStore.create(out, kind="probabilities", channels=channels,
+                                   instance_channels=instance_channels, provenance=provenance, overwrite=overwrite)
     tmp = store.path / f".{WEIGHTS_FILE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text(json.dumps(weights_doc, indent=2))
     tmp.replace(store.path / WEIGHTS_FILE)
     return store
 
@@ -340,15 +350,18 @@ def weight_totals(channels: Sequence[str], weights: Weights) -> np.ndarray:
     return totals
 
 
-def _predict_crop(members: Sequence[Member], target: CropTarget, store: PredictionStore, plan: ChannelPlan,
-                  weights: Weights, opts: InferConfig, *, voxel_size: Sequence[float], progress: bool, rank: int
-                  ) -> dict[str, Any]:
-    """One crop: column by column, every member in lockstep (module docstring), written a chunk of planes at a
-    time; a partial crop left by a killed run with the same settings resumes where it stopped."""
+def predict_crop(members: Sequence[Member], target: CropTarget, store: PredictionStore, plan: ChannelPlan,
+                 weights: Weights, opts: InferConfig, *, voxel_size: Sequence[float], progress: bool, rank: int,
+                 attrs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One crop on the grid of `voxel_size`: column by column, every member in lockstep (module docstring),
+    written a chunk of planes at a time; a partial crop left by a killed run with the same settings resumes where
+    it stopped. The crop's channels are `plan`'s (those it is scored on, with `channels: scored`) in the store's
+    order; `attrs` are recorded with the crop besides the common ones."""
     started = time.perf_counter()
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, voxel_size)
-    channels = scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels
+    wanted = set(scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels)
+    channels = tuple(c for c in store.channels if c in wanted)  # a routed store holds every band's channels
     device = members[0].run.device
     parts = _contributions(members, channels, plan, weights, device)
     if not parts:  # scored on none of the ensemble's channels: an empty crop, as `cellseg predict` writes it
@@ -373,5 +386,5 @@ def _predict_crop(members: Sequence[Member], target: CropTarget, store: Predicti
 
     tiles = write_columns(writer, columns, slabs_of, tiles_of=tiles_of, progress=progress)
     return commit_crop(target, writer, columns, tiles=tiles, tta=opts.tta, started=started, rank=rank,
-                       attrs={"members": len(parts), "tta": opts.tta}, summary={"members": len(parts)},
-                       detail=f"{len(parts)} members, ")
+                       attrs={"members": len(parts), "tta": opts.tta, **(attrs or {})},
+                       summary={"members": len(parts)}, detail=f"{len(parts)} members, ")

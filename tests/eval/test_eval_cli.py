@@ -69,8 +69,18 @@ def test_submit_and_validate(tmp_path, capsys):
                 attrs={"voxel_size": [16, 16, 16], "translation": [4, 4, 4]})
     out = tmp_path / "s.zip"
     assert main(["submit", str(preds), "--manifest", str(manifest), "--out", str(out)]) == 0
-    assert "will score 0" in capsys.readouterr().out
+    assert "wrote 1 empty arrays for labels the prediction lacks: crop7/mito" in capsys.readouterr().out
     assert main(["submit", str(preds), "--manifest", str(manifest), "--out", str(out)]) == 2
+    assert main(["validate-submission", str(out), "--manifest", str(manifest)]) == 0  # mito written empty
+    assert "0 error(s)" in capsys.readouterr().out
+    assert main(["submit", str(preds), "--manifest", str(manifest), "--out", str(out), "--overwrite",
+                 "--allow-missing"]) == 0
+    assert "left out 1 labels the prediction lacks, each scored as missing" in capsys.readouterr().out
     assert main(["validate-submission", str(out), "--manifest", str(manifest)]) == 1  # mito missing
     text = capsys.readouterr().out
     assert "crop7/mito: label absent" in text and "1 error(s)" in text
+    assert "2025: scores 0 on a crop holding 100.0% of mito's volume weight" in text
+    assert main(["validate-submission", str(out), "--manifest", str(manifest), "--allow-missing"]) == 0
+    text = capsys.readouterr().out
+    assert "warning crop7/mito: label absent; scored as missing (allowed by --allow-missing)" in text
+    assert "0 error(s)" in text

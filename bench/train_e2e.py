@@ -1,0 +1,193 @@
+"""Training as users run it vs the same step on a batch already on the GPU, per architecture.
+
+    python bench/train_e2e.py --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
+                              [key=value ...]
+
+For each architecture, in a process of its own (a fresh compile, a fresh CUDA context), the trainer is built
+from `configs/experiments/<name>.yaml` exactly as `cellseg train` builds it (data root, default targets with
+the boundary channels, the resident-data choice, compile decision, loader workers), with `key=value`
+overrides applied to every architecture, then:
+
+- **time to first step**: from the process's start to the end of the first optimizer step (imports, data
+  set-up, compilation and the first batch included), with a cold compile cache (`$CELLSEG_CACHE` empty) and
+  again with the cache the first run left (`--repeats 2`: warm);
+- **end to end**: optimizer steps per second over `--steps` steps after `--warmup` steps, batches from the
+  trainer's own loader, GPU augmentation included;
+- **in memory**: the same trainer's step repeated on one batch already on the GPU (augmentation included,
+  no loader): the ceiling the loader can reach;
+- samples/s of both, their ratio, MFU of both against the bf16 matmul peak measured by the trainer, host
+  memory (RSS) at the start and the end of the timed steps, and the GPU's peak memory.
+
+Writes OUT/train_e2e.json and OUT/train_e2e.md. `--quick` checks the script on the CPU with the smoke configs.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.time()  # before the heavy imports: time to first step counts them, as a user's job does
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "configs" / "experiments"
+SMOKE = REPO / "configs" / "smoke"
+NAMES = ("unet_3d", "resnet_3d", "swin_3d", "vit_3d", "unet_2d", "resnet_2d", "swin_2d", "vit_2d")
+QUIET = ("train.val_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000")
+
+
+def _rss_gib() -> float:
+    """Resident host memory of this process and its children (DataLoader workers), GiB (this process alone
+    without psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    me = psutil.Process()
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**30
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, overrides: list[str],
+                quick: bool) -> dict:
+    """The measurements of one architecture in this process (module docstring)."""
+    import torch
+
+    from cellseg.config import load_run_config
+    from cellseg.train.stop import StopRequest
+    from cellseg.train.trainer import Trainer
+
+    config = (SMOKE if quick else EXPERIMENTS) / f"{name}.yaml"
+    cfg = load_run_config(config, [f"data.root={root}", f"run_dir={run_dir}", f"train.max_steps={warmup + steps + 1}",
+                                   *QUIET, *overrides])
+    trainer = Trainer(cfg)
+    s = trainer.s
+    device = s.dist.device
+    batches = trainer._batches(StopRequest())
+    trainer.train_step([next(batches)])
+    _sync(device)
+    first_step_s = time.time() - PROCESS_START
+    for _ in range(warmup):
+        trainer.train_step([next(batches)])
+    _sync(device)
+    rss_start, start = _rss_gib(), time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step([next(batches)])
+    _sync(device)
+    e2e_s = (time.perf_counter() - start) / steps
+    rss_end = _rss_gib()
+    batch = trainer._to_device(next(batches))  # one batch on the GPU, stepped on again and again
+    for _ in range(min(warmup, 3)):
+        trainer.train_step([batch])
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step([batch])
+    _sync(device)
+    mem_s = (time.perf_counter() - start) / steps
+    samples = s.batch_size * cfg.train.grad_accum_steps
+    row = {"name": name, "config": str(config.relative_to(REPO)), "batch": s.batch_size,
+           "patch_shape_vox": list(cfg.data.patch_shape_vox), "channels": cfg.data.num_target_channels,
+           "precision": s.precision, "compiled": bool(s.meta.get("compile", {}).get("compiled")),
+           "resident": s.meta.get("resident", cfg.data.__dict__.get("resident", "n/a")),
+           "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s,
+           "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
+           "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
+    if s.peak_tflops:
+        per = s.flops_per_sample / 1e12 / s.peak_tflops
+        row.update(peak_tflops=s.peak_tflops, mfu_e2e=row["e2e_samples_per_s"] * per,
+                   mfu_in_memory=row["in_memory_samples_per_s"] * per,
+                   gpu_peak_gib=torch.cuda.max_memory_allocated(device) / 2**30)
+    return row
+
+
+def markdown(env: dict, rows: list[dict]) -> str:
+    """The table of docs/benchmarks.md."""
+    lines = [f"# Training end to end vs in memory ({env['gpu']}, torch {env['torch']}, {env['date']})", "",
+             f"Data root: `{env['root']}`; {env['steps']} timed steps after {env['warmup']} warm-up steps; overrides: "
+             f"{' '.join(env['overrides']) or 'none'}.", "",
+             "| arch | batch | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | MFU e2e | "
+             "first step cold (s) | first step warm (s) | host GiB start → end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        warm, mfu = r.get("first_step_warm_s"), r.get("mfu_e2e")
+        lines.append(f"| {r['name']} | {r['batch']} | {r['resident']} | {r['e2e_samples_per_s']:.1f} | "
+                     f"{r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
+                     f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
+                     f"{'-' if warm is None else f'{warm:.1f}'} | {r['rss_gib_start']:.2f} → {r['rss_gib_end']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _child(args: argparse.Namespace, name: str, cache: Path, out: Path) -> dict | None:
+    env = {**os.environ, "CELLSEG_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the cache under test is $CELLSEG_CACHE/inductor
+    command = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--root", str(args.root), "--out",
+               str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), *(["--quick"] if args.quick else []),
+               *args.overrides]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="data root (cellseg synth --preset medium)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for train_e2e.json and .md")
+    parser.add_argument("--names", default=",".join(NAMES), help="architectures, comma-separated")
+    parser.add_argument("--steps", type=int, default=60, help="timed steps (end to end, then in memory)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before timing")
+    parser.add_argument("--repeats", type=int, default=2, choices=(1, 2),
+                        help="2: a second process per architecture with the compile cache the first left (warm)")
+    parser.add_argument("--quick", action="store_true", help="smoke configs on the CPU (checks the script)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one architecture, JSON to --out
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every architecture")
+    args = parser.parse_args(argv)
+    if args.one:
+        with tempfile.TemporaryDirectory() as run_dir:
+            row = measure_one(args.one, args.root, Path(run_dir) / "run", args.steps, args.warmup, args.overrides,
+                              args.quick)
+        args.out.write_text(json.dumps(row))
+        return 0
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.names.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = Path(tmp) / "cache"
+            row = _child(args, name, cache, Path(tmp) / "cold.json")
+            if row is None:
+                continue
+            if args.repeats == 2:
+                warm = _child(args, name, cache, Path(tmp) / "warm.json")
+                row["first_step_warm_s"] = warm["first_step_s"] if warm else None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
+           "warmup": args.warmup, "overrides": args.overrides}
+    (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    (args.out / "train_e2e.md").write_text(markdown(env, rows))
+    print(markdown(env, rows))
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

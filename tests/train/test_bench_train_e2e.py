@@ -1,0 +1,21 @@
+"""bench/train_e2e.py runs end to end on CPU (``--quick``), so the GPU run is known to start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "train_e2e.py"
+
+
+def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--root", str(tiny_synth_root), "--out", str(tmp_path),
+                           "--names", "unet_3d", "--quick", "--steps", "2", "--warmup", "1", "--repeats", "2"],
+                          capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    [row] = json.loads((tmp_path / "train_e2e.json").read_text())["rows"]
+    assert row["name"] == "unet_3d" and row["e2e_samples_per_s"] > 0 and row["in_memory_samples_per_s"] > 0
+    assert 0 < row["first_step_s"] < 300 and row["first_step_warm_s"] is not None
+    assert "| unet_3d | 2 |" in (tmp_path / "train_e2e.md").read_text()
