@@ -307,7 +307,7 @@ def bias_notes(runs: Sequence[RunInfo], scored: Sequence[str], tuning: Sequence[
                      "comparison.")
     else:
         notes.append(f"The ensemble weights, the post-processing parameters and the choice of the best single model "
-                     f"were made on crops that are not scored ({', '.join(tuning)}): no stage is biased by the "
+                     f"were made on crops that are not scored ({', '.join(tuning)}): the stages are not biased by the "
                      "scored crops.")
     decided = sorted({c for r in runs for c in scored if r.roles.get(c) == "tuning"}, key=crop_sort_key)
     if decided:
