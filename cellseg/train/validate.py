@@ -24,7 +24,6 @@ The official scores are logged too, with the number of skipped crops beside them
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -104,11 +103,6 @@ def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunCon
     return crop_scores
 
 
-@functools.cache
-def _warn_once(reason: str) -> None:
-    log.warning("validation ranks checkpoints by another score: %s", reason)
-
-
 @torch.inference_mode()
 def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
                    precision: runtime.Precision) -> dict[str, Any]:
@@ -117,7 +111,7 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
     Returns:
         The official scores of the tuning crops (`overall_score`, its parts, `class_scores`, `label_scores`,
         `crop_scores`), `skipped_crops` (their count), `decision_score`, `ranked_by` and `ranking_score`
-        (what `best.pt` is chosen by), `crops` (which crops were tuning and report crops), `grid`,
+        (what `best.pt` is chosen by; `ranking_note` says why when it is not the overall score), `crops` (which crops were tuning and report crops), `grid`,
         `seconds`, and with `val.report_crops` the report crops' scores under `report`.
 
     Raises:
@@ -136,8 +130,9 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
         model.train(was_training)
     decision = decide(crop_scores, cfg.val.metric)
     if decision.ranking.reason:
-        _warn_once(decision.ranking.reason)
-    result = {**decision.summary(), "grid": cfg.val.grid, "seconds": round(time.perf_counter() - start, 3),
+        log.warning("checkpoints are ranked by %s, not the overall score: %s", decision.ranking.ranked_by,
+                    decision.ranking.reason)
+    result = {**decision.summary(), "ranking_note": decision.ranking.reason, "grid": cfg.val.grid, "seconds": round(time.perf_counter() - start, 3),
               "crops": {"tuning": [c.name for c in tuning], "report": [c.name for c in report]},
               "class_scores": decision.class_scores(), "label_scores": decision.official["label_scores"],
               "crop_scores": crop_scores}
