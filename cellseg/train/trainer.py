@@ -32,7 +32,7 @@ from cellseg.train.guard import NonFiniteGuard
 from cellseg.train.logs import RunLog
 from cellseg.train.setup import Setup, build_setup
 from cellseg.train.stop import StopRequest, TrainingStopped
-from cellseg.train.validate import run_validation
+from cellseg.train.validate import run_validation, validation_sets
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
@@ -50,6 +50,11 @@ class Trainer:
         self.cfg = cfg
         self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
         self.s: Setup = build_setup(cfg, resume=resume)
+        try:
+            validation_sets(self.s.data.val_crops)  # no tuning crop to rank checkpoints on: an error now, not later
+        except ValueError:
+            self.s.close()
+            raise
         self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
         # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
         resumed = self.s.resumed_from

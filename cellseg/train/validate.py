@@ -111,8 +111,9 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
     Returns:
         The official scores of the tuning crops (`overall_score`, its parts, `class_scores`, `label_scores`,
         `crop_scores`), `skipped_crops` (their count), `decision_score`, `ranked_by` and `ranking_score`
-        (what `best.pt` is chosen by; `ranking_note` says why when it is not the overall score), `crops` (which crops were tuning and report crops), `grid`,
-        `seconds`, and with `val.report_crops` the report crops' scores under `report`.
+        (what `best.pt` is chosen by; `ranking_note` says why when it is not the overall score), `crops`
+        (which crops were tuning and report crops), `grid`, `seconds`, and with `val.report_crops` the report
+        crops' scores under `report`.
 
     Raises:
         ValueError: `cfg.val.metric` names no registered era, or no validation crop is a tuning crop.
@@ -132,11 +133,13 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
     if decision.ranking.reason:
         log.warning("checkpoints are ranked by %s, not the overall score: %s", decision.ranking.ranked_by,
                     decision.ranking.reason)
-    result = {**decision.summary(), "ranking_note": decision.ranking.reason, "grid": cfg.val.grid, "seconds": round(time.perf_counter() - start, 3),
+    result = {**decision.summary(), "ranking_note": decision.ranking.reason, "grid": cfg.val.grid,
+              "seconds": round(time.perf_counter() - start, 3),
               "crops": {"tuning": [c.name for c in tuning], "report": [c.name for c in report]},
               "class_scores": decision.class_scores(), "label_scores": decision.official["label_scores"],
               "crop_scores": crop_scores}
-    if report_scores:
+    if report_scores:  # measured only: no ranking
         scored = decide(report_scores, cfg.val.metric)
-        result["report"] = {**scored.summary(), "class_scores": scored.class_scores(), "crop_scores": report_scores}
+        summary = {k: v for k, v in scored.summary().items() if k not in ("ranked_by", "ranking_score")}
+        result["report"] = {**summary, "class_scores": scored.class_scores(), "crop_scores": report_scores}
     return result

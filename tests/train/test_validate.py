@@ -66,3 +66,15 @@ def test_instance_classes_only_under_2025_rank_on_the_instance_mean(tiny_synth_r
     assert val["ranking_score"] == val["overall_instance_score"]
     assert (run / "checkpoints" / "best.pt").is_file()  # a NaN overall score would never have been kept
     assert "only instance classes are scored" in caplog.text
+
+
+def test_a_split_without_tuning_crops_is_refused_before_training(tiny_synth_root, tmp_path):
+    split = tmp_path / "split" / "datasplit.csv"
+    split.parent.mkdir()
+    split.write_text((tiny_synth_root / "datasplit.csv").read_text())
+    (split.parent / "validation_roles.csv").write_text("crop_name,role\ncrop2,report\ncrop3,report\n")
+    cfg = load_run_config(SMOKE, [f"data.root={tiny_synth_root}", f"run_dir={tmp_path / 'run'}", *FAST,
+                                  f"data.datasplit={split}"])
+    with pytest.raises(ValueError, match="no tuning crop among the validation crops"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
