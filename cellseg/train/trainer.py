@@ -36,6 +36,7 @@ from cellseg.train.validate import run_validation, validation_sets
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
+RANKING_FILE = "ranking.json"  # beside index.json: which score (and crops) its numbers are
 
 
 class Trainer:
@@ -227,7 +228,8 @@ class Trainer:
 
     def _validate(self, run_log: RunLog) -> dict[str, Any]:
         """Score the validation crops and offer the checkpoint for `best.pt` by the ranking score (decision
-        mode, tuning crops only: `cellseg.train.validate`); metrics.jsonl records what ranked."""
+        mode, tuning crops only: `cellseg.train.validate`); metrics.jsonl and checkpoints/ranking.json record
+        which score ranked (the numbers of checkpoints/index.json)."""
         s, result = self.s, {}
         self.guard.check()
         if s.dist.is_main and s.data.val_crops:
@@ -241,6 +243,10 @@ class Trainer:
                      ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
         runtime.barrier(s.dist)
         self._checkpoint(score=result.get("ranking_score"))
+        if result:  # beside index.json (written by the checkpoint): which score its numbers are
+            ranking = {"ranked_by": result["ranked_by"], "metric": result["metric"], "combined": "decision mode",
+                       "crops": result["crops"]["tuning"], "grid": result["grid"], "note": result["ranking_note"]}
+            save_atomic_text(json.dumps(ranking, indent=1), s.keeper.directory / RANKING_FILE)
         return result
 
     def _checkpoint(self, score: float | None = None) -> Path:

@@ -52,6 +52,8 @@ def test_checkpoints_are_ranked_on_tuning_crops_in_decision_mode(tiny_synth_root
     assert val["ranked_by"] == "overall_score" and isinstance(val["skipped_crops"], int)
     assert val["grid"] == cfg.val.grid and val["seconds"] > 0
     assert json.loads((run / "checkpoints" / "index.json").read_text()) == {"2": val["ranking_score"]}
+    ranking = json.loads((run / "checkpoints" / "ranking.json").read_text())
+    assert ranking["ranked_by"] == "overall_score" and ranking["crops"] == val["crops"]["tuning"]
 
 
 def test_instance_classes_only_under_2025_rank_on_the_instance_mean(tiny_synth_root, tmp_path, caplog):
@@ -64,6 +66,7 @@ def test_instance_classes_only_under_2025_rank_on_the_instance_mean(tiny_synth_r
     assert val["overall_score"] is None or math.isnan(val["overall_score"])  # 2025: no semantic class
     assert val["ranked_by"] == "overall_instance_score"
     assert val["ranking_score"] == val["overall_instance_score"]
+    assert json.loads((run / "checkpoints" / "ranking.json").read_text())["ranked_by"] == "overall_instance_score"
     assert (run / "checkpoints" / "best.pt").is_file()  # a NaN overall score would never have been kept
     assert "only instance classes are scored" in caplog.text
 
