@@ -54,7 +54,8 @@ from cellseg.report.scoring import plain_segmentation, score_segmentation
 from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
-OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", SETTINGS_FILE)  # what --overwrite removes
+# what --overwrite removes
+OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", SETTINGS_FILE)
 FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
 TTA_TRANSFORMS = 8
 
@@ -271,10 +272,9 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     every era."""
     singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
                for r, p in zip(runs, stores.singles, strict=True)]
-    chosen = choose_best(singles_on_tuning(runs, stores, layout, plan, opts, root, singles), opts.eras)
-    best, names = best_single_stage(singles, opts.eras, chosen)
-    for era, choice in chosen.items():
-        choice.update(run=names[era], scores=dict(zip((r.name for r in runs), choice["scores"], strict=True)))
+    on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
+    chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
+    best, _ = best_single_stage(singles, opts.eras, chosen)
     stages = [best,
               _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
               _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),

@@ -42,12 +42,14 @@ def ranking(stage: StageResult, era: Era) -> tuple[float, str]:
     return r.score, r.ranked_by
 
 
-def choose_best(on_tuning: Sequence[StageResult], eras: Sequence[Era]) -> dict[Era, dict[str, Any]]:
-    """Era → the choice of the best run by its decision score on the tuning crops: `{"index", "ranked_by",
-    "scores"}` (scores: one per run, in order)."""
+def choose_best(on_tuning: Sequence[StageResult], eras: Sequence[Era], names: Sequence[str]
+                ) -> dict[Era, dict[str, Any]]:
+    """Era → the choice of the best run (`names`, in the order of `on_tuning`) by its decision score on the
+    tuning crops: `{"index", "run", "ranked_by", "scores": run → its score}`."""
     out = {}
     for era in eras:
         ranked = [ranking(s, era) for s in on_tuning]
         best = max(range(len(ranked)), key=lambda i: -math.inf if math.isnan(ranked[i][0]) else ranked[i][0])
-        out[era] = {"index": best, "ranked_by": ranked[best][1], "scores": [score for score, _ in ranked]}
+        out[era] = {"index": best, "run": names[best], "ranked_by": ranked[best][1],
+                    "scores": {name: score for name, (score, _) in zip(names, ranked, strict=True)}}
     return out
