@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pad-value", type=int, default=0, metavar="V",
                         help="EM value of 'outside the imaged volume' (data.em_pad_value, default 0): a data root's "
                              "description gives the share of each dataset's EM equal to it (voxels inside cells "
-                             "that are this dark, e.g. saturated membranes, are masked by training too)")
+                             "that are this dark, e.g. saturated membranes, are data: training masks only the regions of this value "
+                             "connected to the volume's edge, data.padding_mask=edge)")
     parser.set_defaults(func=run)
 
 

@@ -110,7 +110,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         accepted = f"neither {forms[0]} nor {forms[1]}" if len(forms) == 2 else f"none of {', '.join(forms)}"
         raise ValueError(f"{key}: {value!r} is {accepted}")
     if origin is Literal:
-        if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
+        if isinstance(value, bool) and ("on" if value else "off") in args:  # YAML 1.1 reads on/off as booleans
             value = "on" if value else "off"
         if value not in args:
             raise ValueError(f"{key}: {value!r} is not one of {list(args)}")

@@ -93,7 +93,12 @@ class DataConfig:
         report_fraction: share of the validation crops kept for the *report* part that no decision touches (the
             rest, the *tuning* part, selects checkpoints, fits ensemble weights, tunes post-processing).
         sampler: "class_balanced" (every class, rare ones included, is seen regularly) or "uniform".
-        em_pad_value: EM value marking "outside the imaged volume"; such voxels are unknown.
+        em_pad_value: EM value of "no data" (outside the imaged volume, its black border); training masks such voxels
+            by `padding_mask`.
+        padding_mask: which EM voxels at `em_pad_value` are unknown for every class: "edge" (those connected to the
+            volume's edge: padding; dark voxels inside cells stay data), "value" (every one) or "off" (none). See
+            cellseg/data/padding.py.
+        padding_mask_by_dataset: `padding_mask` per dataset name (e.g. `{jrc_hela-2: value}`), overriding it.
         intensity_stats: optional per-dataset (mean, std) of the EM in uint8 units; default scales 0-255 to 0-1.
         instance_boundaries: add one "touching-objects boundary" target channel per instance-scored class
             (after the class channels), for the watershed to split touching objects.
@@ -117,6 +122,8 @@ class DataConfig:
     report_fraction: float = 0.5
     sampler: Literal["class_balanced", "uniform"] = "class_balanced"
     em_pad_value: int = 0
+    padding_mask: Literal["edge", "value", "off"] = "edge"
+    padding_mask_by_dataset: dict[str, Literal["edge", "value", "off"]] = field(default_factory=dict)
     intensity_stats: dict[str, tuple[float, float]] = field(default_factory=dict)
     instance_boundaries: bool = True
     boundary_cache: str | None = None
@@ -137,6 +144,11 @@ class DataConfig:
         _check(0 < self.validation_fraction < 1, "data.validation_fraction must be in (0, 1)")
         _check(0 <= self.report_fraction < 1, "data.report_fraction must be in [0, 1)")
         _check(self.split_margin_nm is None or self.split_margin_nm >= 0, "data.split_margin_nm must be >= 0 or null")
+        _check(0 <= self.em_pad_value <= 255, f"data.em_pad_value={self.em_pad_value}: EM is uint8, choose 0-255")
+        modes = ("edge", "value", "off")
+        for where, mode in [("padding_mask", self.padding_mask), *(
+                (f"padding_mask_by_dataset.{d}", m) for d, m in self.padding_mask_by_dataset.items())]:
+            _check(mode in modes, f"data.{where}={mode!r}: choose one of {list(modes)}")
 
     @property
     def boundary_classes(self) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 
 Each sample reads a patch enlarged by the augmentation context (so rotation/zoom on the GPU never pads
 in) at the training voxel size: EM with area/linear resampling when no level matches (kept uint8,
-rounded explicitly; normalisation happens on the GPU), labels with nearest neighbour.
+rounded explicitly; normalisation happens on the GPU), labels with nearest neighbour. EM padding (no data:
+outside the volume or its black border, `cellseg.data.padding`) is unknown for every channel.
 
 Targets of K classes travel bit-packed along the class axis (`numpy.packbits(..., bitorder="little")`:
 class k is bit k % 8 of byte k // 8), so 48 classes cost 6 + 6 bytes per voxel instead of 96; the GPU
@@ -25,12 +26,13 @@ A boundary channels:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from cellseg.data.grid import Grid
+from cellseg.data.padding import EdgeRegion, PaddingMode, edge_seeds, padding_mask, padding_mode
 from cellseg.data.sampling import PatchSampler, PatchSpec
 from cellseg.data.targets import ALL_OUTSIDE, CropSource
 
@@ -94,7 +96,10 @@ class PatchDataset(torch.utils.data.Dataset):
         voxel_size_nm: training grid voxel size (z, y, x).
         read_shape_vox: patch shape including augmentation context (z, y, x); `(1, H, W)` for 2D.
         num_samples: samples per epoch (the `EpochSampler` turns epochs into global indices).
-        em_pad_value: EM value of "outside the imaged volume"; such voxels become unknown.
+        em_pad_value: EM value of "no data" (outside the imaged volume, its black border).
+        padding_mask: which voxels at `em_pad_value` become unknown for every channel: "edge" (those connected to
+            the volume's edge), "value" (all) or "off" (none); see `cellseg.data.padding`.
+        padding_mask_by_dataset: `padding_mask` per dataset name, overriding it.
         patch_shape_vox: the patch the model sees; default `read_shape_vox`.
         rotate_p: share of samples the GPU will rotate/zoom. The decision is made here from the sample's
             seed: only those samples read the enlarged context; the others read just the patch and are
@@ -105,7 +110,8 @@ class PatchDataset(torch.utils.data.Dataset):
 
     def __init__(self, crops: Sequence[CropSource], sampler: PatchSampler, *, voxel_size_nm: Sequence[float],
                  read_shape_vox: Sequence[int], num_samples: int, em_pad_value: int = 0,
-                 patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0, use_all: bool = True):
+                 patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0, use_all: bool = True,
+                 padding_mask: PaddingMode = "edge", padding_mask_by_dataset: Mapping[str, PaddingMode] | None = None):
         self.crops = list(crops)
         self.sampler = sampler
         self.voxel_size_nm = tuple(float(v) for v in voxel_size_nm)
@@ -114,6 +120,7 @@ class PatchDataset(torch.utils.data.Dataset):
         self.rotate_p = rotate_p
         self.num_samples = int(num_samples)
         self.em_pad_value = em_pad_value
+        self.padding_mask, self.padding_mask_by_dataset = padding_mask, dict(padding_mask_by_dataset or {})
         self.use_all = use_all
 
     def __len__(self) -> int:
@@ -143,23 +150,44 @@ class PatchDataset(torch.utils.data.Dataset):
     def target_mode(self) -> str:
         """"ids" when `use_all` is on and every crop has an `all` array (1 byte per voxel travels; the GPU
         looks classes up), else "bits" (bit-packed targets and known masks of every channel)."""
-        return "ids" if self.use_all and all(c.has_all for c in self.crops) else "bits"
+        return "ids" if self.use_all and all(c.ids_exact for c in self.crops) else "bits"
+
+    def padding(self, crop: CropSource, grid: Grid, em: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """The padding voxels of an EM read on `grid` (`inside`: within the EM volume), by the crop's dataset's rule.
+
+        The "edge" rule's per-crop region is computed on first use in each process, over the crop's box grown by
+        the farthest a sample reads: a read patch's longest edge on every axis (centres lie within a quarter
+        patch of the box, reads within half a read patch of their centre).
+        """
+        mode = padding_mode(crop.dataset, default=self.padding_mask, by_dataset=self.padding_mask_by_dataset)
+        if mode != "edge":
+            return padding_mask(em, pad_value=self.em_pad_value, mode=mode)
+        region = crop.arrays.get(("edge_region", self.em_pad_value, self.voxel_size_nm, self.read_shape_vox),
+                                 lambda: self._edge_region(crop))
+        return padding_mask(em, pad_value=self.em_pad_value, mode="edge",
+                            seeds=edge_seeds(grid, inside=inside, region=region))
+
+    def _edge_region(self, crop: CropSource) -> EdgeRegion:
+        margin = np.asarray(self.voxel_size_nm) * max(self.read_shape_vox)
+        return EdgeRegion.compute(crop.em(), np.asarray(crop.start_nm) - margin, np.asarray(crop.stop_nm) + margin,
+                                  pad_value=self.em_pad_value)
 
     def __getitem__(self, i: int) -> dict[str, object]:
         spec = self.sampler(int(i))
         crop = self.crops[spec.crop]
         rotate = self.rotates(spec)
         grid = self.grid_for(spec, None if rotate else self.patch_shape_vox)
-        em = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value, dtype=np.uint8)
-        black = em == self.em_pad_value  # "outside the imaged volume": unknown for every channel
+        em, inside = crop.em().read(**grid.read_kwargs(), interpolation="area", pad_value=self.em_pad_value,
+                                    dtype=np.uint8, return_mask=True)
+        padding = self.padding(crop, grid, em, inside)  # no data: unknown for every channel
         if self.target_mode == "ids":
             ids, tbits, kbits = crop.read_ids_and_boundaries(grid)
-            ids[black] = ALL_OUTSIDE
+            ids[padding] = ALL_OUTSIDE
             volumes = {"image": em[None], "ids": ids[None], "target_bits": tbits, "known_bits": kbits}
         else:
             tbits, kbits = crop.read_targets_packed(grid, use_all=self.use_all)
             volumes = {"image": em[None], "target_bits": tbits, "known_bits": kbits}
-        volumes["known_bits"] &= np.where(black, np.uint8(0), np.uint8(255))[None]
+        volumes["known_bits"] &= np.where(padding, np.uint8(0), np.uint8(255))[None]
         for key, a in volumes.items():
             if spec.slice_axis != 0 and grid.shape_vox[spec.slice_axis] == 1:  # 2D across y or x: slice axis first
                 a = np.moveaxis(a, 1 + spec.slice_axis, 1)

@@ -136,6 +136,7 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                                is_2d=data.is_2d)
     dataset = PatchDataset(train, sampler, voxel_size_nm=data.voxel_size_nm, read_shape_vox=read_shape,
                            num_samples=loader.samples_per_epoch, em_pad_value=data.em_pad_value,
+                           padding_mask=data.padding_mask, padding_mask_by_dataset=data.padding_mask_by_dataset,
                            patch_shape_vox=data.patch_shape_vox,
                            rotate_p=augment.rotate_p if augment.enabled else 0.0)
     workers = loader.num_workers

@@ -7,22 +7,26 @@ For each configured class k, in a given crop:
    is positive: there the class is known-negative. The evidence comes from the crop's `all` array (atom
    ids, one read for every class) when present, else from the annotated exclusive classes themselves
    (only the maximal ones: `nuc` covers `ne_mem`).
-Voxels outside the annotated crop are unknown; so are EM voxels equal to the "outside the imaged volume"
-value (handled by the dataset, which reads the EM).
+Voxels outside the annotated crop are unknown; so are voxels an array stores as "unknown" and whole arrays that
+were never annotated (both from the arrays' CellMap annotation metadata: `cellseg.data.annotation`), and EM
+padding (handled by the dataset, which reads the EM: `cellseg.data.padding`).
 
 Fast path: when the crop has its `all` array (atom ids) and `use_all` is on, every class channel comes from
 that one array through lookup tables: a voxel with id v is positive for class c when atoms(v) ⊆ atoms(c),
 known-negative when they are disjoint, and unknown when they only overlap (v is a coarser group there).
-One read and one gather replace ~50 array reads; the result equals the per-array path on consistent data.
+One read and one gather replace ~50 array reads; the result equals the per-array path on consistent data. A crop
+whose class arrays may hold "unknown" voxels (their metadata says so) takes the per-array path: unknown is per
+class there, while an id carries one answer for every class (`CropSource.ids_exact`).
 
 With `boundaries=True`, every instance-scored class k also gets an auxiliary channel (after the K class
 channels, in class order): the voxels of an object that touch a *different* object (6-neighbourhood).
 Touching objects merge in a binary mask; this channel is what lets the watershed split them again. It is
 known only where the class is read from an id array (a union of atoms carries no ids).
 
-A crop is an immutable value (`CropSource.open` does the I/O once: lists the label groups, finds the
-annotated box, checks it against the EM, plans every class). Its open array handles live apart, in one
-`CropArrays` per process: pickled into a DataLoader worker it travels empty and re-opens there.
+A crop is an immutable value (`CropSource.open` does the I/O once: lists the label groups, reads their annotation
+metadata and drops the arrays that were never annotated, finds the annotated box, checks it against the EM, plans
+every class). Its open array handles live apart, in one `CropArrays` per process: pickled into a DataLoader worker
+it travels empty and re-opens there.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cellseg.classes import all_classes, get_class, is_instance, mutually_exclusive
+from cellseg.data.annotation import (
+    NO_METADATA,
+    LabelAnnotation,
+    LabelReads,
+    read_annotation,
+    unannotated_arrays,
+)
 from cellseg.data.arrays import DEFAULT_CACHE_BYTES, Backend, MultiscaleImage
 from cellseg.data.boundary_cache import BoundaryCache, PackedBits, cache_path, lattice_grid
 from cellseg.data.grid import Grid, Vec3, vec3
@@ -132,7 +143,7 @@ class CropSource:
 
     entry: SplitEntry
     classes: tuple[str, ...]
-    on_disk: tuple[str, ...]  # listed classes with a label group (`all` excluded)
+    on_disk: tuple[str, ...]  # listed classes with an annotated label group (`all` excluded)
     has_all: bool  # the crop has its `all` array of atom ids
     plans: tuple[ClassPlan, ...]
     start_nm: Vec3  # annotated box: lower corner (z, y, x)
@@ -141,6 +152,7 @@ class CropSource:
     boundaries: bool
     boundary_cache_dir: Path | None  # where `boundary_cache` keeps the boundary bits (None: per sample)
     arrays: CropArrays = field(repr=False, compare=False)
+    notes: dict[str, LabelAnnotation] = field(repr=False, compare=False)  # of `on_disk` and `all`
     # Per `all` id (0-255): packed target and known bits of the C channels, each `(ceil(C/8), 256)` uint8; the
     # boundary channels are left 0 (they come from the id arrays). Computed once, when the crop is opened.
     lookup_tables: tuple[np.ndarray, np.ndarray] = field(repr=False, compare=False)
@@ -162,17 +174,21 @@ class CropSource:
         present = _label_groups(crop_dir, entry.classes)
         on_disk = tuple(c for c in entry.classes if c in present and c != "all")
         has_all = "all" in present
-        plans = tuple(plan_class(c, on_disk, has_all=has_all) for c in classes)
-        if not any(p.known for p in plans):
-            raise NoRequestedClass(f"{crop_dir}: annotates none of the requested classes {list(classes)}")
+        _plans_or_raise(crop_dir, classes, on_disk, has_all)  # before any array is opened: the common skip is cheap
         arrays = CropArrays(entry.crop_url, entry.em_url, backend=backend, cache_bytes=cache_bytes)
-        start, stop, label_vs = _annotated_box([arrays.label(n) for n in on_disk + (("all",) if has_all else ())])
+        images = {n: arrays.label(n) for n in on_disk + (("all",) if has_all else ())}
+        notes = {n: read_annotation(image) for n, image in images.items()}
+        dropped = unannotated_arrays(images, notes, crop=str(crop_dir))
+        on_disk = tuple(n for n in on_disk if n not in dropped)
+        notes = {n: note for n, note in notes.items() if n not in dropped}
+        plans = _plans_or_raise(crop_dir, classes, on_disk, has_all)
+        start, stop, label_vs = _annotated_box([images[n] for n in notes])
         _check_inside_em(crop_dir, start, stop, arrays.em())
         num_channels = len(plans) + len(_aux_classes(classes, boundaries))
         return cls(entry=entry, classes=classes, on_disk=on_disk, has_all=has_all, plans=plans, start_nm=start,
                    stop_nm=stop, label_voxel_size_nm=label_vs, boundaries=boundaries,
                    boundary_cache_dir=None if boundary_cache_dir is None else Path(boundary_cache_dir),
-                   arrays=arrays, lookup_tables=_lookup_tables(plans, num_channels))
+                   arrays=arrays, notes=notes, lookup_tables=_lookup_tables(plans, num_channels))
 
     def image(self, name: str) -> MultiscaleImage:
         """The multiscale label group `name` of this crop ("all" included), opened once per process."""
@@ -182,10 +198,26 @@ class CropSource:
         """The dataset's EM group (uint8), opened once per process."""
         return self.arrays.em()
 
+    def annotation(self, name: str) -> LabelAnnotation:
+        """The annotation metadata of the label group `name` ("all" included; defaults for a group without)."""
+        return self.notes.get(name) or NO_METADATA
+
     @property
     def name(self) -> str:
         """`crop<N>`."""
         return self.entry.crop_name
+
+    @property
+    def dataset(self) -> str:
+        """`jrc_hela-2` from the EM location `.../jrc_hela-2/jrc_hela-2.zarr/recon-1/em/fibsem-uint8` ("" if none)."""
+        parts = [p for p in self.entry.em_url.replace("\\", "/").split("/") if p.endswith(".zarr")]
+        return parts[-1].removesuffix(".zarr") if parts else ""
+
+    @property
+    def ids_exact(self) -> bool:
+        """True when the `all` ids give the targets the class arrays give: the crop has `all` and no array a class
+        reads may hold "unknown" voxels (unknown is per class there; an id answers for every class at once)."""
+        return self.has_all and not any(self.annotation(n).may_hold_unknown for p in self.plans for n in p.read)
 
     @property
     def aux_classes(self) -> tuple[int, ...]:
@@ -212,8 +244,8 @@ class CropSource:
         `use_all=False` forces the per-array path even when the crop has its `all` array.
         """
         shape = (-(-self.num_channels // 8), *grid.shape_vox)
-        reads = _Reads(self.arrays, grid)
-        if use_all and self.has_all:
+        reads = LabelReads(self, grid)
+        if use_all and self.ids_exact:
             tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self.lookup_tables)
         else:
             tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
@@ -226,11 +258,12 @@ class CropSource:
         boundary bits `(ceil(A/8), z, y, x)` for target and known; the class bits are `lookup_tables[:, ids]`.
 
         Raises:
-            ValueError: for a crop without an `all` array.
+            ValueError: for a crop without an `all` array, or whose class arrays hold unknown voxels (`ids_exact`).
         """
-        if not self.has_all:
-            raise ValueError(f"{self.name}: no `all` array, so its targets cannot travel as ids")
-        reads = _Reads(self.arrays, grid)
+        if not self.ids_exact:
+            why = "class arrays that may hold unknown voxels" if self.has_all else "no `all` array"
+            raise ValueError(f"{self.name}: {why}, so its targets cannot travel as ids")
+        reads = LabelReads(self, grid)
         use_cache = bool(self.aux_classes) and self.boundary_cache_dir is not None
         cached = self.boundary_cache(grid.voxel_size_nm).read(grid) if use_cache else None
         tbits, kbits = cached if cached is not None else self._boundary_bits(reads)
@@ -238,7 +271,7 @@ class CropSource:
 
     def boundary_bits(self, grid: Grid) -> PackedBits:
         """The A boundary channels alone on `grid`: packed `(target, known)`, each `(ceil(A/8), z, y, x)` uint8."""
-        return self._boundary_bits(_Reads(self.arrays, grid))
+        return self._boundary_bits(LabelReads(self, grid))
 
     def boundary_cache(self, voxel_size_nm: Sequence[float]) -> BoundaryCache:
         """The crop's boundary cache at this training voxel size, opened (and built if missing) once per process.
@@ -258,36 +291,42 @@ class CropSource:
                             voxel_size_nm=voxel_size_nm)
         channels = [self.classes[i] for i in self.aux_classes]
         id_arrays = [self.plans[i].read[0] for i in self.aux_classes if len(self.plans[i].read) == 1]
-        inputs = {"crop": self.entry.crop_url, "aux": channels,
-                  "arrays": {n: repr(self.image(n).levels[0]) for n in id_arrays}}
+        inputs: dict[str, object] = {"crop": self.entry.crop_url, "aux": channels,
+                                     "arrays": {n: repr(self.image(n).levels[0]) for n in id_arrays}}
+        unknown = {n: self.annotation(n).encoding.unknown for n in id_arrays if self.annotation(n).may_hold_unknown}
+        if unknown:  # only then: the keys of caches built before the metadata was read stay valid
+            inputs["unknown"] = unknown
         path = cache_path(cache_dir, self.name, grid, inputs=inputs)
         return BoundaryCache(path, grid, compute=self.boundary_bits, channels=channels, backend=self.arrays.backend,
                              cache_bytes=self.arrays.cache_bytes)
 
-    def _all_ids(self, reads: _Reads) -> np.ndarray:
+    def _all_ids(self, reads: LabelReads) -> np.ndarray:
         ids = reads.ids("all", pad_value=ALL_OUTSIDE)
+        unknown = self.annotation("all").encoding.unknown
+        if unknown is not None and unknown != ALL_OUTSIDE:
+            ids = np.where(ids == unknown, np.asarray(ALL_OUTSIDE, ids.dtype), ids)
         if ids.dtype != np.uint8:
             ids = np.minimum(ids, ALL_OUTSIDE).astype(np.uint8)  # CellMap ids are <= 77
         return ids
 
-    def _boundary_bits(self, reads: _Reads) -> PackedBits:
+    def _boundary_bits(self, reads: LabelReads) -> PackedBits:
         shape = (-(-len(self.aux_classes) // 8), *reads.grid.shape_vox)
         tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
         self._set_boundaries(reads, tbits, kbits, first_channel=0)
         return tbits, kbits
 
-    def _set_boundaries(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray, *, first_channel: int) -> None:
+    def _set_boundaries(self, reads: LabelReads, tbits: np.ndarray, kbits: np.ndarray, *, first_channel: int) -> None:
         for j, i in enumerate(self.aux_classes, start=first_channel):
             if len(self.plans[i].read) == 1:  # ids on disk
                 name = self.plans[i].read[0]
-                _set_bit(tbits, j, touching(reads.ids(name)))
-                _set_bit(kbits, j, reads.inside((name,)))
+                _set_bit(tbits, j, touching(reads.object_ids(name)))
+                _set_bit(kbits, j, reads.known((name,)))
 
-    def _classes_from_arrays(self, reads: _Reads, tbits: np.ndarray, kbits: np.ndarray) -> None:
+    def _classes_from_arrays(self, reads: LabelReads, tbits: np.ndarray, kbits: np.ndarray) -> None:
         for i, plan in enumerate(self.plans):
             if plan.read:
                 _set_bit(tbits, i, reads.foreground(plan.read))
-                _set_bit(kbits, i, reads.inside(plan.read))
+                _set_bit(kbits, i, reads.known(plan.read))
             elif plan.exclusive_ids:
                 _set_bit(kbits, i, _lut(plan.exclusive_ids)[reads.ids("all")])
             elif plan.exclusive:
@@ -296,6 +335,14 @@ class CropSource:
 
 def _aux_classes(classes: Sequence[str], boundaries: bool) -> tuple[int, ...]:
     return tuple(k for k, c in enumerate(classes) if is_instance(c)) if boundaries else ()
+
+
+def _plans_or_raise(crop_dir: Path, classes: Sequence[str], on_disk: Sequence[str], has_all: bool
+                    ) -> tuple[ClassPlan, ...]:
+    plans = tuple(plan_class(c, on_disk, has_all=has_all) for c in classes)
+    if not any(p.known for p in plans):
+        raise NoRequestedClass(f"{crop_dir}: annotates none of the requested classes {list(classes)}")
+    return plans
 
 
 def _label_groups(crop_dir: Path, listed: Sequence[str]) -> set[str]:
@@ -362,34 +409,6 @@ def _lookup_tables(plans: Sequence[ClassPlan], num_channels: int) -> tuple[np.nd
             if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
                 k[i >> 3, cls.id] |= bit
     return t, k
-
-
-class _Reads:
-    """Label reads of one grid, each array read once (values and inside-the-array mask)."""
-
-    def __init__(self, arrays: CropArrays, grid: Grid):
-        self.arrays, self.grid, self.cache = arrays, grid, {}
-
-    def _read(self, name: str, pad_value: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        if name not in self.cache:
-            self.cache[name] = self.arrays.label(name).read(**self.grid.read_kwargs(), interpolation="nearest",
-                                                            pad_value=pad_value, return_mask=True)
-        return self.cache[name]
-
-    def ids(self, name: str, pad_value: int = 0) -> np.ndarray:
-        return self._read(name, pad_value)[0]
-
-    def foreground(self, names: Sequence[str]) -> np.ndarray:
-        out = self._read(names[0])[0] > 0
-        for n in names[1:]:
-            out |= self._read(n)[0] > 0
-        return out
-
-    def inside(self, names: Sequence[str]) -> np.ndarray:
-        out = self._read(names[0])[1]
-        for n in names[1:]:
-            out = out & self._read(n)[1]
-        return out
 
 
 def _set_bit(bits: np.ndarray, channel: int, mask: np.ndarray) -> None:

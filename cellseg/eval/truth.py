@@ -6,7 +6,9 @@ scores it as instances (`is_scored_as_instance`):
 - semantic: the union of its arrays (one array, or the atoms of a group);
 - instance: object ids: the ids on disk when the class is one array, else the 26-connected components of
   the union of its atoms (numbered before masking, so the numbering does not depend on the annotated box).
-Either is annotated where every one of its arrays covers the grid, and zero elsewhere. This is also the one
+Either is annotated where every one of its arrays covers the grid and none stores "unknown", and zero elsewhere:
+the voxel rule of the training targets (`cellseg.data.annotation.LabelReads`), so that scores and training agree.
+Arrays a crop never annotated (`CropSource.open` drops them) are not read. This is also the one
 place that opens a crop (`CropSource`) for scoring.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cellseg.data.annotation import LabelReads
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
 from cellseg.data.targets import CropSource, NoRequestedClass
@@ -57,17 +60,12 @@ def read_class_truth(crop: CropSource | SplitEntry, class_name: str, grid: Grid
     names = plans[class_name].read
     if not names:
         return None
-    reads = [crop.image(n).read(**grid.read_kwargs(), interpolation="nearest", pad_value=0, return_mask=True)
-             for n in names]
-    annotated = reads[0][1]
-    for _, inside in reads[1:]:
-        annotated = annotated & inside
-    if len(reads) == 1 and is_scored_as_instance(class_name):  # ids on disk
-        ids = reads[0][0]
+    reads = LabelReads(crop, grid)  # the same voxel rule as the training targets (`cellseg.data.annotation`)
+    annotated = reads.known(names)
+    if len(names) == 1 and is_scored_as_instance(class_name):  # ids on disk
+        ids = reads.object_ids(names[0])
         return np.where(annotated, ids, 0).astype(ids.dtype), annotated
-    union = reads[0][0] > 0
-    for values, _ in reads[1:]:
-        union |= values > 0
+    union = reads.foreground(names)
     if is_scored_as_instance(class_name):  # a union of atoms: its objects are the connected components
         ids = relabel_26(union)[0]
         return np.where(annotated, ids, 0).astype(ids.dtype), annotated

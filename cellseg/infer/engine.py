@@ -8,6 +8,10 @@ full EM volume; outside it the EM pad value), then the Gaussian-blended sliding 
 torch.compile (`CompiledModel`). A 2D model predicts slice by slice; across z only, or across z, y and x
 (isotropic voxels) with the three results averaged (`predict_whole`).
 
+Data that is not there is never predicted silently: `require_em` refuses a box no EM level holds data for (a
+partial download), naming the crop, the level and the `cellseg fetch` option, and the tiles whose EM is mostly at
+the padding value are counted, batch by batch on the device, and reported in one warning per crop.
+
 Shapes: `K` output channels, `C` image channels (1), `B` tiles, `S` a tile's spatial axes, `ZYX` the box's grid
 (plus context while predicting).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 
 from cellseg import runtime
-from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.arrays import Level, MultiscaleImage
 from cellseg.data.grid import Grid, shape3
 from cellseg.infer import tta
 from cellseg.infer.sliding_window import sliding_window_slabs
@@ -33,15 +38,65 @@ from cellseg.runtime.compile import CompiledModel, compile_backend
 
 log = logging.getLogger(__name__)
 EM_SCALE = 255.0  # uint8 EM -> [0, 1], as in training (`cellseg.data.augment`)
+MOSTLY_PADDING = 0.5  # a tile with more than this share of its EM voxels at the padding value is "mostly padding"
+
+
+def context_grid(grid: Grid, margin_vox: Sequence[int]) -> Grid:
+    """`grid` enlarged by `margin_vox` voxels on each side (z, y, x): the EM a box is predicted from."""
+    vs = grid.voxel_size_nm
+    return Grid.of(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin_vox, vs, strict=True)],
+                   shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin_vox, strict=True)], voxel_size_nm=vs)
 
 
 def _read_em(em: MultiscaleImage, grid: Grid, margin: Sequence[int], pad_value: int) -> torch.Tensor:
     """(1, Z, Y, X) uint8 EM over the grid enlarged by `margin` voxels per side (scaled to [0, 1] per tile)."""
-    vs = grid.voxel_size_nm
-    data = em.read(translation_nm=[t - m * v for t, m, v in zip(grid.translation_nm, margin, vs, strict=True)],
-                   shape_vox=[n + 2 * m for n, m in zip(grid.shape_vox, margin, strict=True)], voxel_size_nm=vs,
-                   interpolation="area", pad_value=pad_value, dtype=np.uint8)
+    data = em.read(**context_grid(grid, margin).read_kwargs(), interpolation="area", pad_value=pad_value,
+                   dtype=np.uint8)
     return torch.from_numpy(data)[None]
+
+
+class PaddingTally:
+    """Tiles of one crop whose EM is mostly at the padding value: counted per batch where the tiles are (no
+    device synchronisation), reported in one warning (`report`)."""
+
+    def __init__(self, what: str):
+        self.what, self.tiles, self.warned = what, 0, False
+        self.mostly: torch.Tensor | None = None
+
+    def add(self, tiles_BCS: torch.Tensor, pad_value: int) -> None:
+        """Count a batch of uint8 EM tiles."""
+        padded = (tiles_BCS == pad_value).flatten(1).sum(1)
+        n = (padded > MOSTLY_PADDING * tiles_BCS[0].numel()).sum()
+        self.mostly = n if self.mostly is None else self.mostly + n
+        self.tiles += tiles_BCS.shape[0]
+
+    def report(self, pad_value: int) -> None:
+        """Warn, once, when some tile counted so far was mostly padding."""
+        mostly = 0 if self.warned or self.mostly is None else int(self.mostly)
+        if mostly:
+            self.warned = True
+            log.warning("%s: %d of %d tiles (%.0f%%) read EM mostly (> %.0f%%) at the padding value %d: outside the "
+                        "volume, its black border or chunks never downloaded; predictions there are guesses",
+                        self.what, mostly, self.tiles, 100 * mostly / self.tiles, 100 * MOSTLY_PADDING, pad_value)
+
+
+_TALLIES: weakref.WeakKeyDictionary[MultiscaleImage, PaddingTally] = weakref.WeakKeyDictionary()
+
+
+def require_em(em: MultiscaleImage, grid: Grid, *patches_vox: Sequence[int], axes: Sequence[str] = ("z",),
+               what: str) -> Level:
+    """The EM level a box is predicted from, its context included (half of the largest of `patches_vox` around it,
+    `axes`: a 2D model's slicing axes); names the box `what` (e.g. "crop 12") in the padding warning.
+
+    Raises:
+        ValueError: no EM level's chunks under the box were downloaded (`MultiscaleImage.require_data`: the message
+            names `what`, the level and the `cellseg fetch` option that brings it).
+    """
+    margin = np.max([context_margin(p, axes) for p in patches_vox], axis=0)
+    box = context_grid(grid, [int(m) for m in margin])
+    level = em.require_data(box.translation_nm, box.shape_vox, box.voxel_size_nm, what=what)
+    _TALLIES[em] = PaddingTally(what)
+    return level
 
 
 # Tile voxels per forward below which a forward is bound by kernel launches (CPU), not the GPU: the ViT-B of
@@ -184,7 +239,12 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
                            channels_last=window.channels_last and window.device.type == "cuda",
                            compiled=window.compiled, batch_size=window.batch_size * window.tta_fold)
 
+    tally = _TALLIES.get(em)
+    if tally is None:  # a box no `require_em` named (validation during training): one warning per EM handle
+        tally = _TALLIES.setdefault(em, PaddingTally(f"{em.location}, box from {grid.start_nm} nm"))
+
     def predict(tiles_BCS: torch.Tensor) -> torch.Tensor:
+        tally.add(tiles_BCS, window.pad_value)
         out = tta.tta_predict(forward, tiles_BCS, tfms, fold=window.tta_fold)
         if on_tiles is not None:
             on_tiles(tiles_BCS.shape[0])
@@ -196,12 +256,17 @@ def predict_slabs(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, windo
                                  overlap=window.overlap, batch_size=window.batch_size, blend=window.blend,
                                  device=window.device, accumulate_on=work, pad_value=window.pad_value,
                                  start_plane=lead + start)
-    for z0, slab in slabs:
-        lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
-        if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
-            out = slab[:, lo - z0:hi - z0][crop].to(dtype)
-            _check_finite(out, lo - lead, axis)
-            yield lo - lead, (to_host(out).movedim(1, 1 + a).numpy() if host else out.movedim(1, 1 + a))
+    try:
+        for z0, slab in slabs:
+            lo, hi = max(z0, lead), min(z0 + slab.shape[1], lead + grid.shape_vox[a])
+            if hi > lo:  # the box's planes of the slab, converted where the sums live, then copied to the host
+                out = slab[:, lo - z0:hi - z0][crop].to(dtype)
+                _check_finite(out, lo - lead, axis)
+                yield lo - lead, (to_host(out).movedim(1, 1 + a).numpy() if host else out.movedim(1, 1 + a))
+    except GeneratorExit:  # a consumer that stops at the last plane (`cellseg.infer.fused`) closes the generator
+        tally.report(window.pad_value)
+        raise
+    tally.report(window.pad_value)
 
 
 def _check_finite(probs: torch.Tensor, first_plane: int, axis: str) -> None:

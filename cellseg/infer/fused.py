@@ -50,7 +50,7 @@ from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
 from cellseg.infer.columns import commit_crop, write_columns
-from cellseg.infer.engine import Window, predict_slabs, to_host
+from cellseg.infer.engine import Window, predict_slabs, require_em, to_host
 from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
 from cellseg.infer.plan import CropPlan, box_grid, pending_crops, predict_crops, scored_channels, shard_crops
 from cellseg.infer.run import ISOTROPY_RTOL, LoadedRun, load_run, run_provenance, run_transforms, run_window
@@ -360,6 +360,7 @@ def predict_crop(members: Sequence[Member], target: CropTarget, store: Predictio
     started = time.perf_counter()
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, voxel_size)
+    require_em(em, grid, *(m.window.patch_vox for m in members), what=f"{target.name} ({target.dataset})")
     wanted = set(scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels)
     channels = tuple(c for c in store.channels if c in wanted)  # a routed store holds every band's channels
     device = members[0].run.device

@@ -34,7 +34,7 @@ from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
 from cellseg.infer.columns import commit_crop, write_columns
-from cellseg.infer.engine import Window, predict_slabs, predict_whole
+from cellseg.infer.engine import Window, predict_slabs, predict_whole, require_em
 from cellseg.infer.plan import box_grid, pending_crops, plan_crop, predict_crops, scored_channels, shard_crops
 from cellseg.infer.run import LoadedRun, load_run, run_provenance, run_transforms, run_window, slice_axes
 from cellseg.infer.selection import CropTarget, select_targets
@@ -103,6 +103,7 @@ def _predict_one(run: LoadedRun, window: Window, target: CropTarget, store: Pred
     em = target.em()
     grid = box_grid(target.start_nm, target.stop_nm, em, run.cfg.data.voxel_size_nm)
     patch = window.patch_vox
+    require_em(em, grid, patch, axes=axes, what=f"{target.name} ({target.dataset})")  # real EM, or a clear error
     channels = scored_channels(run.channels, target.labels) if opts.channels == "scored" else run.channels
     keep = [run.channels.index(c) for c in channels]
     plan = plan_crop(grid.shape_vox, len(channels), patch, axes, run.device, opts.block_vox)

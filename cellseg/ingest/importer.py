@@ -237,8 +237,9 @@ def import_volume(opts: ImportOptions, *, progress: bool = True) -> ImportSummar
                                              progress=bar.update)
         if zeros and p.window.identity:
             share = zeros / (p.em.shape[0] * p.em.shape[1] * p.em.shape[2])
-            warnings.append(f"{share:.2%} of the EM voxels are 0, which training and prediction read as 'outside "
-                            f"the imaged volume' (data.em_pad_value) and ignore")
+            warnings.append(f"{share:.2%} of the EM voxels are 0, the padding value (data.em_pad_value): training "
+                            "ignores the 0-valued regions connected to the volume's edge (data.padding_mask=edge) "
+                            "and keeps dark regions inside it as data")
         counts = {}
         labelled = [c for c in p.crops if c.role != "test"]
         for crop in tqdm(labelled, desc="crops", unit="crop", disable=not (progress and labelled), leave=False):

@@ -1,7 +1,8 @@
 """EM intensities to uint8, explicitly: a stated window, mapped linearly onto 1..255.
 
-cellseg trains and predicts on uint8 EM (the CellMap `fibsem-uint8` arrays) and reads the value 0 as
-"outside the imaged volume" (`data.em_pad_value`): such voxels are unknown for every class. So:
+cellseg trains and predicts on uint8 EM (the CellMap `fibsem-uint8` arrays) and reads the value 0 as the
+padding of "outside the imaged volume" (`data.em_pad_value`; regions of it connected to the volume's edge are
+unknown for every class, `data.padding_mask`). So, to keep real dark tissue distinct from padding:
 
 - uint8 input is copied unchanged (its zeros, if any, are counted and reported);
 - any other dtype is windowed: `[low, high]` maps linearly onto `[1, 255]`, values outside are clipped,

@@ -8,8 +8,10 @@
     DIR/datasplit.csv                                                       the 5-column CSC form
     DIR/synth.json                                                          how the root was made
 
-Each label `s0/.zattrs` also carries `class_counts` ({class: non-zero voxels}), the cache cellmap-data
-reads before counting voxels itself (and writing the count back into the dataset).
+Each class's label group and its level arrays carry CellMap annotation metadata (`cellmap.annotation`: class,
+type, encoding; each array its complement counts, `rasterize.annotation_attrs`), as the real arrays do. Each
+label `s0/.zattrs` also carries `class_counts` ({class: non-zero voxels}), the cache cellmap-data reads before
+counting voxels itself (and writing the count back into the dataset).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from cellseg.data.crops import Geometry, format_vector
 from cellseg.data.inspect import EM_PATH, GT_PATH
 from cellseg.data.write import write_array, write_multiscale
-from cellseg.synth.rasterize import all_array, class_array, rasterize
+from cellseg.synth.rasterize import all_array, annotation_attrs, class_array, rasterize
 from cellseg.synth.scene import PlacedCrop, Scene
 
 GROUND_TRUTH = "ground_truth.zarr"
@@ -65,12 +67,23 @@ def write_train_crop(root: Path, scene: Scene, crop: PlacedCrop) -> dict[str, in
     for name, data in _label_arrays(scene, crop).items():
         group = root / crop_url(crop) / name
         write_multiscale(group, data, voxel_size_nm=geometry.voxel_size_nm, translation_nm=geometry.translation_nm,
-                         kind="labels")
+                         kind="labels", attrs=None if name == "all" else annotation_attrs(name))
         count = int(np.count_nonzero(data))
-        (group / "s0" / ".zattrs").write_text(json.dumps({"class_counts": {name: count}}, indent=2))
         if name != "all":
+            _annotate_levels(group, name)
             counts[name] = count
+        attrs = json.loads((group / "s0" / ".zattrs").read_text()) if (group / "s0" / ".zattrs").is_file() else {}
+        (group / "s0" / ".zattrs").write_text(json.dumps({**attrs, "class_counts": {name: count}}, indent=2))
     return counts
+
+
+def _annotate_levels(group: Path, name: str) -> None:
+    """Write each level array's annotation attributes, with the complement counts of its own voxels."""
+    import zarr
+
+    for level in sorted(p for p in group.iterdir() if (p / ".zarray").is_file()):
+        data = zarr.open_array(str(level), mode="r")[...]
+        (level / ".zattrs").write_text(json.dumps(annotation_attrs(name, data), indent=2))
 
 
 def write_test_crop(root: Path, scene: Scene, crop: PlacedCrop) -> dict[str, int]:

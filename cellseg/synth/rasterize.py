@@ -6,9 +6,15 @@ each other by construction:
 - an atom class is `atoms == id` (uint8 0/1);
 - a semantic group is the union of its atoms (uint8 0/1);
 - an instance class holds one id per object (uint32), relabelled by 26-connected components so each id
-  is exactly one connected component (what the official evaluators assume), numbered 1..N;
+  is exactly one connected component (what the official evaluators assume), numbered 1..N (skipping 255,
+  the "unknown" value of the encoding below, in a crop of 255 objects or more);
 - `all` holds atom ids, with atoms the crop does not annotate replaced by their smallest annotated
   group (or 0), as in the official `all` arrays.
+
+Every class array carries CellMap annotation metadata (`annotation_attrs`, schema `cellmap_schemas.annotation`):
+its class, semantic or instance type, the encoding `{"absent": 0, "unknown": 255}` (plus `"present": 1` for
+semantic arrays) and the complement counts of its own voxels. Synthetic crops are annotated everywhere, so the
+"unknown" count is 0.
 
 uint32 for instance ids: a large real crop can hold more than 65,535 vesicles or microtubule pieces,
 and one dtype for every instance array keeps readers simple; zstd makes the extra bytes nearly free.
@@ -29,6 +35,7 @@ from cellseg.synth.scene import Scene
 
 INSTANCE_DTYPE = np.uint32
 CONNECTIVITY = 26
+ABSENT, UNKNOWN, PRESENT = 0, 255, 1  # the stored value of each annotation possibility
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -95,7 +102,23 @@ def class_array(raster: Raster, name: str, scene: Scene) -> np.ndarray:
         return mask.astype(np.uint8)
     source = raster.cell if name == "cell" else scene.instance_lut(name)[raster.obj]
     ids = np.where(mask, source, 0).astype(INSTANCE_DTYPE)
-    return cc3d.connected_components(ids, connectivity=CONNECTIVITY, out_dtype=INSTANCE_DTYPE)
+    ids = cc3d.connected_components(ids, connectivity=CONNECTIVITY, out_dtype=INSTANCE_DTYPE)
+    if ids.max(initial=0) >= UNKNOWN:  # no object takes the "unknown" value
+        ids[ids >= UNKNOWN] += 1
+    return ids
+
+
+def annotation_attrs(name: str, data: np.ndarray | None = None) -> dict[str, object]:
+    """The `cellmap.annotation` attributes of a class's label group (`data` None) or of one of its level arrays
+    (with the complement counts of `data`)."""
+    instance = get_class(name).instance
+    encoding = {"absent": ABSENT, "unknown": UNKNOWN, **({} if instance else {"present": PRESENT})}
+    note: dict[str, object] = {"class_name": name, "annotation_type": {
+        "type": "instance_segmentation" if instance else "semantic_segmentation", "encoding": encoding}}
+    if data is not None:
+        note["complement_counts"] = {"absent": int(np.count_nonzero(data == ABSENT)),
+                                     "unknown": int(np.count_nonzero(data == UNKNOWN))}
+    return {"cellmap": {"annotation": note}}
 
 
 def all_array(raster: Raster, annotated: Iterable[str]) -> np.ndarray:

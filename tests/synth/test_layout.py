@@ -79,6 +79,29 @@ def test_label_groups_are_multiscale_with_crop_geometry(tiny_synth_root: Path, c
         assert json.loads((base / name / "s0" / ".zattrs").read_text())["class_counts"][name] >= 0
 
 
+def test_label_arrays_carry_cellmap_annotation_metadata(tiny_synth_root: Path, catalog: Catalog) -> None:
+    import zarr
+
+    from cellseg.data.annotation import read_annotation
+    from cellseg.data.arrays import MultiscaleImage
+
+    crop = catalog.train[2]
+    base = tiny_synth_root / crop.crop_url
+    for name in crop.classes:
+        group = _attrs(base / name)["cellmap"]["annotation"]
+        instance = classes.get_class(name).instance
+        assert group == {"class_name": name, "annotation_type": {
+            "type": "instance_segmentation" if instance else "semantic_segmentation",
+            "encoding": {"absent": 0, "unknown": 255, **({} if instance else {"present": 1})}}}
+        for level in parse_multiscales(_attrs(base / name), source=name):
+            data = zarr.open_array(str(base / name / level.path), mode="r")[...]
+            counts = _attrs(base / name / level.path)["cellmap"]["annotation"]["complement_counts"]
+            assert counts == {"absent": int((data == 0).sum()), "unknown": 0}
+        note = read_annotation(MultiscaleImage(base / name))
+        assert note.positives == _attrs(base / name / "s0")["class_counts"][name] and not note.may_hold_unknown
+    assert "cellmap" not in _attrs(base / "all")  # not a class
+
+
 def test_unannotated_classes_are_absent(tiny_synth_root: Path, catalog: Catalog) -> None:
     partial = [c for c in catalog.train.values() if len(c.classes) < 48]
     assert len(partial) >= 2
