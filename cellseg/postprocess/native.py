@@ -6,7 +6,8 @@ to decode on (e.g. a test crop's 2 nm label grid). For a target voxel x, `n(x)` 
 box holds x's centre (nearest neighbour) and `lin(p)(x)` the trilinear interpolation of the probability p
 at x's centre from the 2×2×2 source voxels around it (taps clamped at the array border, so a target
 voxel outside the source box repeats the edge; an axis on which the grids coincide is copied, not
-interpolated). Thresholds are float32, as in `spec.float32_threshold`.
+interpolated), computed in float32 along x, then y, then z as `lo + f (hi - lo)`. Thresholds are float32,
+as in `spec.float32_threshold`.
 
 The rule (`decode_coarse`, then `refine` per z-slab of T):
 
@@ -19,6 +20,12 @@ The rule (`decode_coarse`, then `refine` per z-slab of T):
    removed voxel, `G(c) = 0`.
 3. On T: `fg(x) = lin(p)(x) > t  or  added(n(x))`, and the result is `G(n(x))` where fg, 0 elsewhere
    (semantic classes: `G(n(x)) > 0`).
+4. Instance classes: no object is lost. An object that has target voxels under nearest upsampling but would
+   keep none of them in step 3 (all its probability barely above t, so that the interpolation stays under
+   it) keeps its nearest-upsampled voxels: they join `added` before step 3 (`keep_every_object`). An object
+   with a *sure* voxel (`added`, or p above t by a margin of 2^-20 on its whole 26-neighbourhood, so that
+   every interpolation there exceeds t) cannot vanish; only the others are checked, by refining the target
+   planes they span once.
 
 Why this is the right rule:
 - *With the post-ops off, a semantic class is exactly `lin(p) > t`.* `lin(p)(x)` is a convex combination
@@ -27,25 +34,30 @@ Why this is the right rule:
   rounding lifts an interpolated value one ulp above t.)
 - *On the source grid itself it is `segment_class`, voxel for voxel:* n(x) = x and lin(p) = p, so
   fg = m ∪ added, G = L on that set and 0 on the removed voxels.
-- *Objects are never merged and never split into several ids:* every target voxel takes the single id of
-  G at one source voxel, and G only carries ids of L, each grown into plain background only; objects that
-  the source decoding separated (also touching ones) keep their own ids and the boundary between them
-  stays where the source decoding put it, a source voxel wide. What the refinement changes is each
-  object's outer surface, which now follows the interpolated probability with sub-voxel precision
-  (smooth instead of a staircase), and a voxel a post-op removed stays removed.
+- *Objects are never merged, never lost and never split into several ids:* every target voxel takes the
+  single id of G at one source voxel, and G only carries ids of L, each grown into plain background only;
+  objects that the source decoding separated (also touching ones) keep their own ids and the boundary
+  between them stays where the source decoding put it, a source voxel wide; step 4 keeps every object.
+  What the refinement changes is each object's outer surface, which now follows the interpolated
+  probability with sub-voxel precision (smooth instead of a staircase), and a voxel a post-op removed
+  stays removed.
 - *What it cannot promise:* the target voxels of an object are those where `lin(p) > t`, so a part of an
-  object thinner than about one source voxel whose probability barely exceeds t (a diagonal bridge, a lone
-  voxel) can thin out, detach (the evaluators' connected components then count two objects) or vanish,
-  exactly as when the evaluator itself resamples a probability linearly and thresholds it.
+  object thinner than about one source voxel whose probability barely exceeds t (a diagonal bridge) can
+  thin out or detach (the evaluators' connected components then count two objects), exactly as when the
+  evaluator itself resamples a probability linearly and thresholds it.
 
-Memory: the source-grid decoding (about 25 bytes per source voxel at its peak, `segment_class`) plus about
-20 bytes per target voxel of one z-slab (interpolated probability, the gathered ids, the mask): a slab of
-`slab_planes` planes (default: `SLAB_VOXELS` voxels, rounded to whole planes) bounds it, whatever the
-size of the target grid. The refinement runs on the CPU (numpy); the source decoding on any device.
+Memory: the source-grid decoding (`segment_class`: a few volumes of the source grid) plus, for one z-slab of
+the target, its result (1 byte a voxel for a mask, 4 for ids) and the source planes it reads brought onto the
+target's (y, x) grid (float32 probability, uint32 ids, bool: 9 bytes per voxel of such a plane, about 9/r
+bytes per slab voxel for a z-upsampling factor r); z is interpolated one target plane at a time. A slab of
+`slab_planes` planes (default: `SLAB_VOXELS` voxels, whole planes) bounds it, whatever the size of the
+target grid: about 0.45 GB for ids at 2 nm from 8 nm. The refinement runs on the CPU (numpy); the source
+decoding on any device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -62,7 +74,7 @@ from cellseg.postprocess.semantic import segment_semantic
 from cellseg.postprocess.spec import float32_threshold
 
 log = logging.getLogger(__name__)
-SLAB_VOXELS = 2**25  # target voxels refined at once (~20 bytes each: ~0.7 GB per class in flight)
+SLAB_VOXELS = 2**26  # target voxels refined at once (up to ~7 bytes each: module docstring)
 
 
 # ------------------------------------------------------------------------------------------ the source grid
@@ -125,6 +137,14 @@ class CoarseDecoding:
     added: np.ndarray | None
     instance: bool
     num_objects: int
+
+    def labels(self) -> np.ndarray:
+        """L, the source decoding's ids (instance classes): G on the voxels of `p > t` or `added` (the removed
+        ones hold 0 in G), 0 on the one-voxel growth."""
+        inside = self.prob > self.threshold
+        if self.added is not None:
+            inside |= self.added
+        return np.where(inside, self.owner, 0).astype(np.uint32)  # type: ignore[arg-type]
 
 
 def _grow_once(labels: np.ndarray, into: np.ndarray) -> np.ndarray:
@@ -192,12 +212,12 @@ def axis_maps(source: Grid, target: Grid) -> tuple[AxisMap, AxisMap, AxisMap]:
     return maps[0], maps[1], maps[2]
 
 
-def _lerp(a: np.ndarray, m: AxisMap, axis: int, offset: int) -> np.ndarray:
+def _lerp(a: np.ndarray, m: AxisMap, axis: int) -> np.ndarray:
     """`a` interpolated along `axis` (float32: lo + frac (hi - lo), so equal taps give the tap exactly)."""
     if m.copy:
-        return np.take(a, m.nearest - offset, axis=axis)
-    lo = np.take(a, m.lo - offset, axis=axis)
-    hi = np.take(a, m.hi - offset, axis=axis)
+        return np.take(a, m.nearest, axis=axis)
+    lo = np.take(a, m.lo, axis=axis)
+    hi = np.take(a, m.hi, axis=axis)
     shape = [1, 1, 1]
     shape[axis] = -1
     np.subtract(hi, lo, out=hi)
@@ -206,37 +226,67 @@ def _lerp(a: np.ndarray, m: AxisMap, axis: int, offset: int) -> np.ndarray:
     return lo
 
 
-def _slice_z(m: AxisMap, z0: int, z1: int) -> AxisMap:
-    return AxisMap(m.lo[z0:z1], m.hi[z0:z1], m.frac[z0:z1], m.nearest[z0:z1], m.copy)
+def _source_planes(m: AxisMap, z0: int, z1: int) -> slice:
+    """The source planes that target planes `z0:z1` read (taps and nearest voxels)."""
+    return slice(int(min(m.lo[z0:z1].min(), m.nearest[z0:z1].min())),
+                 int(max(m.hi[z0:z1].max(), m.nearest[z0:z1].max())) + 1)
+
+
+def _in_plane(a: np.ndarray, maps: Sequence[AxisMap], *, linear: bool) -> np.ndarray:
+    """Source planes brought onto the target's (y, x) grid: linearly (x, then y) or by nearest neighbour."""
+    if linear:
+        return _lerp(_lerp(a, maps[2], 2), maps[1], 1)
+    return a.take(maps[2].nearest, axis=2).take(maps[1].nearest, axis=1)
+
+
+def _linear_planes(prob: np.ndarray, maps: Sequence[AxisMap], z0: int, z1: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(target plane j, `lin(p)` on it) for j in `z0:z1`: interpolated along x, then y, then z (float32; the
+    plane yielded is a buffer reused for the next one)."""
+    mz, planes = maps[0], _source_planes(maps[0], z0, z1)
+    src = _in_plane(prob[planes], maps, linear=True)
+    buffer = np.empty(src.shape[1:], np.float32)
+    for j in range(z0, z1):
+        lo, hi, frac = int(mz.lo[j]) - planes.start, int(mz.hi[j]) - planes.start, mz.frac[j]
+        if mz.copy or lo == hi or frac == 0:
+            yield j, src[int(mz.nearest[j]) - planes.start if mz.copy else lo]
+            continue
+        np.subtract(src[hi], src[lo], out=buffer)
+        buffer *= frac
+        buffer += src[lo]
+        yield j, buffer
 
 
 def linear_probability(prob: np.ndarray, maps: Sequence[AxisMap], z0: int = 0, z1: int | None = None) -> np.ndarray:
     """`lin(p)` on planes `z0:z1` of the target grid (float32; module docstring), from the source probability."""
-    mz = _slice_z(maps[0], z0, maps[0].lo.size if z1 is None else z1)
-    first = int(min(mz.lo.min(), mz.nearest.min()))
-    last = int(max(mz.hi.max(), mz.nearest.max())) + 1
-    out = _lerp(prob[first:last], mz, 0, first)
-    out = _lerp(out, maps[1], 1, 0)
-    return _lerp(out, maps[2], 2, 0)
-
-
-def _nearest(a: np.ndarray, maps: Sequence[AxisMap], z0: int, z1: int) -> np.ndarray:
-    return a.take(maps[0].nearest[z0:z1], axis=0).take(maps[1].nearest, axis=1).take(maps[2].nearest, axis=2)
+    z1 = maps[0].lo.size if z1 is None else z1
+    out = np.empty((z1 - z0, maps[1].lo.size, maps[2].lo.size), np.float32)
+    for j, plane in _linear_planes(prob, maps, z0, z1):
+        out[j - z0] = plane
+    return out
 
 
 def refine(coarse: CoarseDecoding, maps: Sequence[AxisMap], z0: int = 0, z1: int | None = None) -> np.ndarray:
-    """Planes `z0:z1` of the target grid (module docstring, step 3): uint32 ids or a bool mask."""
+    """Planes `z0:z1` of the target grid (module docstring, step 3): uint32 ids or a bool mask.
+
+    Plane by plane: only the slab's result and its source planes on the target's (y, x) grid are held."""
     z1 = maps[0].lo.size if z1 is None else z1
-    fg = linear_probability(coarse.prob, maps, z0, z1) > coarse.threshold
-    if coarse.added is not None:
-        fg |= _nearest(coarse.added, maps, z0, z1)
-    if coarse.instance:
-        ids = _nearest(coarse.owner, maps, z0, z1)  # type: ignore[arg-type]
-        ids *= fg
-        return ids
-    if coarse.owner is not None:
-        fg &= _nearest(coarse.owner, maps, z0, z1)
-    return fg
+    planes = _source_planes(maps[0], z0, z1)
+    added = None if coarse.added is None else _in_plane(coarse.added[planes], maps, linear=False)
+    owner = None if coarse.owner is None else _in_plane(coarse.owner[planes], maps, linear=False)
+    out = np.empty((z1 - z0, maps[1].lo.size, maps[2].lo.size), np.uint32 if coarse.instance else bool)
+    fg = np.empty(out.shape[1:], bool)
+    for j, plane in _linear_planes(coarse.prob, maps, z0, z1):
+        n = int(maps[0].nearest[j]) - planes.start
+        np.greater(plane, coarse.threshold, out=fg)
+        if added is not None:
+            fg |= added[n]
+        if coarse.instance:
+            np.multiply(owner[n], fg, out=out[j - z0])  # type: ignore[index]
+            continue
+        if owner is not None:
+            fg &= owner[n]
+        out[j - z0] = fg
+    return out
 
 
 def slab_planes(target: Grid, slab_voxels: int = SLAB_VOXELS, multiple: int = 1) -> int:
@@ -247,14 +297,55 @@ def slab_planes(target: Grid, slab_voxels: int = SLAB_VOXELS, multiple: int = 1)
     return planes - planes % multiple if planes >= multiple else planes
 
 
+SURE_MARGIN = 2.0**-20  # p this far above t on a whole 26-neighbourhood survives float32 interpolation
+
+
+def keep_every_object(coarse: CoarseDecoding, maps: Sequence[AxisMap], *, planes: int | None = None
+                      ) -> CoarseDecoding:
+    """Step 4 of the module docstring: `coarse` with the voxels of objects the refinement would lose added."""
+    from scipy.ndimage import find_objects, minimum_filter
+
+    if not coarse.instance or coarse.num_objects == 0:
+        return coarse
+    labels = coarse.labels()
+    hit = np.ix_(*(np.unique(m.nearest) for m in maps))  # source voxels some target voxel is nearest to
+    sure = minimum_filter(coarse.prob, size=3, mode="nearest") > coarse.threshold + SURE_MARGIN
+    if coarse.added is not None:
+        sure |= coarse.added
+    on_target = labels[hit]
+    at_risk = np.zeros(coarse.num_objects + 1, bool)
+    at_risk[on_target] = True
+    at_risk[on_target[sure[hit]]] = False
+    at_risk[0] = False
+    if not at_risk.any():
+        return coarse
+    boxes = find_objects(labels)
+    z_lo = min(boxes[k - 1][0].start for k in np.flatnonzero(at_risk))
+    z_hi = max(boxes[k - 1][0].stop for k in np.flatnonzero(at_risk))
+    rows = np.flatnonzero((maps[0].nearest >= z_lo) & (maps[0].nearest < z_hi))
+    kept = np.zeros(coarse.num_objects + 1, bool)
+    step = planes or max(1, SLAB_VOXELS // (maps[1].lo.size * maps[2].lo.size))
+    for z0 in range(int(rows.min()), int(rows.max()) + 1, step):
+        ids = refine(coarse, maps, z0, min(z0 + step, int(rows.max()) + 1))
+        kept |= np.bincount(ids.ravel(), minlength=kept.size).astype(bool)
+    lost = at_risk & ~kept
+    if not lost.any():
+        return coarse
+    restore = lost[labels]
+    added = restore if coarse.added is None else coarse.added | restore
+    return dataclasses.replace(coarse, added=added)
+
+
 def iter_decode(coarse: CoarseDecoding, source: Grid, target: Grid, *, planes: int | None = None
                 ) -> Iterator[tuple[int, np.ndarray]]:
     """(first plane, slab) pairs covering the target grid in z order; concatenated, they equal the one-shot
-    `refine` voxel for voxel (every voxel is computed by the same operations either way)."""
+    `decode_on_grid` voxel for voxel (step 4 is decided before the first slab, and every voxel is computed by
+    the same operations either way)."""
     if coarse.prob.shape != tuple(source.shape_vox):
         raise ValueError(f"probability shape {coarse.prob.shape} differs from the source grid's {source.shape_vox}")
     maps = axis_maps(source, target)
     planes = planes or slab_planes(target)
+    coarse = keep_every_object(coarse, maps, planes=planes)
     for z0 in range(0, target.shape_vox[0], planes):
         yield z0, refine(coarse, maps, z0, min(z0 + planes, target.shape_vox[0]))
 
@@ -271,4 +362,5 @@ def decode_on_grid(class_name: str, prob: np.ndarray, boundary: np.ndarray | Non
     """
     coarse = decode_coarse(class_name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params,
                            device=device)
-    return refine(coarse, axis_maps(source, target))
+    maps = axis_maps(source, target)
+    return refine(keep_every_object(coarse, maps), maps)

@@ -12,8 +12,10 @@ from cellseg.postprocess.native import (
     decode_coarse,
     decode_on_grid,
     iter_decode,
+    keep_every_object,
     linear_probability,
     plain_params,
+    refine,
     segment_class,
 )
 from cellseg.postprocess.params import InstanceParams, SemanticParams
@@ -138,3 +140,22 @@ def test_a_target_outside_the_source_box_repeats_the_edge():
     source = Grid.of(translation_nm=(4, 4, 4), shape_vox=(4, 4, 4), voxel_size_nm=(8, 8, 8))
     target = Grid.of(translation_nm=(-5, -5, -5), shape_vox=(20, 20, 20), voxel_size_nm=(2, 2, 2))
     assert decode_on_grid("er", prob, source=source, target=target, params=SemanticParams()).all()
+
+
+def test_an_object_the_interpolation_would_lose_keeps_its_nearest_upsampled_voxels():
+    prob = np.zeros((10, 10, 10), np.float32)
+    prob[2, 2, 2] = 0.55  # a lone voxel barely above t: every interpolated value around it stays under 0.5
+    prob[5:9, 5:9, 5:9] = 0.9  # a sure object
+    source = Grid.of(translation_nm=(4, 4, 4), shape_vox=prob.shape, voxel_size_nm=(8, 8, 8))
+    target = Grid.of(translation_nm=(1, 1, 1), shape_vox=(40, 40, 40), voxel_size_nm=(2, 2, 2))
+    params = InstanceParams(fill_holes=False)
+    coarse = decode_coarse("mito", prob, voxel_size_nm=source.voxel_size_nm, params=params)
+    maps = axis_maps(source, target)
+    assert coarse.num_objects == 2 and set(np.unique(refine(coarse, maps))) == {0, 2}  # step 3 alone loses id 1
+    kept = keep_every_object(coarse, maps)
+    assert kept.added is not None and kept.added.sum() == 1 and kept.added[2, 2, 2]
+    ids = decode_on_grid("mito", prob, source=source, target=target, params=params)
+    assert set(np.unique(ids)) == {0, 1, 2} and (ids == 1).sum() == 4**3 and ids[8:12, 8:12, 8:12].min() == 1
+    assert np.array_equal(np.concatenate([s for _, s in iter_decode(coarse, source, target, planes=3)]), ids)
+    prob[2, 2, 2] = 0.45  # not an object at all: nothing to keep
+    assert decode_on_grid("mito", prob, source=source, target=target, params=params).max() == 1
