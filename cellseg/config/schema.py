@@ -306,14 +306,23 @@ class LossConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationConfig:
-    """Periodic validation on the validation crops with the challenge metric.
+    """Periodic validation on the validation crops with the challenge metric (`cellseg.train.validate`).
+
+    `best.pt` is chosen on the *tuning* validation crops only (`data.report_fraction` sets the others aside
+    for reports), by the era's overall score in decision mode: a crop the era skips for too many predicted
+    objects counts as its worst case (docs/scoring.md). With classes of one kind only, the mean of that
+    kind ranks instead (metrics.jsonl names the score that ranked).
 
     Attributes:
         metric: scoring era, "2026" (current) or "2025" (challenge era).
         overlap: sliding-window overlap between tiles.
         batch_size: tiles per forward pass.
         threshold: probability threshold for masks.
-        max_crops: validate on at most this many crops (null: all).
+        max_crops: validate on at most this many tuning crops (null: all).
+        grid: where each class is scored: "annotation" (the grid of its truth, as the leaderboard scores:
+            probabilities linearly resampled onto it and decoded there) or "model" (the training voxel size:
+            cheaper when labels are much finer than the model's grid, not what the leaderboard measures).
+        report_crops: also score the report crops and log them apart (`val.report`); they never rank.
     """
 
     metric: str = "2026"
@@ -321,6 +330,8 @@ class ValidationConfig:
     batch_size: int = 4
     threshold: float = 0.5
     max_crops: int | None = None
+    grid: Literal["annotation", "model"] = "annotation"
+    report_crops: bool = False
 
     def __post_init__(self) -> None:
         _check(0 <= self.overlap < 1, "val.overlap must be in [0, 1)")

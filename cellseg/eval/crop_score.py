@@ -3,9 +3,10 @@
 Validation during training (`cellseg.train.validate`), post-processing tuning (`cellseg.postprocess.tune`),
 ensemble weight fitting (`cellseg.infer.ensemble_fit`) and the evaluator (`cellseg.eval.tasks`, hence
 `cellseg evaluate` and the ablation report) all score a (prediction, truth) pair with `score_class` and
-combine crops with `combine`; the era's rules come from `cellseg.eval.eras`. Which labels take the instance
-branch is the official rule (`is_scored_as_instance`): the 26-connected components of the prediction are
-matched to the truth's object ids; every other label is scored as a mask (`> 0` is foreground).
+combine crops with `combine` (in decision mode when choosing between candidates); the era's rules come
+from `cellseg.eval.eras`. Which labels take the instance branch is the official rule
+(`is_scored_as_instance`): the 26-connected components of the prediction are matched to the truth's object
+ids; every other label is scored as a mask (`> 0` is foreground).
 """
 
 from __future__ import annotations
@@ -59,10 +60,17 @@ def score_missing(*, label: str, era: Era | ScoringEra, num_voxels: int,
     return get_era(era).score_missing(instance=is_scored_as_instance(label), num_voxels=num_voxels, truth=truth)
 
 
-def combine(crop_scores: CropScores, era: Era | ScoringEra) -> dict[str, Any]:
+def combine(crop_scores: CropScores, era: Era | ScoringEra, *, decision: bool = False) -> dict[str, Any]:
     """Class and overall scores of `era` from per-crop scores (crop -> label -> scores with `num_voxels`
-    and `voxel_size`, as the functions above return them plus those two keys)."""
-    return get_era(era).combine(crop_scores)
+    and `voxel_size`, as the functions above return them plus those two keys).
+
+    Args:
+        decision: decision mode (`ScoringEra.combine_decision`): a crop the era skips counts as its worst
+            case instead of nothing. Every decision cellseg makes uses it (`cellseg.eval.decision`); the
+            official scores (False) are what is reported.
+    """
+    rules = get_era(era)
+    return rules.combine_decision(crop_scores) if decision else rules.combine(crop_scores)
 
 
 def align_prediction(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target,

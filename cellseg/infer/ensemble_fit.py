@@ -2,22 +2,26 @@
 
 Method, for each class c that M_c ≥ 2 members predict (a class of one member gets weight 1):
 
-1. **Validation crops**: the given crop ids, or else the crops marked "validate" in the `datasplit.csv`
-   of every member's run (provenance `run_dir`), intersected so that no member trained on a fitting
-   crop; without run directories, the data root's own `datasplit.csv`. Only crops that every member
-   predicted are used. Labels come from the catalogue of the data root given (`--truth`), else from the
-   paths the datasplit rows record, else from the data root the members' provenance names
-   (`cellseg.infer.fit_crops`).
-2. **Truth on the ensemble grid** (the grid the ensemble is written on, `ensemble_grid`):
-   `cellseg.eval.truth.read_class_truth`, scored only where the class is annotated, exactly as validation
-   during training scores (`cellseg.train.validate.score_crop`).
+1. **Tuning crops**: the given crop ids, or else the *tuning* validation crops of every member's run
+   (provenance `run_dir`: "validate" in its `datasplit.csv`, role "tuning" in `validation_roles.csv`),
+   intersected so that no member trained on a fitting crop and no run keeps it for reports; without run
+   directories, the data root's own `datasplit.csv`. Only crops that every member predicted are used. Every
+   class fitted must be annotated in one of them (else an error before any scoring). Labels come from the
+   catalogue of the data root given (`--truth`), else from the paths the datasplit rows record, else from
+   the data root the members' provenance names (`cellseg.infer.fit_crops`).
+2. **Truth on each class's annotation grid** (the `s0` grid of its label, `cellseg.eval.label_grid`, as
+   the leaderboard scores): `cellseg.eval.truth.read_class_truth`, scored only where the class is
+   annotated, exactly as validation during training scores (`cellseg.train.validate.score_crop`); each
+   member's channel is resampled onto it (`read_on_grid`: linear when up-sampling, area averaging when
+   down-sampling). `score_grid="ensemble"` scores on the grid the ensemble is written on instead
+   (`ensemble_grid`; cheaper when labels are much finer than the members).
 3. **Candidate weightings**: each member alone (one-hot), uniform, and, when M_c ≤ 4, every point of the
    simplex grid with step 1/n, n the largest ≤ 10 that keeps ≤ 40 points (11 points for 2 members, 36
    for 3, 35 for 4).
 4. **Score of a candidate w**: threshold Σ w·p at 0.5, score each crop with the era's per-crop semantic
    scorer (from confusion counts, `cellseg.eval.crop_score.semantic_from_counts`), and combine the crops
-   exactly as that era's leaderboard does (`cellseg.eval.crop_score.combine`: 2025 volume-weighted mean
-   IoU, 2026 pooled IoU). Instance classes are fitted on the IoU of their foreground
+   as that era's leaderboard does (`cellseg.eval.crop_score.combine`: 2025 volume-weighted mean IoU, 2026
+   pooled IoU) in decision mode: a crop the era skips for too many objects counts as its worst case. Instance classes are fitted on the IoU of their foreground
    by default (`instance_score="iou"`, a proxy): the probabilities only decide the foreground, the
    objects come from the watershed tuned afterwards, and the instance metric of plain connected
    components mostly measures how touching objects merge (the post-processing's job), which is very
@@ -56,9 +60,10 @@ import numpy as np
 
 from cellseg.classes import get_class, is_instance
 from cellseg.data.grid import Grid
-from cellseg.data.split import SplitEntry
+from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era, get_era
+from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
@@ -68,6 +73,7 @@ log = logging.getLogger(__name__)
 
 InstanceScore = Literal["iou", "metric"]
 INSTANCE_SCORES: tuple[str, ...] = ("iou", "metric")
+SCORE_GRIDS: tuple[str, ...] = ("annotation", "ensemble")
 GRID_MAX_MEMBERS = 4  # above this the simplex grid grows too fast: softmax of the members' scores instead
 GRID_MAX_POINTS = 40  # candidate budget per class (each is scored on every validation crop)
 GRID_MAX_STEPS = 10  # never finer than 0.1
@@ -89,6 +95,8 @@ class FitOptions:
         instance_score: "iou" (foreground IoU proxy) or "metric" (official instance scorer).
         threshold: probability threshold of the candidate ensembles.
         device: "auto", "cpu" or "cuda" for mixing and counting.
+        score_grid: "annotation" (each class's label grid, as the leaderboard) or "ensemble" (the grid the
+            ensemble is written on).
     """
 
     metric: Era = "2026"
@@ -96,6 +104,7 @@ class FitOptions:
     instance_score: InstanceScore = "iou"
     threshold: float = 0.5
     device: str = "auto"
+    score_grid: str = "annotation"
 
     def __post_init__(self) -> None:
         get_era(self.metric)  # a ValueError naming the registered eras
@@ -107,6 +116,8 @@ class FitOptions:
             raise ValueError(f"threshold {self.threshold} must be in (0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device {self.device!r} is not one of ('auto', 'cpu', 'cuda')")
+        if self.score_grid not in SCORE_GRIDS:
+            raise ValueError(f"score grid {self.score_grid!r} is not one of {SCORE_GRIDS}")
 
 
 # ----------------------------------------------------------------------------------------------- scoring
@@ -192,7 +203,7 @@ class Tally:
             if not per_crop:
                 out.append(float("nan"))
                 continue
-            labels = combine({crop: {self.label: s} for crop, s in per_crop.items()}, era)["label_scores"]
+            labels = combine({crop: {self.label: s} for crop, s in per_crop.items()}, era, decision=True)["label_scores"]
             out.append(float(labels[self.label][self.key]))
         return np.asarray(out)
 
@@ -230,10 +241,11 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
         except ValueError as err:
             log.info("%s: not used for fitting: %s", entry.crop_name, err)
             continue
-        target_grid, _ = ensemble_grid(stores, entry.crop_name, grid)
+        common, _ = ensemble_grid(stores, entry.crop_name, grid)
         for name in source.classes:
-            read = read_class_truth(source, name, target_grid)
-            if read is not None:
+            target_grid = common if options.score_grid == "ensemble" else annotation_grid(source, name)
+            read = None if target_grid is None else read_class_truth(source, name, target_grid)
+            if target_grid is not None and read is not None:
                 _score_class(stores, plan, entry.crop_name, name, target_grid, *read, tallies[name],
                              options=options, device=device)
     return tallies
@@ -313,6 +325,7 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
             notes[c] = "uniform (not a CellMap class: no labels)"
         else:
             fittable.append(c)
+    check_annotated(fittable, entries)
     tallies = score_candidates(stores, plan, entries, {c: candidate_weights(len(plan.members_of[c]))
                                                         for c in fittable}, grid=grid, options=options,
                                progress=progress)
@@ -335,9 +348,23 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
                  f["lambda"], tallies[c].num_crops, f["scores"])
     per_channel = _channel_weights(plan, len(stores), {c: f["weights"] for c, f in fits.items()})
     report = {"metric": options.metric, "threshold": options.threshold, "shrink": options.shrink,
-              "instance_score": options.instance_score, "grid": grid,
-              "validation_crops": [e.crop_name for e in entries], "classes": report_classes}
+              "instance_score": options.instance_score, "grid": grid, "score_grid": options.score_grid,
+              "combined": "decision mode",
+              "validation_crops": [e.crop_name for e in entries], "crop_roles": _roles(entries),
+              "classes": report_classes}
     return Weights(per_channel, "auto", report)
+
+
+def check_annotated(classes: Sequence[str], entries: Sequence[SplitEntry]) -> None:
+    """Every class to fit must be annotated (listed, or derivable from its atoms) in a tuning crop.
+
+    Raises:
+        ValueError: naming the classes no crop annotates and the crops.
+    """
+    lacking = [c for c in classes if not any(derivable(c, e.classes) for e in entries)]
+    if lacking:
+        raise ValueError(f"no tuning crop annotates {lacking} (tuning crops: {[e.crop_name for e in entries]}): "
+                         "their weights cannot be fitted; pass --crops with crops that annotate them, or weights")
 
 
 def _is_cellmap(name: str) -> bool:
@@ -346,6 +373,12 @@ def _is_cellmap(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _roles(entries: Sequence[SplitEntry]) -> dict[str, str]:
+    """crop → its role in its run's split ("tuning"; "none recorded" for a crop of a split without roles or
+    one named explicitly from the catalogue)."""
+    return {e.crop_name: e.role or "none recorded" for e in entries}
 
 
 def _channel_weights(plan: ChannelPlan, num_members: int, fitted: Mapping[str, np.ndarray]

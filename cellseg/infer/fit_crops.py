@@ -1,6 +1,8 @@
 """Which crops `cellseg ensemble --weights auto` fits on, and where their labels are: the members' common
-validation crops (from their runs' datasplit.csv) or the crops asked for, located in the data root the members
-were predicted from (or `--truth`)."""
+*tuning* crops (validation crops of their runs' datasplit.csv whose role in `validation_roles.csv` is "tuning";
+a split without roles counts every validation crop as a tuning crop) or the crops asked for, located in the
+data root the members were predicted from (or `--truth`). The *report* crops are never fitted on: they are
+kept for measuring what the decisions made on the tuning crops are worth."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cellseg.data.crops import Catalog, crop_id, crop_name, crop_sort_key
-from cellseg.data.split import SplitEntry, read_datasplit
+from cellseg.data.split import ROLES_FILE, SplitEntry, read_datasplit
 from cellseg.infer.store import PredictionStore
 
 log = logging.getLogger(__name__)
@@ -43,28 +45,45 @@ def resolve_data_root(stores: Sequence[PredictionStore], data_root: str | Path |
     return Path(roots.pop()) if roots else None
 
 
-def _splits(stores: Sequence[PredictionStore], root: Path | None) -> list[list[SplitEntry]]:
-    """The members' run datasplits; without any, the data root's."""
-    found = []
+def _splits(stores: Sequence[PredictionStore], root: Path | None) -> dict[str, list[SplitEntry]]:
+    """The members' run datasplits by file; without any, the data root's."""
+    found = {}
     for store in stores:
         run_dir = store.provenance.get("run_dir")
         if run_dir and (Path(run_dir) / "datasplit.csv").is_file():
-            found.append(read_datasplit(Path(run_dir) / "datasplit.csv"))
+            path = Path(run_dir) / "datasplit.csv"
+            found[str(path)] = read_datasplit(path)
     if not found and root is not None and (root / "datasplit.csv").is_file():
-        found.append(read_datasplit(root / "datasplit.csv"))
+        found[str(root / "datasplit.csv")] = read_datasplit(root / "datasplit.csv")
     return found
 
 
-def _validation_names(splits: list[list[SplitEntry]], available: Sequence[str]) -> list[str]:
+def tuning_names(path: str, entries: Sequence[SplitEntry]) -> set[str]:
+    """The tuning crops of one datasplit: validation crops not set aside as report crops.
+
+    Raises:
+        ValueError: validation crops that are all report crops (nothing to make decisions on).
+    """
+    validation = [e for e in entries if e.split == "validate"]
+    tuning = {e.crop_name for e in validation if e.role != "report"}
+    if validation and not tuning:
+        raise ValueError(f"{path}: no tuning crop (its validation crops {[e.crop_name for e in validation]} are all "
+                         f"report crops in {ROLES_FILE}); pass --crops IDS to fit on chosen crops")
+    return tuning
+
+
+def _validation_names(splits: dict[str, list[SplitEntry]], available: Sequence[str]) -> list[str]:
     if not splits:
         raise ValueError("--weights auto needs validation crops: no member's provenance names a run_dir with a "
                          "datasplit.csv and the data root has none; pass --crops IDS (and --truth DATA_ROOT)")
-    val_sets = [{e.crop_name for e in entries if e.split == "validate"} for entries in splits]
-    names = set.intersection(*val_sets)
-    if set.union(*val_sets) - names:
-        log.info("not used for fitting (a member trained on them): %s", sorted(set.union(*val_sets) - names))
+    tuning_sets = [tuning_names(path, entries) for path, entries in splits.items()]
+    report = {e.crop_name for entries in splits.values() for e in entries if e.role == "report"}
+    names = set.intersection(*tuning_sets) - report
+    if set.union(*tuning_sets) - names:
+        log.info("not used for fitting (a member trained on them, or a run keeps them for reports): %s",
+                 sorted(set.union(*tuning_sets) - names, key=crop_sort_key))
     if names - set(available):
-        log.warning("validation crops not predicted by every member, not used for fitting: %s",
+        log.warning("tuning crops not predicted by every member, not used for fitting: %s",
                     sorted(names - set(available), key=crop_sort_key))
     return sorted(names & set(available), key=crop_sort_key)
 
@@ -74,7 +93,7 @@ def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Pa
     """The crops to fit on, with their label locations (rules in `cellseg.infer.ensemble_fit`, step 1).
 
     Args:
-        crops: crop ids/names, or None (or ["val"]) for the members' validation crops.
+        crops: crop ids/names, or None (or ["val"]) for the members' tuning crops.
         available: the crops every member predicted.
 
     Raises:
@@ -91,9 +110,10 @@ def validation_entries(stores: Sequence[PredictionStore], *, data_root: str | Pa
         if lacking:
             raise ValueError(f"fitting crops {lacking} are not in every member store (crops in all: {list(available)})")
     if not names:
-        raise ValueError(f"no validation crop is predicted by every member (crops in all: {list(available)})")
+        raise ValueError(f"no validation crop is predicted by every member (tuning crops of "
+                         f"{sorted(splits)}; crops in all: {list(available)})")
     # Labels: an explicit data root's catalogue; else where the datasplit rows say, the catalogue for the rest.
-    rows = {} if data_root is not None else {e.crop_name: e for entries in splits for e in entries}
+    rows = {} if data_root is not None else {e.crop_name: e for entries in splits.values() for e in entries}
     if all(n in rows for n in names):
         return [rows[n] for n in names]
     if root is None:

@@ -1,15 +1,25 @@
-"""Tune post-processing parameters per class on validation crops, against the challenge metric of one era.
+"""Tune post-processing parameters per class on tuning crops, against the challenge metric of one era.
 
-For every class of the store annotated in at least one tuning crop, the crops' probabilities and truth
-(read at the store's grid by `cellseg.eval.truth.read_class_truth`, exactly as validation during training
-reads it: semantic truth from the class arrays, instance truth as the ids on disk, or the 26-connected
-components of a group's union) are held in memory; each candidate setting segments every crop, scores it
+Tuning crops: the crops named, or by default every crop of the store with truth in the data root except the
+*report* crops of the runs the store was predicted by (`validation_roles.csv` beside their datasplit.csv):
+those are kept for measuring the decisions, never for making them. Every class of the store must be
+annotated in one of them (an error before any scoring otherwise).
+
+For every class of the store, the tuning crops' probabilities (on the store's grid) and truth are held in
+memory. The truth is read on the class's annotation grid (`cellseg.eval.label_grid`: the label's `s0`, where
+the leaderboard scores it; `grid="model"`: the store's grid) by `cellseg.eval.truth.read_class_truth`,
+exactly as validation during training reads it (semantic truth from the class arrays, instance truth as the
+ids on disk, or the 26-connected components of a group's union). Each candidate setting decodes every crop
+on that grid (`cellseg.postprocess.native.decode_on_grid`: the linearly resampled probability for semantic
+classes, objects decoded on the store's grid and refined there for instance classes), scores it
 with the official per-crop scorer of the era (`cellseg.eval.crop_score.score_class`, inside the annotated
-voxels only) and combines the crops as the leaderboard does (`cellseg.eval.crop_score.combine`): class IoU
-for semantic classes, the class combined score for instance classes.
+voxels only) and combines the crops as the leaderboard does, in decision mode (`cellseg.eval.crop_score.combine`:
+a crop the era skips for too many objects counts as its worst case, so a setting cannot win by shattering a
+poor crop): class IoU for semantic classes, the class combined score for instance classes.
 
 Search (small on purpose: validation sets are small, a fine grid would fit their noise):
-- semantic: the threshold over `SEMANTIC_THRESHOLDS`;
+- semantic: the threshold over `SEMANTIC_THRESHOLDS`, in one pass over each crop (the voxel counts above
+  every threshold at once, `threshold_counts`: a semantic class without post-ops is exactly `lin(p) > t`);
 - instance: coordinate search, one parameter at a time with the others at their current best, in the
   order use_boundary (when the store has a boundary channel) → threshold → seed distance → minimum size →
   threshold again. Both scales follow the class's truth objects, since what matters is the size of an
@@ -31,48 +41,122 @@ from typing import Any
 import numpy as np
 
 from cellseg.classes import is_instance
-from cellseg.data.crops import Catalog, crop_name, crop_sort_key
+from cellseg.data.grid import Grid, vec3
 from cellseg.data.split import SplitEntry
-from cellseg.eval.crop_score import combine, score_class
+from cellseg.data.targets import NoRequestedClass
+from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import get_era
+from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.rules import is_scored_as_instance
-from cellseg.eval.truth import read_class_truth
+from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.store import PredictionStore, boundary_channel
-from cellseg.postprocess.apply import read_class, segment_class
+from cellseg.postprocess.apply import read_class
+from cellseg.postprocess.native import (
+    axis_maps,
+    decode_on_grid,
+    linear_probability,
+    segment_class,
+    slab_planes,
+)
 from cellseg.postprocess.params import ClassParams, InstanceParams, ParamSet, SemanticParams, default_params
+from cellseg.postprocess.spec import float32_threshold
+from cellseg.postprocess.tune_crops import check_annotated, find_crops, split_entry
 
+__all__ = ["Sample", "find_crops", "load_samples", "score_samples", "split_entry", "sweep_scores",
+           "threshold_counts", "tune_class", "tune_store"]
 log = logging.getLogger(__name__)
 SEMANTIC_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 INSTANCE_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 SEED_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6)  # seed distances, × the median truth object radius
 SIZE_FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.25)  # minimum sizes, × the median truth object volume
+GRIDS = ("annotation", "model")  # where a class is decoded and scored: its label's grid, or the store's
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One class of one crop, in memory: probabilities, truth and the annotated voxels (z, y, x)."""
+    """One class of one crop, in memory: probabilities on the `source` grid, truth and the annotated voxels on
+    the `target` grid (z, y, x); without grids, everything is on one grid."""
 
     crop: str
     prob: np.ndarray  # float32
     boundary: np.ndarray | None  # float32 boundary probability (instance classes), or None
     truth: np.ndarray  # bool (semantic) or object ids (instance), 0 outside `inside`
     inside: np.ndarray  # bool: annotated voxels
-    voxel_size_nm: tuple[float, float, float]
+    voxel_size_nm: tuple[float, float, float]  # of the truth's grid (Hausdorff distances, object volumes)
+    source: Grid | None = None  # the probability's grid (the store's)
+    target: Grid | None = None  # the truth's grid (the annotation grid)
+
+    @property
+    def resampled(self) -> bool:
+        """The probability lives on another grid than the truth."""
+        return self.source is not None and self.target is not None and self.source != self.target
+
+    def decode(self, class_name: str, params: ClassParams, device: str = "cpu") -> np.ndarray:
+        """The class decoded on the truth's grid with `params`, zero outside the annotated voxels."""
+        if self.resampled:
+            seg = decode_on_grid(class_name, self.prob, self.boundary, source=self.source, target=self.target,
+                                 params=params, device=device)  # type: ignore[arg-type]
+        else:
+            seg = segment_class(class_name, self.prob, self.boundary, voxel_size_nm=self.voxel_size_nm,
+                                params=params, device=device)
+        return np.where(self.inside, seg, 0).astype(seg.dtype) if is_instance(class_name) else seg & self.inside
+
+    def extra(self) -> dict[str, Any]:
+        """The keys the era's combining needs beside the per-crop scores."""
+        return {"num_voxels": int(self.inside.sum()), "voxel_size": list(self.voxel_size_nm)}
+
+
+def threshold_counts(sample: Sample, thresholds: Sequence[float]) -> np.ndarray:
+    """(T, 3) int64 tp, fp, fn of `lin(p) > t` inside the annotated voxels for every threshold, in one pass
+    (z-slabs of the truth's grid): what `Sample.decode` gives a semantic class without post-ops."""
+    th = np.asarray([float32_threshold(t) for t in thresholds], np.float32)
+    order = np.argsort(th)
+    above = np.zeros((2, th.size + 1), np.int64)  # [negatives, positives] by the number of thresholds below
+    maps = axis_maps(sample.source, sample.target) if sample.resampled else None  # type: ignore[arg-type]
+    depth = sample.truth.shape[0]
+    planes = slab_planes(sample.target) if sample.target is not None else depth
+    for z0 in range(0, depth, planes):
+        z1 = min(z0 + planes, depth)
+        values = linear_probability(sample.prob, maps, z0, z1) if maps else sample.prob[z0:z1]
+        inside, truth = sample.inside[z0:z1], sample.truth[z0:z1] > 0
+        below = np.searchsorted(th[order], values[inside], side="left")  # thresholds < value: value > each
+        for positive in (False, True):
+            above[int(positive)] += np.bincount(below[truth[inside] == positive], minlength=th.size + 1)
+    # value > th[order[j]] exactly when more than j thresholds lie below it: suffix sums over the bins
+    predicted = np.cumsum(above[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    tp, fp = predicted[1], predicted[0]
+    counts = np.zeros((th.size, 3), np.int64)
+    counts[order] = np.stack([tp, fp, above[1].sum() - tp], axis=1)
+    return counts
 
 
 def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
                   device: str = "cpu") -> float:
-    """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`."""
-    crop_scores: dict[str, dict[str, dict[str, Any]]] = {}
+    """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`'s
+    decision mode."""
+    crop_scores = {}
     for s in samples:
-        seg = segment_class(class_name, s.prob, s.boundary, voxel_size_nm=s.voxel_size_nm, params=params,
-                            device=device)
-        seg = np.where(s.inside, seg, 0).astype(seg.dtype) if is_instance(class_name) else seg & s.inside
-        score = score_class(seg, s.truth, label=class_name, era=era, voxel_size_nm=s.voxel_size_nm)
-        crop_scores[s.crop] = {class_name: {**score, "num_voxels": int(s.inside.sum()),
-                                            "voxel_size": list(s.voxel_size_nm)}}
-    label = combine(crop_scores, era)["label_scores"][class_name]
+        score = score_class(s.decode(class_name, params, device), s.truth, label=class_name, era=era,
+                            voxel_size_nm=s.voxel_size_nm)
+        crop_scores[s.crop] = {class_name: {**score, **s.extra()}}
+    return _class_score(class_name, crop_scores, era)
+
+
+def _class_score(class_name: str, crop_scores: dict[str, dict[str, dict[str, Any]]], era: str) -> float:
+    label = combine(crop_scores, era, decision=True)["label_scores"][class_name]
     return float(label["combined_score" if is_scored_as_instance(class_name) else "iou"])
+
+
+def sweep_scores(class_name: str, samples: Sequence[Sample], thresholds: Sequence[float], *, era: str
+                 ) -> dict[float, float]:
+    """Threshold → the class IoU of a semantic class without post-ops, from one pass per sample."""
+    counts = [threshold_counts(s, thresholds) for s in samples]
+    out = {}
+    for j, t in enumerate(thresholds):
+        crop_scores = {s.crop: {class_name: {**semantic_from_counts(*map(int, c[j]), era), **s.extra()}}
+                       for s, c in zip(samples, counts, strict=True)}
+        out[t] = _class_score(class_name, crop_scores, era)
+    return out
 
 
 class _Search:
@@ -83,6 +167,13 @@ class _Search:
         self.class_name, self.samples, self.era, self.device = class_name, samples, era, device
         self.on_score = on_score
         self.cache: dict[ClassParams, float] = {}
+
+    def sweep_semantic(self, thresholds: Sequence[float]) -> None:
+        """Score every threshold of a semantic class without post-ops in one pass (`sweep_scores`)."""
+        base = SemanticParams()
+        for t, score in sweep_scores(self.class_name, self.samples, thresholds, era=self.era).items():
+            self.cache.setdefault(dataclasses.replace(base, threshold=t), score)
+            self.on_score()
 
     def score(self, params: ClassParams) -> float:
         """The class score of one setting (computed on first request)."""
@@ -112,6 +203,7 @@ def tune_class(class_name: str, samples: Sequence[Sample], *, era: str, device: 
     default = default_params(class_name)
     best: ClassParams = default
     if isinstance(default, SemanticParams):
+        search.sweep_semantic(sorted({default.threshold, *SEMANTIC_THRESHOLDS}))
         best = search.sweep(best, "threshold", SEMANTIC_THRESHOLDS)
     else:
         volume = median_object_volume_nm3(samples)
@@ -143,68 +235,50 @@ def num_candidates(class_name: str, has_boundary: bool) -> int:
     return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_FRACTIONS) + len(SIZE_FRACTIONS)
 
 
-def split_entry(catalog: Catalog, crop_id: int) -> SplitEntry:
-    """The training crop `crop_id` of a catalogue as a validation entry (EM and label locations resolved)."""
-    crop = catalog.train[crop_id]
-    return SplitEntry(split="validate", em_url=str(catalog.locate(crop.em_url)), crop_url=str(catalog.locate(crop.crop_url)),
-                      classes=crop.classes)
-
-
-def find_crops(data_root: str | Path, crops: Sequence[str] | None, store: PredictionStore) -> list[SplitEntry]:
-    """Training crops of `data_root` to tune on: the named ones (`12` or `crop12`), by default every crop of
-    the store that has truth in the data root.
-
-    Raises:
-        ValueError: a named crop that is not a training crop of the data root or not in the store.
-    """
-    catalog = Catalog.from_dir(data_root)
-    by_name = {c.name: c for c in catalog.train.values()}
-    written = set(store.completed())
-    if crops:
-        names = [crop_name(c) for c in crops]
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise ValueError(f"{data_root}: {unknown} are not training crops with truth (known: "
-                             f"{sorted(by_name, key=crop_sort_key)[:20]}...)")
-        missing = [n for n in names if n not in written]
-        if missing:
-            raise ValueError(f"{store.path}: crops {missing} are not in the prediction store (it holds {sorted(written)})")
-    else:
-        names = sorted(written & set(by_name))
-        if not names:
-            raise ValueError(f"{store.path}: none of its crops {sorted(written)} has truth in {data_root}")
-    return [split_entry(catalog, by_name[n].id) for n in names]
-
-
-def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str) -> list[Sample]:
-    """The class's samples over the tuning crops that annotate it."""
+def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str, *,
+                 grid: str = "annotation") -> list[Sample]:
+    """The class's samples over the tuning crops that annotate it: truth on its annotation grid (`grid`:
+    "annotation") or the store's ("model")."""
     samples = []
     for entry in entries:
-        grid = store.grid(entry.crop_name)
-        truth = read_class_truth(entry, class_name, grid)
-        if truth is None:
+        source = store.grid(entry.crop_name)
+        try:
+            crop = open_crop(entry, (class_name,))
+        except NoRequestedClass:
+            continue
+        target = source if grid == "model" else annotation_grid(crop, class_name)
+        truth = None if target is None else read_class_truth(crop, class_name, target)
+        if target is None or truth is None:
             continue
         prob, boundary = read_class(store, entry.crop_name, class_name)
         samples.append(Sample(crop=entry.crop_name, prob=prob, boundary=boundary, truth=truth[0], inside=truth[1],
-                              voxel_size_nm=tuple(float(v) for v in grid.voxel_size_nm)))  # type: ignore[arg-type]
+                              voxel_size_nm=vec3(target.voxel_size_nm), source=source, target=target))
     return samples
 
 
 def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
-               era: str = "2026", device: str = "cpu", progress: bool = True) -> ParamSet:
-    """Tune every class of a probability store on its crops with truth in `data_root`.
+               era: str = "2026", device: str = "cpu", grid: str = "annotation", progress: bool = True) -> ParamSet:
+    """Tune every class of a probability store on its tuning crops with truth in `data_root` (module docstring),
+    scored on each class's annotation grid (`grid`: "annotation") or the store's ("model").
 
-    Classes annotated in none of the crops keep their defaults (and no score).
+    A class whose listed annotation has no array in any tuning crop keeps its defaults (and no score).
+
+    Raises:
+        ValueError: bad crops (`find_crops`), a class no tuning crop annotates, an unknown `grid` (before any
+            scoring).
     """
     from tqdm import tqdm
 
+    if grid not in GRIDS:
+        raise ValueError(f"tuning grid {grid!r} is not one of {GRIDS}")
     entries = find_crops(data_root, crops, store)
+    check_annotated(store.classes, entries)
     chosen: dict[str, ClassParams] = {}
     scores: dict[str, dict[str, float | None]] = {}
     total = sum(num_candidates(c, boundary_channel(c) in store.channels) for c in store.classes)
     with tqdm(total=total, desc="tune", unit="setting", disable=not progress) as bar:
         for name in store.classes:
-            samples = load_samples(store, entries, name)
+            samples = load_samples(store, entries, name, grid=grid)
             if not samples:
                 log.info("%s: annotated in none of the tuning crops; defaults kept", name)
                 bar.update(num_candidates(name, boundary_channel(name) in store.channels))
@@ -214,7 +288,10 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
                      _describe(chosen[name]), scores[name]["score"], scores[name]["default_score"])
     return ParamSet(classes=chosen, scores=scores, era=era,
                     tuned_on={"store": str(store.path), "data_root": str(data_root),
-                              "crops": [e.crop_name for e in entries], "metric": era})
+                              "crops": [e.crop_name for e in entries], "metric": era, "combined": "decision mode",
+                              "grid": grid,
+                              "crops_chosen": "given" if crops else "the store's crops with truth, report crops "
+                                                                     "of its runs left out"})
 
 
 def _describe(params: ClassParams) -> str:

@@ -2,10 +2,12 @@
 
     best single model → uniform ensemble → weighted ensemble → + TTA (8×) → + post-processing
 
-- `plan`: checks the runs, resolves the scored and tuning crops, states the biases;
+- `plan`: checks the runs, resolves the scored (report) and tuning crops, states the biases;
 - `truth`: the scored crops' truth in the evaluator's layout;
 - `scoring`: a stage's segmentation (threshold 0.5 and 26-connected components without post-processing)
   written as a submission and scored by `cellseg.eval.evaluate`;
+- `decisions`: the best single model chosen on the tuning crops in decision mode; skipped counts;
+- `bootstrap`: 95 % crop-bootstrap intervals of every number, paired ones of every change;
 - `ablation`: `run_report`, the stages and the report directory (resumable);
 - `render` (report.md, report.json, the console table) and `figures` (PNGs through `cellseg.viz`).
 

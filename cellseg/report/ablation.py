@@ -3,7 +3,8 @@
 Stages (each keeps everything of the one before and changes one thing):
 
 1. best single model: each run predicts alone (`predict_run`, no TTA); in each era, the best of them by
-   that era's overall score (the eras may disagree on which run is best);
+   its decision score on the tuning crops (`cellseg.report.decisions`; the eras may disagree on which run
+   is best), shown with its scores on the scored crops;
 2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
 4. + TTA: every run predicts with the 8 test-time transforms, combined with stage 3's weights (refitting
@@ -12,7 +13,9 @@ Stages (each keeps everything of the one before and changes one thing):
    (`postprocess_store`).
 
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
-classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids.
+classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids. Every
+number comes with a 95 % crop-bootstrap interval, every change with a paired one (`cellseg.report.bootstrap`),
+and with the number of crops the era skipped.
 
 Layout of REPORT_DIR (intermediate stores are reused on a re-run with the same settings, so an
 interrupted report resumes; `--overwrite` starts over):
@@ -20,6 +23,7 @@ interrupted report resumes; `--overwrite` starts over):
     report.md, report.json, *.png      the results
     report_settings.json               what the stores depend on (runs, crops, data root, tuning era)
     truth.zarr                         the scored crops' truth in the evaluator's layout
+    truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
     stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
     stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json,
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip
@@ -30,11 +34,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ from typing import Any
 from cellseg.eval.eras import Era
 from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
+from cellseg.report.bootstrap import stage_uncertainty
+from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
@@ -49,7 +54,8 @@ from cellseg.report.scoring import plain_segmentation, score_segmentation
 from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
-OUTPUTS = ("stores", "truth.zarr", "report.md", "report.json", SETTINGS_FILE)  # what --overwrite removes
+# what --overwrite removes
+OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", SETTINGS_FILE)
 FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
 TTA_TRANSFORMS = 8
 
@@ -184,13 +190,11 @@ def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: C
     return StageResult(key=key, title=title, store=str(store.path), scores=scores)
 
 
-def _best(singles: Sequence[StageResult], era: str) -> StageResult:
-    return max(singles, key=lambda s: -math.inf if math.isnan(s.overall(era)) else s.overall(era))
-
-
-def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str]) -> tuple[StageResult, dict[str, str]]:
-    """Stage 1: in each era the scores of that era's best single model; and era → its run name."""
-    best = {era: _best(singles, era) for era in eras}
+def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str], chosen: Mapping[str, Mapping[str, Any]]
+                      ) -> tuple[StageResult, dict[str, str]]:
+    """Stage 1: in each era the scores of the run `chosen` on the tuning crops (`decisions.choose_best`); and
+    era → its run name."""
+    best = {era: singles[chosen[era]["index"]] for era in eras}
     names = {era: s.key.removeprefix("single_") for era, s in best.items()}
     if len(set(names.values())) == 1:
         title = f"1. best single model: {best[eras[0]].title}"
@@ -245,19 +249,39 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
                   params=params)
 
 
-def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions
-                 ) -> tuple[list[StageResult], list[StageResult]]:
-    """(single models, stages 1-5), each scored in every era."""
+def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
+                      root: Path, scored: Sequence[StageResult]) -> list[StageResult]:
+    """Every single model scored on the tuning crops (the scored results when the crops are the same)."""
+    if set(plan.tuning) == set(plan.scored):
+        return list(scored)
+    if not layout.tuning_truth.is_dir():
+        build_truth(layout.tuning_truth, plan.tuning, runs[0].classes, root)
+    out = []
+    for run, path in zip(runs, stores.singles, strict=True):
+        key = f"tuning_single_{run.name}"
+        seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
+                                 progress=opts.progress)
+        out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
+            seg, layout.tuning_truth, layout.submission(key), opts.eras, progress=opts.progress)))
+    return out
+
+
+def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
+                 root: Path) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
+    """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
+    every era."""
     singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
                for r, p in zip(runs, stores.singles, strict=True)]
-    best, _ = best_single_stage(singles, opts.eras)
+    on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
+    chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
+    best, _ = best_single_stage(singles, opts.eras, chosen)
     stages = [best,
               _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
               _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
               _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
               _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
                      segmented=True)]
-    return singles, stages
+    return singles, stages, chosen
 
 
 def run_report(opts: ReportOptions) -> Report:
@@ -282,11 +306,16 @@ def run_report(opts: ReportOptions) -> Report:
             layout.truth, plan.scored, runs[0].classes, root)
     stores = make_stores(runs, root, plan, layout, opts, timings)
     with timings.step(f"scoring {len(runs) + 4} predictions in {', '.join(opts.eras)}"):
-        singles, stages = score_stages(runs, stores, layout, plan, opts)
+        singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root)
+    with timings.step("crop-bootstrap intervals"):
+        uncertainty = {era: {"stages": stage_uncertainty([s.scores[era].document for s in stages], era),
+                             "singles": stage_uncertainty([s.scores[era].document for s in singles], era)}
+                       for era in opts.eras}
     report = Report(options=opts, runs=runs, data_root=root, plan=plan, truth=truth, singles=singles,
-                    best_single=best_single_stage(singles, opts.eras)[1], stages=stages, timings=timings.rows,
+                    best_single={era: c["run"] for era, c in chosen.items()}, best_single_choice=chosen,
+                    stages=stages, timings=timings.rows,
                     weights=json.loads((stores.weighted.path / WEIGHTS_FILE).read_text()),
-                    params=stores.params.to_json())
+                    params=stores.params.to_json(), uncertainty=uncertainty)
     with timings.step("figures"):
         report.figures = write_figures(report, layout.root, progress=opts.progress)
     write_reports(report, layout.root)

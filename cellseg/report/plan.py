@@ -7,12 +7,13 @@ names the run directory or crop:
 - at least two runs (the ablation is about ensembles), no run twice, and all predicting the same classes
   (the uniform and weighted ensembles average class by class);
 - one data root: `--data-root`, else the one every run was trained on;
-- scored crops (`--crops`): "val" = the validation crops of every run (the crops each run's validation
-  scored during training), "test" = the data root's test crops with truth in `ground_truth.zarr`
-  (synthetic roots), or ids of either;
-- tuning crops (`--tune-crops`, the ensemble weights and the post-processing parameters): training crops
-  with labels; by default the scored crops themselves (biased, and the report says so), or the runs'
-  validation crops when the scored crops are test crops.
+- scored crops (`--crops`): "val" = the *report* crops of every run (validation crops whose role in the
+  run's `validation_roles.csv` is "report": no decision of training, fitting or tuning saw them), "test" =
+  the data root's test crops with truth in `ground_truth.zarr` (synthetic roots), or ids of either;
+- tuning crops (`--tune-crops`: the ensemble weights, the post-processing parameters and the choice of the
+  best single model): training crops with labels; by default ("val") the *tuning* crops of every run (the
+  crops its `best.pt` was chosen on), or "same" (the scored crops: biased, and the report says so), or ids.
+  Runs written before roles existed count every validation crop as both (the report says so).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class RunInfo:
         classes: the classes it predicts, in its channel order.
         training: crops of its training split (`crop<N>`).
         validation: crops of its validation split.
+        roles: validation crop → its role ("tuning", "report"; none when the run records no roles).
     """
 
     run_dir: Path
@@ -56,6 +58,7 @@ class RunInfo:
     classes: tuple[str, ...]
     training: frozenset[str]
     validation: tuple[str, ...]
+    roles: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def model(self) -> str:
@@ -96,7 +99,8 @@ def check_run(run_dir: str | os.PathLike[str], *, checkpoint: str, name: str,
     split = read_datasplit(path / "datasplit.csv") if (path / "datasplit.csv").is_file() else []
     return RunInfo(run_dir=path.resolve(), name=name, cfg=cfg, classes=tuple(cfg.data.classes),
                    training=frozenset(e.crop_name for e in split if e.split == "train"),
-                   validation=tuple(e.crop_name for e in split if e.split == "validate"))
+                   validation=tuple(e.crop_name for e in split if e.split == "validate"),
+                   roles={e.crop_name: e.role for e in split if e.split == "validate" and e.role})
 
 
 def unique_names(run_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -157,11 +161,21 @@ def _crop_name(text: str) -> str:
         raise ValueError(f"--crops: {err}; use val, test or ids like 12,34") from None
 
 
-def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str]:
-    """The crops every run validates on (and that annotate the runs' classes, as `predict --crops val` picks).
+def role_of(runs: Sequence[RunInfo], crop: str) -> str:
+    """A common validation crop's role over the runs: "report" when every run that records roles keeps it for
+    reports, "tuning" when none does, "mixed" otherwise; "" when no run records roles."""
+    roles = {r.roles[crop] for r in runs if r.roles}
+    if not roles:
+        return ""
+    return roles.pop() if len(roles) == 1 else "mixed"
+
+
+def validation_crops(runs: Sequence[RunInfo], data_root: str | None, role: str | None = None) -> list[str]:
+    """The crops every run validates on (and that annotate the runs' classes, as `predict --crops val` picks),
+    of one `role` ("tuning" or "report"; runs without roles count every validation crop as both).
 
     Raises:
-        ValueError: no crop is in every run's validation split.
+        ValueError: no crop is in every run's validation split, or none of that role.
     """
     from cellseg.infer.selection import select_targets
 
@@ -175,6 +189,16 @@ def validation_crops(runs: Sequence[RunInfo], data_root: str | None) -> list[str
         raise ValueError("no crop is in the validation split of every run: "
                          + "; ".join(f"{r.run_dir}: {names}" for r, names in zip(runs, per_run, strict=True))
                          + " (pass --crops IDS)")
+    if role is not None:
+        mixed = [c for c in common if role_of(runs, c) == "mixed"]
+        if mixed:
+            log.warning("validation crops that some runs tune on and others keep for reports, left out: %s",
+                        ", ".join(mixed))
+        common = [c for c in common if role_of(runs, c) in (role, "")]
+        if not common:
+            raise ValueError(f"no validation crop shared by every run is a {role} crop (roles: "
+                             + "; ".join(f"{r.run_dir}: {dict(r.roles)}" for r in runs)
+                             + "); pass --crops / --tune-crops IDS")
     return sorted(common, key=crop_sort_key)
 
 
@@ -221,8 +245,10 @@ class CropPlan:
 
     Attributes:
         scored: crops the stages are scored on.
-        tuning: training crops with labels the weights and parameters are fitted on.
+        tuning: training crops with labels the weights, parameters and best single model are chosen on.
         scored_spec, tuning_spec: how they were asked for ("val", "test", ids, "same").
+        roles: crop → its role in the runs' splits ("tuning", "report", "" without roles) for the validation
+            crops among them.
         notes: statements about bias, for the report's header.
     """
 
@@ -230,6 +256,7 @@ class CropPlan:
     tuning: tuple[str, ...]
     scored_spec: str
     tuning_spec: str
+    roles: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -247,39 +274,47 @@ def plan_crops(runs: Sequence[RunInfo], root: Path, *, crops: str = "val", tune_
     """
     catalog = Catalog.from_dir(root)
 
-    def resolve(spec: str) -> list[str]:
+    def resolve(spec: str, role: str) -> list[str]:
         if spec == "val":
-            return validation_crops(runs, explicit_root)
+            return validation_crops(runs, explicit_root, role)
         if spec == "test":
             return test_crops(catalog, root)
         return explicit_crops(spec, catalog, root)
 
-    scored = resolve(crops)
-    tuning_spec = tune_crops or ("val" if crops == "test" else "same")
-    tuning = list(scored) if tuning_spec == "same" else resolve(tuning_spec)
+    scored = resolve(crops, "report")
+    tuning_spec = tune_crops or "val"
+    tuning = list(scored) if tuning_spec == "same" else resolve(tuning_spec, "tuning")
     train = {c.name for c in catalog.train.values()}
     not_train = [c for c in tuning if c not in train]
     if not_train:
         raise ValueError(f"tuning crops must be training crops with labels in {root}; {not_train} are not "
                          f"(pass --tune-crops val or training crop ids)")
+    validation = {c for r in runs for c in r.validation}
+    roles = {c: role_of(runs, c) for c in dict.fromkeys((*scored, *tuning)) if c in validation}
     return CropPlan(scored=tuple(scored), tuning=tuple(tuning), scored_spec=crops, tuning_spec=tuning_spec,
-                    notes=tuple(bias_notes(runs, scored, tuning)))
+                    roles=roles, notes=tuple(bias_notes(runs, scored, tuning)))
 
 
 def bias_notes(runs: Sequence[RunInfo], scored: Sequence[str], tuning: Sequence[str]) -> list[str]:
-    """Plain statements of what makes the scores optimistic (tuning on scored crops, trained-on crops)."""
+    """Plain statements of what makes the scores optimistic (decisions made on scored crops, trained-on crops)."""
     notes = []
     shared = [c for c in scored if c in tuning]
     if shared:
-        notes.append(f"The ensemble weights (stage 3, reused in 4) and the post-processing parameters (stage 5) "
-                     f"were tuned on {len(shared)} of the {len(scored)} crops they are scored on "
-                     f"({', '.join(shared)}): stages 3-5 are optimistically biased against stages 1-2. "
-                     "Pass --tune-crops with other crops for an unbiased comparison.")
+        notes.append(f"The ensemble weights (stage 3, reused in 4), the post-processing parameters (stage 5) and the "
+                     f"choice of the best single model (stage 1) were made on {len(shared)} of the {len(scored)} "
+                     f"crops they are scored on ({', '.join(shared)}): those stages are optimistically biased. "
+                     "Pass --tune-crops with other crops (the default, the runs' tuning crops) for an unbiased "
+                     "comparison.")
     else:
-        notes.append(f"The ensemble weights and post-processing parameters were tuned on crops that are not "
-                     f"scored ({', '.join(tuning)}): the tuned stages are not biased by the scored crops.")
-    notes.append("The best single model of each era is picked by its score on the scored crops themselves (a mild "
-                 "selection bias in its favour).")
+        notes.append(f"The ensemble weights, the post-processing parameters and the choice of the best single model "
+                     f"were made on crops that are not scored ({', '.join(tuning)}): the stages are not biased by the "
+                     "scored crops.")
+    decided = sorted({c for r in runs for c in scored if r.roles.get(c) == "tuning"}, key=crop_sort_key)
+    if decided:
+        notes.append(f"Scored crops {', '.join(decided)} are tuning crops of some run: its best.pt was chosen on them.")
+    if any(c in r.validation and not r.roles for r in runs for c in scored):
+        notes.append("Some runs record no validation roles (validation_roles.csv): their validation crops count as "
+                     "both tuning and report crops, and their best.pt was chosen on the scored crops.")
     for run in runs:
         trained = [c for c in scored if c in run.training]
         if trained:

@@ -1,7 +1,10 @@
-"""Rendering a `Report`: `report.md` (header with the biases, the ablation table, single models, per-class
-tables per era, timings), `report.json` (everything, with each evaluation's full document) and the table
-printed on the console. Every table names its metric era; scores of the two eras are not comparable.
-Non-finite scores (the 2025 era's NaN overall when a kind of class is absent) read "n/a" / null.
+"""Rendering a `Report`: `report.md` (header with the crops used for what and the biases, the ablation table,
+single models, per-class tables per era, timings), `report.json` (everything, with each evaluation's full
+document) and the table printed on the console. Every table names its metric era; scores of the two eras are
+not comparable. Every overall number carries its 95 % crop-bootstrap interval in brackets, every change its
+paired interval ("within noise" when it holds 0), and every era the number of crops it skipped
+(`cellseg.report.bootstrap`, `cellseg.report.decisions`). Non-finite scores (the 2025 era's NaN overall when
+a kind of class is absent) read "n/a" / null.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Any
 from cellseg import __version__
 from cellseg.eval.eras import ERA_TITLES
 from cellseg.eval.rules import is_scored_as_instance, nan_to_none
+from cellseg.report.bootstrap import DRAWS, SEED, Interval, within_noise
+from cellseg.report.decisions import decision_overall, skipped_count
 from cellseg.report.results import Report, StageResult
-from cellseg.report.scoring import PLAIN_RULE
+from cellseg.report.scoring import PLAIN_RULE, EraScores
 
 FORMAT = "cellseg-ablation-report"
 VERSION = 1
@@ -30,10 +35,21 @@ def fmt(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.4f}"
 
 
-def _with_delta(value: float, previous: float | None) -> str:
-    if previous is None or math.isnan(value) or math.isnan(previous):
+def _ci(value: float, iv: Interval | None) -> str:
+    """A score and its interval: `0.7123 [0.650, 0.780]`."""
+    if iv is None or math.isnan(value) or math.isnan(iv.low):
         return fmt(value)
-    return f"{fmt(value)} ({value - previous:+.4f})"
+    return f"{fmt(value)} [{iv.low:.3f}, {iv.high:.3f}]"
+
+
+def _change(value: float, previous: float | None, iv: Interval | None) -> str:
+    """A change against the row above, its paired interval, and "within noise" when that holds 0."""
+    if previous is None or math.isnan(value) or math.isnan(previous):
+        return "-"
+    text = f"{value - previous:+.4f}"
+    if iv is None or math.isnan(iv.low):
+        return text
+    return f"{text} [{iv.low:+.3f}, {iv.high:+.3f}]" + (" within noise" if within_noise(iv) else "")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -41,35 +57,65 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def _uncertainty(report: Report, era: str, kind: str) -> dict[str, Any] | None:
+    return report.uncertainty.get(era, {}).get(kind)
+
+
+def _intervals(report: Report, era: str, kind: str, i: int) -> dict[str, Interval]:
+    u = _uncertainty(report, era, kind)
+    return u["stages"][i] if u else {}
+
+
 def ablation_table(report: Report) -> list[str]:
-    """Rows = stages; per era: overall (change against the row above), instance part, semantic part."""
+    """Rows = stages; per era: overall [interval], change against the row above [paired interval], instance and
+    semantic parts [intervals], crops skipped."""
     eras = report.options.eras
-    header = ["stage"] + [f"{e} {part}" for e in eras for part in ("overall", "instance", "semantic")]
+    header = ["stage"] + [f"{e} {part}" for e in eras for part in ("overall [95% CI]", "change [95% CI]", "instance",
+                                                                   "semantic", "skipped")]
     rows, previous = [], None
-    for stage in report.stages:
+    for i, stage in enumerate(report.stages):
         row = [stage.title]
         for era in eras:
-            s = stage.scores[era]
-            row += [_with_delta(s.overall, previous[era] if previous else None), fmt(s.instance), fmt(s.semantic)]
+            s, iv = stage.scores[era], _intervals(report, era, "stages", i)
+            u = _uncertainty(report, era, "stages")
+            change = u["changes"][i]["overall"] if u and u["changes"][i] else None
+            row += [_ci(s.overall, iv.get("overall")), _change(s.overall, previous[era] if previous else None, change),
+                    _ci(s.instance, iv.get("instance")), _ci(s.semantic, iv.get("semantic")),
+                    str(skipped_count(s.document))]
         rows.append(row)
         previous = {era: stage.scores[era].overall for era in eras}
     return _table(header, rows)
 
 
 def singles_table(report: Report) -> list[str]:
-    """One row per run (no TTA, threshold 0.5), each era's best overall score in bold."""
+    """One row per run (no TTA, threshold 0.5), the run chosen as best in each era in bold."""
     eras = report.options.eras
-    header = ["run (model)"] + [f"{e} {part}" for e in eras for part in ("overall", "instance", "semantic")]
+    header = ["run (model)"] + [f"{e} {part}" for e in eras for part in ("overall [95% CI]", "instance", "semantic",
+                                                                         "skipped")]
     rows = []
-    for s in report.singles:
+    for i, s in enumerate(report.singles):
         name = s.key.removeprefix("single_")
         row = [s.title]
         for e in eras:
-            overall = fmt(s.scores[e].overall)
+            iv = _intervals(report, e, "singles", i)
+            overall = _ci(s.scores[e].overall, iv.get("overall"))
             row += [f"**{overall}**" if report.best_single.get(e) == name else overall,
-                    fmt(s.scores[e].instance), fmt(s.scores[e].semantic)]
+                    _ci(s.scores[e].instance, iv.get("instance")), _ci(s.scores[e].semantic, iv.get("semantic")),
+                    str(skipped_count(s.scores[e].document))]
         rows.append(row)
     return _table(header, rows)
+
+
+def noise_note(report: Report) -> str:
+    """How the brackets and the skipped counts are made, for the lines under the tables."""
+    crops = len(next(iter(report.uncertainty.values()))["stages"]["crops"]) if report.uncertainty else 0
+    text = (f"Brackets: 95 % intervals of {DRAWS} crop-bootstrap draws over the {crops} scored crops (seed {SEED}); "
+            "a change's interval is a paired bootstrap against the row above, \"within noise\" when it holds 0. "
+            "Skipped: (crop, label) pairs the era's combining left out for too many predicted objects (nothing "
+            "in the official score; every decision counted them as their worst case).")
+    if crops == 1:
+        text += " With one scored crop every draw is that crop: the intervals are points and cannot show noise."
+    return text
 
 
 def _columns(report: Report) -> list[tuple[str, StageResult]]:
@@ -89,13 +135,29 @@ def class_table(report: Report, era: str) -> list[str]:
     return _table(header, rows)
 
 
+def crop_uses(report: Report) -> dict[str, str]:
+    """What each set of crops was used for (report.md's header and report.json)."""
+    era = ERA_TITLES[report.options.tuning_era]
+    return {"scored": "every stage's scores and intervals",
+            "tuning": f"the ensemble weights (stage 3), the post-processing parameters (stage 5) and the choice of the "
+                      f"best single model (stage 1), each by the {era} in decision mode",
+            "checkpoints": "each run's best.pt was chosen during training on its own tuning crops (its "
+                           "validation_roles.csv), in decision mode"}
+
+
+def _with_roles(report: Report, crops: Sequence[str]) -> str:
+    roles = report.plan.roles
+    return ", ".join(f"{c} ({roles[c]} crop)" if roles.get(c) else c for c in crops)
+
+
 def header_lines(report: Report) -> list[str]:
-    """What was compared, on which crops, how each stage is scored, and the biases."""
+    """What was compared, on which crops for what, how each stage is scored, and the biases."""
     opts, plan = report.options, report.plan
     classes = report.runs[0].classes
     instance = [c for c in classes if is_scored_as_instance(c)]
     semantic = [c for c in classes if not is_scored_as_instance(c)]
     scored = ", ".join(f"{c} ({len(report.truth.get(c, []))} labels)" for c in plan.scored)
+    uses = crop_uses(report)
     lines = [
         "# Ablation: what each inference stage adds",
         "",
@@ -104,9 +166,10 @@ def header_lines(report: Report) -> list[str]:
         "",
         "Runs: " + "; ".join(f"**{r.name}** ({r.model}, `{r.run_dir}`)" for r in report.runs) + ".",
         "",
-        f"- **Scored crops** (`--crops {plan.scored_spec}`): {scored}.",
-        f"- **Tuning crops** (ensemble weights, post-processing; `--tune-crops {plan.tuning_spec}`): "
-        f"{', '.join(plan.tuning)}; tuned for the {ERA_TITLES[opts.tuning_era]}.",
+        f"- **Scored crops** (`--crops {plan.scored_spec}`): {scored}; used for {uses['scored']}.",
+        f"- **Tuning crops** (`--tune-crops {plan.tuning_spec}`): {_with_roles(report, plan.tuning)}; used for "
+        f"{uses['tuning']}.",
+        f"- **Checkpoints**: {uses['checkpoints']}.",
         f"- **Classes** (the runs' classes only; overall scores average these): instance {', '.join(instance) or '-'}; "
         f"semantic {', '.join(semantic) or '-'}.",
         f"- **Metrics**: {'; '.join(ERA_TITLES[e] for e in opts.eras)}. Scores of different eras are not comparable.",
@@ -122,8 +185,8 @@ def header_lines(report: Report) -> list[str]:
 def markdown(report: Report) -> str:
     """The whole report.md."""
     lines = [*header_lines(report), "", "## Ablation", "", *ablation_table(report)]
-    lines += ["", "In parentheses: the change of the overall score against the row above.", "",
-              "## Single models (no TTA, threshold 0.5; bold: the best in that era)", "",
+    lines += ["", noise_note(report), "",
+              "## Single models (no TTA, threshold 0.5; bold: the one chosen on the tuning crops in that era)", "",
               *singles_table(report)]
     for era in report.options.eras:
         lines += ["", f"## Per class, {ERA_TITLES[era]}", "", *class_table(report, era)]
@@ -137,9 +200,9 @@ def markdown(report: Report) -> str:
 
 def console(report: Report) -> str:
     """The ablation table for the terminal, with the first bias note."""
-    lines = [f"Ablation on {len(report.plan.scored)} crops ({', '.join(report.plan.scored)}); tuned on "
-             f"{', '.join(report.plan.tuning)}", "", *ablation_table(report)]
-    return "\n".join([*lines, "", report.plan.notes[0]])
+    lines = [f"Ablation on {len(report.plan.scored)} scored crops ({_with_roles(report, report.plan.scored)}); "
+             f"decisions made on {_with_roles(report, report.plan.tuning)}", "", *ablation_table(report)]
+    return "\n".join([*lines, "", noise_note(report), "", report.plan.notes[0]])
 
 
 def _clean(value: Any) -> Any:
@@ -152,11 +215,31 @@ def _clean(value: Any) -> Any:
     return nan_to_none(value)
 
 
-def _stage_json(stage: StageResult) -> dict[str, Any]:
+def _era_json(report: Report, kind: str, i: int, era: str, s: EraScores) -> dict[str, Any]:
+    doc: dict[str, Any] = {"metric_title": ERA_TITLES[era], "overall": s.overall, "instance": s.instance,
+                           "semantic": s.semantic, "skipped_crops": skipped_count(s.document),
+                           "decision_overall": decision_overall(s.document)}
+    u = _uncertainty(report, era, kind)
+    if u:
+        doc["interval"] = {part: iv.to_json() for part, iv in u["stages"][i].items()}
+        if kind == "stages" and u["changes"][i]:
+            previous = report.stages[i - 1].scores[era]
+            doc["change"] = {part: {"value": getattr(s, part) - getattr(previous, part), "interval": iv.to_json(),
+                                    "within_noise": within_noise(iv)} for part, iv in u["changes"][i].items()}
+    return {**doc, "classes": dict(s.classes), "evaluation": dict(s.document)}
+
+
+def _stage_json(report: Report, kind: str, i: int, stage: StageResult) -> dict[str, Any]:
     return {"key": stage.key, "title": stage.title, "store": stage.store,
-            "scores": {era: {"metric_title": ERA_TITLES[era], "overall": s.overall, "instance": s.instance,
-                             "semantic": s.semantic, "classes": dict(s.classes), "evaluation": dict(s.document)}
-                       for era, s in stage.scores.items()}}
+            "scores": {era: _era_json(report, kind, i, era, s) for era, s in stage.scores.items()}}
+
+
+def _bootstrap_json(report: Report) -> dict[str, Any]:
+    if not report.uncertainty:
+        return {}
+    u = next(iter(report.uncertainty.values()))["stages"]
+    return {"unit": "scored crop", "draws": u["draws"], "seed": u["seed"], "level": u["level"], "crops": u["crops"],
+            "paired_changes": True}
 
 
 def to_json(report: Report) -> dict[str, Any]:
@@ -170,13 +253,17 @@ def to_json(report: Report) -> dict[str, Any]:
         "runs": [{"name": r.name, "run_dir": r.run_dir, "model": r.model, "classes": list(r.classes)}
                  for r in report.runs],
         "crops": {"scored": list(plan.scored), "tuning": list(plan.tuning), "scored_spec": plan.scored_spec,
-                  "tuning_spec": plan.tuning_spec, "truth_labels": report.truth},
+                  "tuning_spec": plan.tuning_spec, "roles": dict(plan.roles), "used_for": crop_uses(report),
+                  "truth_labels": report.truth},
         "tuning_metric": report.options.tuning_era,
         "bias": list(plan.notes),
         "scoring_rule": {"stages_1_to_4": PLAIN_RULE, "stage_5": "cellseg postprocess (tuned parameters)"},
         "best_single": report.best_single,
-        "stages": [_stage_json(s) for s in report.stages],
-        "singles": [_stage_json(s) for s in report.singles],
+        "best_single_choice": {era: {"chosen_on": "tuning crops", "combined": "decision mode", **choice}
+                               for era, choice in report.best_single_choice.items()},
+        "bootstrap": _bootstrap_json(report),
+        "stages": [_stage_json(report, "stages", i, s) for i, s in enumerate(report.stages)],
+        "singles": [_stage_json(report, "singles", i, s) for i, s in enumerate(report.singles)],
         "ensemble_weights": report.weights,
         "postprocess_params": report.params,
         "timings": report.timings,

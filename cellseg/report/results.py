@@ -25,9 +25,9 @@ class ReportOptions:
         runs: run directories to compare (at least 2, same classes).
         out: the report directory.
         data_root: where crops and truth are read (default: the runs' data root).
-        crops: scored crops: "val", "test" or ids.
-        tune_crops: crops the ensemble weights and post-processing are tuned on: None (the scored crops,
-            or "val" when the scored crops are test crops), "same", "val" or ids.
+        crops: scored crops: "val" (the runs' report crops), "test" or ids.
+        tune_crops: crops the ensemble weights, post-processing and best single model are chosen on: None or
+            "val" (the runs' tuning crops), "same" (the scored crops) or ids.
         metric: "both", "2025" or "2026": the eras scored.
         tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
@@ -104,11 +104,15 @@ class Report:
     truth: dict[str, list[str]]
     singles: list[StageResult]
     best_single: dict[str, str]  # era → run name
+    # era → how it was chosen on the tuning crops: {"index", "run", "ranked_by", "scores": run → decision score}
+    best_single_choice: dict[str, dict[str, Any]] = field(default_factory=dict)
     stages: list[StageResult]
     timings: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
+    # era → {"stages" | "singles": `cellseg.report.bootstrap.stage_uncertainty`}
+    uncertainty: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Layout:
@@ -118,6 +122,7 @@ class Layout:
         self.root = root
         self.stores = root / "stores"
         self.truth = root / "truth.zarr"
+        self.tuning_truth = root / "truth_tuning.zarr"
         self.settings = root / SETTINGS_FILE
         self.params = self.stores / "postprocess_params.json"
         self.postprocessed = self.stores / "postprocessed.zarr"

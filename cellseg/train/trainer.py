@@ -39,10 +39,11 @@ from cellseg.train.guard import NonFiniteGuard
 from cellseg.train.logs import RunLog
 from cellseg.train.setup import Setup, build_setup
 from cellseg.train.stop import StopRequest, TrainingStopped
-from cellseg.train.validate import run_validation
+from cellseg.train.validate import run_validation, validation_sets
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
+RANKING_FILE = "ranking.json"  # beside index.json: which score (and crops) its numbers are
 
 
 class Trainer:
@@ -59,6 +60,11 @@ class Trainer:
         self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
         self._job_start = time.perf_counter()
         self.s: Setup = build_setup(cfg, resume=resume)
+        try:
+            validation_sets(self.s.data.val_crops)  # no tuning crop to rank checkpoints on: an error now, not later
+        except ValueError:
+            self.s.close()
+            raise
         if now is not None:  # another time source for the training clock (tests)
             self.s.clock.now = now
         self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
@@ -267,16 +273,26 @@ class Trainer:
         return values
 
     def _validate(self, run_log: RunLog) -> dict[str, Any]:
+        """Score the validation crops and offer the checkpoint for `best.pt` by the ranking score (decision
+        mode, tuning crops only: `cellseg.train.validate`); metrics.jsonl and checkpoints/ranking.json record
+        which score ranked (the numbers of checkpoints/index.json)."""
         s, result = self.s, {}
         self.guard.check()
         if s.dist.is_main and s.data.val_crops:
             model = s.eval_model()
             result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision)
             run_log.record(s.state.step, result, prefix="val")
-            log.info("step %d validation (%s metric): overall %.4f | %s", s.state.step, result["metric"],
-                     result["overall_score"], ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
+            log.info("step %d validation (%s metric, %d tuning crops, %s grid, %.1f s): overall %.4f (%d skipped) | "
+                     "ranked by %s %.4f | %s", s.state.step, result["metric"], len(result["crops"]["tuning"]),
+                     result["grid"], result["seconds"], result["overall_score"], result["skipped_crops"],
+                     result["ranked_by"], result["ranking_score"],
+                     ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
         runtime.barrier(s.dist)
-        self._checkpoint(score=result.get("overall_score"))
+        self._checkpoint(score=result.get("ranking_score"))
+        if result:  # beside index.json (written by the checkpoint): which score its numbers are
+            ranking = {"ranked_by": result["ranked_by"], "metric": result["metric"], "combined": "decision mode",
+                       "crops": result["crops"]["tuning"], "grid": result["grid"], "note": result["ranking_note"]}
+            save_atomic_text(json.dumps(ranking, indent=1), s.keeper.directory / RANKING_FILE)
         return result
 
     def _checkpoint(self, score: float | None = None) -> Path:

@@ -2,17 +2,30 @@
 
 For each validation crop: predict its annotated box at the training voxel size with the engine of
 `cellseg predict` (`cellseg.infer.engine.predict_volume`: half a patch of EM context on every side, the
-Gaussian-blended sliding window, no test-time augmentation), threshold, and score every class annotated
-in the crop against its truth on the same grid (`cellseg.eval.truth`) with the official per-crop scoring of
-that era (`cellseg.eval.crop_score`), only inside the annotated voxels. Instance classes become objects with
-the post-processing of `cellseg postprocess` at its default parameters (`cellseg.postprocess`: seeds from the
-mask minus the boundary channel, seeded growth back into the mask, holes filled) before scoring.
-Per-crop scores are combined exactly as the leaderboard of that era combines them.
+Gaussian-blended sliding window, no test-time augmentation). Then every class annotated in the crop is
+decoded on the grid of its own truth (`val.grid: annotation`, `cellseg.eval.label_grid`: the label's `s0`,
+as the leaderboard scores it) with `cellseg.postprocess.native.decode_on_grid`: semantic classes are the
+linearly resampled probability above `val.threshold`; instance classes are objects of the post-processing of
+`cellseg postprocess` at its default parameters (seeds from the mask minus the boundary channel, seeded
+growth back into the mask, holes filled) decoded on the model's grid and refined on the label grid. The
+truth is read on that grid (`cellseg.eval.truth`) and the class scored with the official per-crop scoring
+of the era (`cellseg.eval.crop_score`), only inside the annotated voxels; Hausdorff distances are normalised
+by the label's voxel size. `val.grid: model` decodes and scores on the model's grid instead (cheaper when
+labels are much finer than the model, not what the leaderboard measures).
+
+What ranks checkpoints (`best.pt`) is a decision, so (`cellseg.eval.decision`):
+- only the *tuning* validation crops count (`SplitEntry.role`); the *report* crops are scored apart when
+  `val.report_crops` is set and never rank;
+- the crops are combined in decision mode: a crop the era skips for too many predicted objects counts as
+  its worst case, never as nothing;
+- the overall score ranks when the classes hold both kinds; otherwise the defined part does, with a warning.
+The official scores are logged too, with the number of skipped crops beside them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,63 +37,109 @@ from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
 from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
-from cellseg.eval.crop_score import combine, score_class
+from cellseg.eval.crop_score import score_class
+from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
+from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.truth import read_class_truth
 from cellseg.infer.engine import predict_volume
 from cellseg.infer.plan import crop_grid
-from cellseg.postprocess.instances import segment_instances
-from cellseg.postprocess.params import InstanceParams
+from cellseg.postprocess.native import decode_on_grid
+from cellseg.postprocess.params import InstanceParams, SemanticParams
 
 log = logging.getLogger(__name__)
+CropScores = dict[str, dict[str, dict[str, Any]]]
+
+
+def validation_sets(crops: Sequence[CropSource], max_crops: int | None = None
+                    ) -> tuple[list[CropSource], list[CropSource]]:
+    """(tuning, report) crops; a crop without a role (a split written before roles existed) is a tuning
+    crop. `max_crops` limits each part.
+
+    Raises:
+        ValueError: validation crops, but none of them a tuning crop (nothing to rank checkpoints on).
+    """
+    tuning = [c for c in crops if c.entry.role != "report"]
+    report = [c for c in crops if c.entry.role == "report"]
+    if crops and not tuning:
+        raise ValueError(f"no tuning crop among the validation crops {[c.name for c in crops]} (all are report "
+                         "crops): checkpoints are ranked on tuning crops; lower data.report_fraction")
+    return tuning[:max_crops], report[:max_crops]
 
 
 def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`)."""
-    era, th, vs = get_era(cfg.val.metric), cfg.val.threshold, grid.voxel_size_nm
+    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`), each
+    class decoded and scored on its annotation grid (`val.grid`: "annotation") or on `grid` ("model")."""
+    era, th = get_era(cfg.val.metric), cfg.val.threshold
     boundary_of = {c: len(cfg.data.classes) + j for j, c in enumerate(cfg.data.boundary_classes)}
     scores = {}
     for k, name in enumerate(crop.classes):
-        read = read_class_truth(crop, name, grid)
-        if read is None:
+        target = grid if cfg.val.grid == "model" else annotation_grid(crop, name)
+        read = None if target is None else read_class_truth(crop, name, target)
+        if target is None or read is None:
             continue  # not annotated here: nothing to score against
         truth, inside = read
-        if is_instance(name):
-            boundary = probs[boundary_of[name]] if name in boundary_of else None
-            params = InstanceParams(threshold=th, boundary_threshold=th)
-            pred = segment_instances(np.where(inside, probs[k], np.float32(0)), boundary, voxel_size_nm=vs,
-                                     params=params)
-        else:
-            pred = (probs[k] > th) & inside
-        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=vs)
-        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(vs)}
+        boundary = probs[boundary_of[name]] if name in boundary_of else None
+        params = InstanceParams(threshold=th, boundary_threshold=th) if is_instance(name) else SemanticParams(
+            threshold=th)
+        pred = decode_on_grid(name, probs[k], boundary, source=grid, target=target, params=params)
+        pred = np.where(inside, pred, 0).astype(pred.dtype) if is_instance(name) else pred & inside
+        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=target.voxel_size_nm)
+        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(target.voxel_size_nm)}
     return scores
+
+
+def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
+                precision: runtime.Precision) -> CropScores:
+    """Predict every crop (the model in eval mode, as the caller set it) and score it (`score_crop`)."""
+    crop_scores = {}
+    for crop in crops:
+        grid = crop_grid(crop, cfg.data.voxel_size_nm)
+        probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
+                               num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
+                               overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
+                               channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
+        crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
+    return crop_scores
 
 
 @torch.inference_mode()
 def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
                    precision: runtime.Precision) -> dict[str, Any]:
-    """Predict and score the validation crops; returns overall, per-class and per-crop scores with the era.
+    """Predict and score the validation crops (module docstring).
+
+    Returns:
+        The official scores of the tuning crops (`overall_score`, its parts, `class_scores`, `label_scores`,
+        `crop_scores`), `skipped_crops` (their count), `decision_score`, `ranked_by` and `ranking_score`
+        (what `best.pt` is chosen by; `ranking_note` says why when it is not the overall score), `crops`
+        (which crops were tuning and report crops), `grid`, `seconds`, and with `val.report_crops` the report
+        crops' scores under `report`.
 
     Raises:
-        ValueError: `cfg.val.metric` names no registered era.
+        ValueError: `cfg.val.metric` names no registered era, or no validation crop is a tuning crop.
     """
     get_era(cfg.val.metric)  # fail before predicting
+    tuning, report = validation_sets(crops, cfg.val.max_crops)
+    start = time.perf_counter()
     was_training = model.training
     model.eval()
-    crop_scores = {}
     try:
-        for crop in list(crops)[: cfg.val.max_crops]:
-            grid = crop_grid(crop, cfg.data.voxel_size_nm)
-            probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
-                                   num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
-                                   overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
-                                   channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
-            crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
+        crop_scores = score_crops(model, tuning, cfg, device=device, precision=precision)
+        report_scores = score_crops(model, report, cfg, device=device, precision=precision) \
+            if cfg.val.report_crops else {}
     finally:
         model.train(was_training)
-    combined = combine(crop_scores, cfg.val.metric)
-    labels = combined["label_scores"]
-    return {"metric": cfg.val.metric, **{k: v for k, v in combined.items() if k != "label_scores"},
-            "class_scores": {c: s.get("combined_score", s.get("iou")) for c, s in labels.items()},
-            "label_scores": labels, "crop_scores": crop_scores}
+    decision = decide(crop_scores, cfg.val.metric)
+    if decision.ranking.reason:
+        log.warning("checkpoints are ranked by %s, not the overall score: %s", decision.ranking.ranked_by,
+                    decision.ranking.reason)
+    result = {**decision.summary(), "ranking_note": decision.ranking.reason, "grid": cfg.val.grid,
+              "seconds": round(time.perf_counter() - start, 3),
+              "crops": {"tuning": [c.name for c in tuning], "report": [c.name for c in report]},
+              "class_scores": decision.class_scores(), "label_scores": decision.official["label_scores"],
+              "crop_scores": crop_scores}
+    if report_scores:  # measured only: no ranking
+        scored = decide(report_scores, cfg.val.metric)
+        summary = {k: v for k, v in scored.summary().items() if k not in ("ranked_by", "ranking_score")}
+        result["report"] = {**summary, "class_scores": scored.class_scores(), "crop_scores": report_scores}
+    return result

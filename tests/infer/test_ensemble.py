@@ -285,6 +285,69 @@ def test_auto_weights_need_labels_and_validation_crops(tiny_synth_root, tmp_path
         ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["mito"])
 
 
+def _run_dir(tmp_path: Path, root: Path, name: str, roles: dict[str, str]) -> Path:
+    """A run directory holding the data root's datasplit.csv and the given validation roles."""
+    run = tmp_path / name
+    run.mkdir()
+    (run / "datasplit.csv").write_text((root / "datasplit.csv").read_text())
+    (run / "validation_roles.csv").write_text("crop_name,role\n" + "".join(f"{c},{r}\n" for c, r in roles.items()))
+    return run
+
+
+def test_auto_weights_fit_on_the_runs_tuning_crops_only(tiny_synth_root, tmp_path):
+    good, bad = good_and_bad_members(tiny_synth_root, tmp_path)
+    run = _run_dir(tmp_path, tiny_synth_root, "run", {"crop2": "tuning", "crop3": "report"})
+    provenance = {"data_root": str(tiny_synth_root), "run_dir": str(run)}  # as `cellseg predict` records them
+    members = []
+    for path in (bad, good):
+        store = PredictionStore.open(path)
+        crops = {c: (store.grid(c), {k: store.read(c, k) for k in store.classes}) for c in ("crop2", "crop3")}
+        members.append(write_store(tmp_path / f"{path.stem}_run.zarr", crops, channels=store.classes,
+                                   provenance=provenance))
+    report = ensemble(members, tmp_path / "ens.zarr", weights="auto").weights.report
+    assert report["validation_crops"] == ["crop2"] and report["crop_roles"] == {"crop2": "tuning"}
+    assert report["combined"] == "decision mode"
+
+    all_report = _run_dir(tmp_path, tiny_synth_root, "all_report", {"crop2": "report", "crop3": "report"})
+    others = [write_store(tmp_path / f"other{i}.zarr", {"crop2": (GRID, random_channels(i, channels=("mito", "er")))},
+                          channels=("mito", "er"), provenance={**provenance, "run_dir": str(all_report)})
+              for i in range(2)]
+    with pytest.raises(ValueError, match=r"all_report/datasplit.csv: no tuning crop .* all report crops"):
+        ensemble(others, tmp_path / "ens2.zarr", weights="auto")
+    assert not (tmp_path / "ens2.zarr").exists()
+
+
+def test_auto_weights_are_scored_on_the_labels_grid_not_the_members(tiny_synth_root, tmp_path):
+    """Members at twice the labels' voxel size: the fit counts truth voxels on the label grid (8× as many)."""
+    members = []
+    for name, flip in (("good", False), ("bad", True)):
+        crops = {}
+        for crop in ("crop2", "crop3"):
+            grid, truth = crop_truth(tiny_synth_root, crop, ("er",))
+            coarse = Grid.of(translation_nm=np.add(grid.translation_nm, np.multiply(grid.voxel_size_nm, 0.5)),
+                             shape_vox=np.array(grid.shape_vox) // 2, voxel_size_nm=np.multiply(grid.voxel_size_nm, 2))
+            p = truth["er"][::2, ::2, ::2][: coarse.shape_vox[0], : coarse.shape_vox[1], : coarse.shape_vox[2]]
+            crops[crop] = (coarse, {"er": 1 - p if flip else p})
+        members.append(write_store(tmp_path / f"{name}.zarr", crops, channels=("er",), instance=(),
+                                   provenance={"data_root": str(tiny_synth_root)}))
+    fits = {g: ensemble(members, tmp_path / f"ens_{g}.zarr", weights="auto", fit=FitOptions(score_grid=g)
+                        ).weights.report for g in ("annotation", "ensemble")}
+    labels = sum(int(crop_truth(tiny_synth_root, c, ("er",))[1]["er"].sum()) for c in ("crop2", "crop3"))
+    assert fits["annotation"]["score_grid"] == "annotation"
+    assert fits["annotation"]["classes"]["er"]["truth_voxels"] == labels
+    assert fits["ensemble"]["classes"]["er"]["truth_voxels"] < labels / 4
+    with pytest.raises(ValueError, match="score grid 'model' is not one of"):
+        FitOptions(score_grid="model")
+
+
+def test_a_class_no_tuning_crop_annotates_is_refused_before_fitting(tiny_synth_root, tmp_path):
+    channels = ("mito", "mt")  # crop2 does not annotate microtubules
+    a, b = (write_store(tmp_path / f"{n}.zarr", {"crop2": (GRID, random_channels(i, channels=channels))},
+                        channels=channels, instance=("mito", "mt")) for i, n in enumerate("ab"))
+    with pytest.raises(ValueError, match=r"no tuning crop annotates \['mt'\] \(tuning crops: \['crop2'\]\)"):
+        ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["2"])
+
+
 def test_cli_prints_the_weights_and_reuses_a_weights_file(tiny_synth_root, tmp_path, capsys):
     good, bad = good_and_bad_members(tiny_synth_root, tmp_path)
     val = tmp_path / "ens_val.zarr"
@@ -341,7 +404,8 @@ def test_ensemble_of_real_predictions_fits_on_the_runs_validation_crops(tiny_run
     out = tmp_path / "ens.zarr"
     assert main(["-q", "ensemble", *map(str, members), "--out", str(out), "--weights", "auto", "--device", "cpu"]) == 0
     store, first = PredictionStore.open(out), PredictionStore.open(members[0])
-    validation = [e.crop_name for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"]
+    validation = [e.crop_name for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"
+                  and e.role == "tuning"]  # the report crops are never fitted on
     report = json.loads((out / "weights.json").read_text())["fit"]
     assert report["validation_crops"] == validation and store.completed() == first.completed()
     assert store.channels == first.channels and store.instance_channels == first.instance_channels

@@ -79,3 +79,106 @@ def test_param_file_round_trip_and_errors(tmp_path):
         ParamSet.load(tmp_path / "other.json")
     with pytest.raises(ValueError, match=r"\['nuc'\] are not classes of pred.zarr.*\['mito', 'er'\]"):
         ParamSet({"nuc": InstanceParams()}).check_classes(["mito", "er"], store="pred.zarr")
+
+
+def _shattering_case() -> list[Sample]:
+    """crop1: two balls, predicted well. crop2: three balls whose probability is 0.45 but 0.9 on a lattice of
+    isolated voxels, and a false-positive blob at 0.45: above 0.5 the crop shatters into more objects than the
+    2026 cutoff allows (the crop is skipped), above 0.4 it is a fair prediction with one false positive."""
+    shape = (32, 32, 48)
+    good = np.zeros(shape, np.uint32)
+    good[ball(shape, (128, 128, 96), 64.0, ISO)] = 1
+    good[ball(shape, (128, 128, 288), 64.0, ISO)] = 2
+    truth = np.zeros(shape, np.uint32)
+    for i, centre in enumerate([(64, 64, 64), (64, 192, 192), (192, 64, 300)], start=1):
+        truth[ball(shape, centre, 56.0, ISO)] = i
+    lattice = np.zeros(shape, bool)
+    lattice[::2, ::2, ::2] = True
+    blob = ball(shape, (192, 192, 96), 48.0, ISO)
+    prob = np.where(truth > 0, np.where(lattice, 0.9, 0.45), np.where(blob, 0.45, 0.05)).astype(np.float32)
+    inside = np.ones(shape, bool)
+    return [Sample(crop="crop1", prob=np.where(good > 0, 0.9, 0.05).astype(np.float32), boundary=None, truth=good,
+                   inside=inside, voxel_size_nm=ISO),
+            Sample(crop="crop2", prob=prob, boundary=None, truth=truth, inside=inside, voxel_size_nm=ISO)]
+
+
+def test_a_setting_that_gets_a_poor_crop_skipped_does_not_win():
+    from cellseg.eval.crop_score import combine, score_class
+    from cellseg.postprocess.apply import segment_class
+
+    samples = _shattering_case()
+    shattering = InstanceParams(threshold=0.5, use_boundary=False)
+    official = {}
+    for s in samples:
+        seg = segment_class("mito", s.prob, None, voxel_size_nm=ISO, params=shattering)
+        official[s.crop] = {"mito": {**score_class(seg, s.truth, label="mito", era="2026", voxel_size_nm=ISO),
+                                     "num_voxels": s.truth.size, "voxel_size": list(ISO)}}
+    assert official["crop2"]["mito"]["status"] == "skipped_too_many_instances"
+    assert combine(official, "2026")["label_scores"]["mito"]["combined_score"] == 1.0  # the attack wins officially
+    assert score_samples("mito", samples, shattering, era="2026") < 0.5  # not in decision mode
+    best, scores = tune_class("mito", samples, era="2026")
+    assert best.threshold < 0.45 and scores["score"] > 0.7  # the fair prediction wins
+
+
+def test_tuning_leaves_out_the_runs_report_crops_and_needs_every_class(tiny_synth_root, tmp_path):
+    from cellseg.data.grid import Grid
+    from cellseg.infer.store import PredictionStore
+    from cellseg.postprocess.tune import find_crops, tune_store
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "validation_roles.csv").write_text("crop_name,role\ncrop2,tuning\ncrop3,report\n")
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(4, 4, 4), voxel_size_nm=(8.0, 8.0, 8.0))
+    provenance = {"ensemble": {"members": [{"path": "a.zarr", "run_dir": str(run)}]}}  # an ensemble of the run
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=["mito", "mt"],
+                                   instance_channels=["mito", "mt"], provenance=provenance)
+    for crop in ("crop1", "crop2", "crop3"):
+        store.write_crop(crop, grid, {c: np.zeros(grid.shape_vox, np.float32) for c in ("mito", "mt")})
+    assert [e.crop_name for e in find_crops(tiny_synth_root, None, store)] == ["crop1", "crop2"]
+    assert [e.crop_name for e in find_crops(tiny_synth_root, ["3"], store)] == ["crop3"]  # named: as asked
+    with pytest.raises(ValueError, match=r"no tuning crop annotates \['mt'\] \(tuning crops: \['crop2'\]\)"):
+        tune_store(store, tiny_synth_root, crops=["2"], progress=False)
+
+
+@pytest.mark.parametrize("resampled", [False, True])
+def test_the_one_pass_threshold_sweep_equals_decoding_each_threshold(resampled):
+    from blobs import random_probabilities
+
+    from cellseg.data.grid import Grid
+    from cellseg.postprocess.tune import SEMANTIC_THRESHOLDS, threshold_counts
+
+    rng = np.random.default_rng(3)
+    target = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(20, 24, 28), voxel_size_nm=ISO)
+    source = Grid(translation_nm=(8.0, 8.0, 8.0), shape_vox=(10, 12, 14), voxel_size_nm=(16.0, 16.0, 16.0)) \
+        if resampled else target
+    prob = random_probabilities(rng, source.shape_vox, 1.5)
+    truth = random_probabilities(rng, target.shape_vox, 2.0) > 0.5
+    inside = np.ones(target.shape_vox, bool)
+    inside[:, :3] = False
+    sample = Sample(crop="crop1", prob=prob, boundary=None, truth=truth & inside, inside=inside, voxel_size_nm=ISO,
+                    source=source, target=target)
+    assert sample.resampled == resampled
+    counts = threshold_counts(sample, SEMANTIC_THRESHOLDS)
+    for (tp, fp, fn), t in zip(counts.tolist(), SEMANTIC_THRESHOLDS, strict=True):
+        seg = sample.decode("er", SemanticParams(threshold=t))
+        want = (int((seg & sample.truth).sum()), int((seg & ~sample.truth).sum()), int((~seg & sample.truth).sum()))
+        assert (tp, fp, fn) == want, t
+
+
+def test_samples_hold_the_truth_on_its_annotation_grid(tiny_synth_root, tmp_path):
+    from cellseg.data.crops import Catalog
+    from cellseg.data.grid import Grid
+    from cellseg.infer.store import PredictionStore
+    from cellseg.postprocess.tune import load_samples, split_entry
+
+    label = Catalog.from_dir(tiny_synth_root).train[2].labels["er"]
+    coarse = Grid.of(translation_nm=np.add(label.translation_nm, np.multiply(label.voxel_size_nm, 0.5)),
+                     shape_vox=np.array(label.shape_vox) // 2, voxel_size_nm=np.multiply(label.voxel_size_nm, 2))
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=["er"], instance_channels=[])
+    store.write_crop("crop2", coarse, {"er": np.full(coarse.shape_vox, 0.7, np.float32)})
+    entries = [split_entry(Catalog.from_dir(tiny_synth_root), 2)]
+    (native,) = load_samples(store, entries, "er")
+    assert native.target.shape_vox == tuple(label.shape_vox) and native.voxel_size_nm == tuple(label.voxel_size_nm)
+    assert native.truth.shape == tuple(label.shape_vox) and native.resampled
+    (model,) = load_samples(store, entries, "er", grid="model")
+    assert model.truth.shape == coarse.shape_vox and not model.resampled

@@ -67,7 +67,9 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
     for era, name in doc["best_single"].items():  # stage 1 holds each era's best single model's scores
         single = next(s for s in doc["singles"] if s["key"] == f"single_{name}")
         assert doc["stages"][0]["scores"][era]["overall"] == single["scores"][era]["overall"]
-        assert single["scores"][era]["overall"] == max(s["scores"][era]["overall"] for s in doc["singles"])
+        choice = doc["best_single_choice"][era]  # chosen by the decision score on the tuning crops, not the scored
+        assert choice["run"] == name and choice["chosen_on"] == "tuning crops"
+        assert choice["scores"][name] == max(choice["scores"].values())
     classes = set(doc["runs"][0]["classes"])
     for stage in doc["stages"] + doc["singles"]:
         assert set(stage["scores"]) == {"2025", "2026"}
@@ -76,7 +78,8 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
             assert all(_unit(s[k]) for k in ("overall", "instance", "semantic")), (stage["key"], era)
             assert set(s["classes"]) == classes and all(_unit(v) for v in s["classes"].values())
     validation = sorted(e.crop_name for e in read_datasplit(report_runs[0] / "datasplit.csv") if e.split == "validate")
-    assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == validation  # the runs' own split
+    tuning = [c for c in validation if doc["crops"]["roles"].get(c) == "tuning"]  # the runs' tuning crops only
+    assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == tuning != []
     assert "not biased" in doc["bias"][0]  # tuned on a validation crop, scored on the test crops
 
 
@@ -201,7 +204,36 @@ def test_one_run_an_unknown_crop_or_a_bad_option_is_refused(report_runs, tmp_pat
 
 def test_tuning_on_the_scored_crops_is_reported_as_biased(report_runs, tiny_synth_root):
     runs = check_runs(report_runs)
-    plan = plan_crops(runs, tiny_synth_root, crops="val")
+    plan = plan_crops(runs, tiny_synth_root, crops="val", tune_crops="same")
     assert plan.tuning == plan.scored and "optimistically biased" in plan.notes[0]
     with pytest.raises(ValueError, match="tuning crops must be training crops"):
         plan_crops(runs, tiny_synth_root, crops="val", tune_crops="test")
+
+
+def test_validation_crops_are_scored_on_the_report_crops_and_tuned_on_the_tuning_crops(report_runs, tiny_synth_root):
+    runs = check_runs(report_runs)
+    roles = dict(runs[0].roles)
+    plan = plan_crops(runs, tiny_synth_root, crops="val")
+    assert list(plan.scored) == [c for c, r in roles.items() if r == "report"] != []
+    assert list(plan.tuning) == [c for c, r in roles.items() if r == "tuning"] != []
+    assert plan.roles == roles and "not biased" in plan.notes[0]
+    plan = plan_crops(runs, tiny_synth_root, crops="test")
+    assert list(plan.tuning) == [c for c, r in roles.items() if r == "tuning"]  # decisions: tuning crops only
+
+
+def test_the_table_has_intervals_changes_and_skipped_counts(report_dir):
+    from cellseg.report.bootstrap import DRAWS, SEED
+
+    doc = _doc(report_dir)
+    assert doc["bootstrap"] == {"unit": "scored crop", "draws": DRAWS, "seed": SEED, "level": 0.95,
+                                "crops": ["crop501"], "paired_changes": True}
+    for i, stage in enumerate(doc["stages"]):
+        for s in stage["scores"].values():
+            low, high = s["interval"]["overall"]
+            assert s["overall"] is None or low <= s["overall"] <= high  # one scored crop: a point
+            assert isinstance(s["skipped_crops"], int) and "decision_overall" in s
+            assert ("change" in s) == (i > 0)
+    text = (report_dir / "report.md").read_text()
+    assert "2026 overall [95% CI]" in text and "2026 skipped" in text and "paired bootstrap" in text
+    assert "the intervals are points" in text  # and the report says what one crop cannot show
+    assert "**Tuning crops**" in text and "best single model (stage 1)" in text and "**Checkpoints**" in text

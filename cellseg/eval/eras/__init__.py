@@ -10,6 +10,8 @@ here (docs/scoring.md, "Adding an era"). What an era decides:
 - the per-crop scores of an instance label, from the 26-connected components of the prediction;
 - the scores of a label the submission lacks;
 - how per-crop scores combine into class and overall scores;
+- which per-crop scores its combining leaves out (`is_skipped`) and what such a crop counts as when cellseg
+  makes a decision (`worst_case`, `combine_decision`: the *decision mode*, docs/scoring.md);
 - its title and the columns of its tables.
 
 Everything outside this package names an era by its string (`"2025"`, `"2026"`, `Era`) and asks
@@ -51,6 +53,7 @@ class ScoringEra(abc.ABC):
             starts inside it (quirk 7); `align` must agree, the submission validator reads the flag.
         class_columns: per kind ("instance", "semantic"), the class-score keys a table shows.
         crop_columns: per kind, the per-crop keys a table shows.
+        skip_statuses: per-crop `status` values its combining leaves out (the crop counts for nothing).
 
     Example:
         >>> era = get_era("2026")
@@ -64,6 +67,7 @@ class ScoringEra(abc.ABC):
     copy_length_bug: ClassVar[bool]
     class_columns: ClassVar[Mapping[str, tuple[str, ...]]]
     crop_columns: ClassVar[Mapping[str, tuple[str, ...]]]
+    skip_statuses: ClassVar[frozenset[str]] = frozenset()
 
     def __repr__(self) -> str:
         return f"<scoring era {self.name!r}: {self.title}>"
@@ -108,6 +112,28 @@ class ScoringEra(abc.ABC):
     def combine(self, crop_scores: CropScores) -> Scores:
         """Class and overall scores from per-crop scores (each with `num_voxels` and `voxel_size`):
         `{"label_scores", "overall_instance_score", "overall_semantic_score", "overall_score"}`."""
+
+    def is_skipped(self, scores: Mapping[str, Any]) -> bool:
+        """True when `combine` leaves these per-crop scores out (their `status` is a skip status)."""
+        return scores.get("status") in self.skip_statuses
+
+    def worst_case(self, scores: Mapping[str, Any]) -> Scores:
+        """What a skipped crop counts as in a decision: no match, every truth object missed and every
+        predicted object a false positive (only called where `is_skipped`; an era that skips must say)."""
+        raise NotImplementedError(f"era {self.name!r} skips crops but defines no worst case for them")
+
+    def combine_decision(self, crop_scores: CropScores) -> Scores:
+        """`combine` with every skipped crop counted as its `worst_case`: the score cellseg ranks
+        checkpoints, ensemble weights and post-processing settings by, which a prediction cannot raise by
+        getting a poor crop skipped (shattering it into more objects than the era's cutoff)."""
+        return self.combine({crop: {label: self.worst_case(s) if self.is_skipped(s) else s
+                                    for label, s in labels.items()}
+                             for crop, labels in crop_scores.items()})
+
+    def skipped(self, crop_scores: CropScores) -> list[tuple[str, str]]:
+        """(crop, label) of every per-crop score `combine` leaves out, in sorted order."""
+        return [(crop, label) for crop in sorted(crop_scores) for label in sorted(crop_scores[crop])
+                if self.is_skipped(crop_scores[crop][label])]
 
 
 @functools.cache

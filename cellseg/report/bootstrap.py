@@ -1,0 +1,104 @@
+"""How much of an ablation number is noise: crop-bootstrap intervals of every score and of every change.
+
+The scored crops are the independent samples (the voxels of one crop are strongly correlated), so each draw
+resamples the crops with replacement, keeps every label of a drawn crop together, and recombines the
+per-crop scores of each stage exactly as its era's leaderboard does (`ScoringEra.combine`; a crop drawn
+twice counts twice). Over `DRAWS` draws (seed `SEED`: the same numbers on every run) the interval is the
+central `LEVEL` of the draws (percentiles). A change between two stages is bootstrapped *paired*: the same
+draw for both stages, so what the two share (the same hard crops) cancels; a change whose interval holds 0
+is called "within noise".
+
+With one scored crop every draw is the same crop: the intervals are points and say nothing about noise; the
+report then says so instead of calling anything significant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cellseg.eval.eras import CropScores, Era, get_era
+
+DRAWS = 1000
+SEED = 0
+LEVEL = 0.95
+PARTS = ("overall", "instance", "semantic")
+KEYS = {"overall": "overall_score", "instance": "overall_instance_score", "semantic": "overall_semantic_score"}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A percentile interval (NaN ends where every draw is NaN)."""
+
+    low: float
+    high: float
+
+    def to_json(self) -> list[float]:
+        """[low, high]."""
+        return [self.low, self.high]
+
+
+def interval(values: np.ndarray, level: float = LEVEL) -> Interval:
+    """The central `level` of `values`, NaN values left out."""
+    finite = values[~np.isnan(values)]
+    if not finite.size:
+        return Interval(math.nan, math.nan)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return Interval(float(low), float(high))
+
+
+def draws(crops: Sequence[str], num: int = DRAWS, seed: int = SEED) -> np.ndarray:
+    """(num, len(crops)) indices of the crops drawn with replacement (deterministic)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, len(crops), size=(num, len(crops)))
+
+
+def _numbers(scores: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON scores back to numbers: null (a non-finite value in the evaluator's JSON) becomes NaN."""
+    return {k: math.nan if v is None else v for k, v in scores.items()}
+
+
+def resampled(crop_scores: CropScores, crops: Sequence[str], picks: np.ndarray) -> dict[str, Any]:
+    """The per-crop scores of one draw: crop `crops[i]` once per pick, under a key of its own."""
+    return {f"{crops[i]}#{k}": {label: _numbers(s) for label, s in crop_scores[crops[i]].items()}
+            for k, i in enumerate(picks)}
+
+
+def part_draws(crop_scores: CropScores, era: Era, crops: Sequence[str], picks: np.ndarray) -> dict[str, np.ndarray]:
+    """Part ("overall", "instance", "semantic") → its value in every draw."""
+    rules = get_era(era)
+    out = {part: np.empty(len(picks)) for part in PARTS}
+    for d, row in enumerate(picks):
+        combined = rules.combine(resampled(crop_scores, crops, row))
+        for part in PARTS:
+            out[part][d] = float(combined[KEYS[part]])
+    return out
+
+
+def stage_uncertainty(documents: Sequence[Mapping[str, Any]], era: Era, *, num: int = DRAWS, seed: int = SEED,
+                      level: float = LEVEL) -> dict[str, Any]:
+    """Intervals of every part of every stage, and paired intervals of each stage's change from the one
+    before, from the stages' evaluation documents (`crop_scores` of `cellseg.eval.report.to_json`).
+
+    Returns:
+        `{"crops", "draws", "seed", "level", "stages": [{part: Interval}], "changes": [None, {part: Interval}]}`.
+    """
+    crops = sorted(documents[0]["crop_scores"])
+    picks = draws(crops, num, seed)
+    samples = [part_draws(doc["crop_scores"], era, crops, picks) for doc in documents]
+    stages = [{part: interval(s[part], level) for part in PARTS} for s in samples]
+    changes: list[dict[str, Interval] | None] = [None]
+    for before, after in itertools.pairwise(samples):
+        changes.append({part: interval(after[part] - before[part], level) for part in PARTS})
+    return {"crops": crops, "draws": num, "seed": seed, "level": level, "stages": stages, "changes": changes}
+
+
+def within_noise(change: Interval) -> bool:
+    """A change whose interval holds 0 (or is undefined) is not told apart from noise."""
+    return not (change.low > 0 or change.high < 0)
