@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on the embedded synthetic data, from a fresh clone (about 6 minutes on 2 CPU cores):
 #   set-up → synthetic `small` dataset → train 3 small models (configs/demo/) → predict the validation and test
-#   crops with 8× TTA → weighted ensemble (weights fitted on the validation crops) → post-processing (parameters
-#   tuned on the validation crops) → submission at the test crops' geometry → validate it → score it in both metric
+#   crops with 8× TTA → weighted ensemble (weights fitted on the tuning crops) → post-processing (parameters
+#   tuned on the tuning crops) → submission at the test crops' geometry → validate it → score it in both metric
 #   eras against the held-out truth (leaderboard-style tables) → the ablation table (`cellseg report`).
 # Re-running reuses whatever exists (data, trained runs, predictions, ensemble, ...): delete OUT_DIR to start over
 # (and whenever DEMO_MODELS changes: the ensemble and the report of other models would be reused or refused).
@@ -106,7 +106,7 @@ make_ensemble() {
   cellseg ensemble "${members[@]}" --out "$OUT/ensemble.zarr" --weights auto --device "$DEVICE"
 }
 
-postprocess() {  # tuned on the store's crops with truth in the data root: the validation crops
+postprocess() {  # tuned on the store's crops with truth in the data root, its runs' report crops left out
   local params="$OUT/segmentation.params.json" how=()
   if [ -f "$params" ]; then how=(--params "$params"); else how=(--tune-on "$DATA" --params "$params"); fi
   cellseg postprocess "$OUT/ensemble.zarr" --out "$OUT/segmentation.zarr" "${how[@]}" --device "$DEVICE"
@@ -148,12 +148,12 @@ ablation() {
 stage "synthetic dataset (preset small)" make_data
 stage "train ${MODELS[*]} (configs/demo/)" each_model train_model
 stage "predict the validation and test crops with 8x TTA" each_model predict_model
-stage "ensemble: weights fitted on the validation crops" make_ensemble
-stage "post-process: parameters tuned on the validation crops" postprocess
+stage "ensemble: weights fitted on the tuning crops" make_ensemble
+stage "post-process: parameters tuned on the tuning crops" postprocess
 stage "submission at the test crops' geometry" submit
 stage "validate the submission" validate
 stage "leaderboard: score the submission in both eras" leaderboard
-stage "ablation report (test crops scored, validation crops tuned)" ablation
+stage "ablation report (test crops scored, tuning crops tuned)" ablation
 
 echo
 echo "==> timings ($(getconf _NPROCESSORS_ONLN) CPU cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, DEMO_PARALLEL=$PARALLEL," \

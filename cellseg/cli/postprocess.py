@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="tune the parameters on training crops of this data root before post-processing")
     option(parser, "--crops", key="postprocess.crops", nargs="+", type=str, metavar="ID", action=_JoinIds,
            help="with --tune-on: the crops to tune on (12 or crop12; default: every crop of the store with truth "
-                "in DATA_ROOT)")
+                "in DATA_ROOT, except the report crops of the store's runs, which no decision may touch)")
     option(parser, "--metric", key="postprocess.metric", choices=("2025", "2026"),
            help="with --tune-on: the scoring era to tune for (default 2026)")
     option(parser, "--device", key="postprocess.device", metavar="auto|cpu|cuda",

@@ -27,9 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             Writes REPORT_DIR/report.md (tables), report.json (everything) and PNGs (overall and per-class
             bars, slice overlays), and prints the ablation table. Intermediate stores go to REPORT_DIR/stores
             and are reused when the report is run again with the same settings (an interrupted report
-            resumes); --overwrite starts over. When the tuning crops are the scored crops (the default for
-            --crops val or ids) the tuned stages are optimistically biased; the report says so, and
-            --tune-crops separates them."""),
+            resumes); --overwrite starts over. Validation crops have a role (the runs' validation_roles.csv):
+            by default every decision (best single model, weights, post-processing) is made on the *tuning*
+            crops and `--crops val` scores the *report* crops, which no decision touches; every number comes
+            with a crop-bootstrap interval. `--tune-crops same` tunes on the scored crops (optimistically
+            biased; the report says so)."""),
         epilog="examples:\n"
                "  cellseg report --runs runs/unet_3d runs/resnet_3d --out reports/val\n"
                "  cellseg report --runs runs/unet_3d runs/unet_2d --out reports/test --crops test --tune-crops val",
@@ -41,11 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-root", metavar="ROOT",
                         help="data root with the crops and their truth (default: the runs' data.root)")
     parser.add_argument("--crops", default="val", metavar="val|test|IDS",
-                        help="crops to score: 'val' (default: every run's validation crops), 'test' (a synthetic "
-                             "root's test crops, truth in ROOT/ground_truth.zarr) or ids, e.g. 12,34")
+                        help="crops to score: 'val' (default: the runs' report crops, the validation crops no "
+                             "decision touches), 'test' (a synthetic root's test crops, truth in "
+                             "ROOT/ground_truth.zarr) or ids, e.g. 12,34")
     parser.add_argument("--tune-crops", metavar="same|val|IDS",
-                        help="training crops the ensemble weights and post-processing are tuned on (default: "
-                             "the scored crops, or 'val' with --crops test)")
+                        help="training crops the best single model, the ensemble weights and the post-processing "
+                             "are chosen on (default: the runs' tuning crops; 'same': the scored crops, biased)")
     parser.add_argument("--metric", default="both", choices=("both", "2025", "2026"),
                         help="scoring eras (default both)")
     parser.add_argument("--tune-metric", choices=("2025", "2026"),
