@@ -150,3 +150,22 @@ def crops_line(section: Mapping[str, Any]) -> str:
     parts = [f"{c} ({role}, {band})" for band, b in section["bands"].items() if band not in (ALL, FINER)
              for c, role in b["roles"].items()]
     return f"Scored crops ({len(info)}): " + ", ".join(parts) + "."
+
+
+def seed_table(per_seed: Mapping[str, Any], name: str = "decisions") -> list[str]:
+    """One change per seed, for the crops finer than the model and all crops."""
+    lines = ["| seed | crops | era | band | overall: before → after | Δ overall [95 % CI] | Δ semantic | Δ instance |",
+             "|---|---|---|---|---|---|---|---|"]
+    for seed, section in per_seed.items():
+        change = section["changes"][name]
+        for band in (FINER, ALL):
+            if band not in section["bands"]:
+                continue
+            crops = len(section["bands"][band]["crops"])
+            for era in ERAS:
+                a = section["rows"][change["from"]][band][era]["overall"]
+                b = section["rows"][change["to"]][band][era]["overall"]
+                d = change["bands"][band][era]
+                lines.append(f"| {seed} | {crops} | {era} | {band} | {_fmt(a)} → {_fmt(b)} | "
+                             + " | ".join(_change_cell(d[p], crops) for p in PARTS) + " |")
+    return lines
