@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             roles, model_voxel, ENSEMBLE_CHANGES)
     oracle = pool_section(_merged([_prefixed(r["oracle_rows"], pre) for r, pre in zip(runs, prefix, strict=True)]),
                           roles, model_voxel, ORACLE_CHANGES)
-    per_seed = {str(r["seed"]): pool_section(r["rows"], r["roles"], model_voxel, {"decisions": ENSEMBLE_CHANGES[
-        "decisions"]}) for r in runs} if several else {}
+    decisions = {"decisions": ENSEMBLE_CHANGES["decisions"]}
+    per_seed = {str(r["seed"]): pool_section({k: r["rows"][k] for k in decisions["decisions"]}, r["roles"],
+                                             model_voxel, decisions) for r in runs} if several else {}
     import numpy as np
     import torch
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": f"{platform.node()} ({os.cpu_count()} cores)", "python": platform.python_version(),
         "load_average": os.getloadavg(), "numpy": np.__version__, "torch": torch.__version__,
         "seconds": round(time.perf_counter() - start, 1), "date": datetime.date.today().isoformat()}
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
     print(markdown(doc))
     return doc

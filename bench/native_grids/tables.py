@@ -55,7 +55,10 @@ def _finer(size: Sequence[float], model: Sequence[float]) -> bool:
 
 
 def _nan_to_none(value: Any) -> Any:
-    return None if isinstance(value, float) and math.isnan(value) else value
+    """NaN → None (JSON), other floats rounded to 6 decimals (far below any interval's width)."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    return value
 
 
 def pool_section(rows: Mapping[str, Mapping[str, Any]], roles: Mapping[str, str], model_voxel_nm: Sequence[float],
@@ -87,14 +90,14 @@ def pool_section(rows: Mapping[str, Mapping[str, Any]], roles: Mapping[str, str]
                     **{part: _nan_to_none(float(pooled[key])) for part, key in PARTS.items()},
                     "interval": {p: [_nan_to_none(v) for v in interval(samples[row][p]).to_json()] for p in PARTS},
                     "skipped": len(get_era(era).skipped(sub)),
-                    "classes": {name: _nan_to_none(float(s.get("combined_score", s.get("iou"))))
-                                for name, s in pooled["label_scores"].items()}}
+                    **({"classes": {name: _nan_to_none(float(s.get("combined_score", s.get("iou"))))
+                                    for name, s in pooled["label_scores"].items()}} if band in (FINER, ALL) else {})}
             for name, (a, b) in changes.items():
                 entry = {}
                 for part in PARTS:
                     before, after = out["rows"][a][band][era][part], out["rows"][b][band][era][part]
                     ci = interval(samples[b][part] - samples[a][part])
-                    entry[part] = {"change": None if before is None or after is None else after - before,
+                    entry[part] = {"change": None if before is None or after is None else round(after - before, 6),
                                    "interval": [_nan_to_none(v) for v in ci.to_json()],
                                    "within_noise": within_noise(ci)}
                 out["changes"][name]["bands"].setdefault(band, {})[era] = entry
