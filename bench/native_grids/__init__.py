@@ -1,8 +1,8 @@
 """Benchmark: decisions and decoding on the model's 8 nm grid ("today") vs on each crop's annotation grid
 ("native"), per crop voxel size, in both eras, with crop-bootstrap intervals.
 
-    PYTHONPATH=. python -m bench.native_grids --seed 23 --out OUT/native_grids_small   # ~30 min on 2 CPU cores
-    PYTHONPATH=. python -m bench.native_grids --quick --out /tmp/ng                      # seconds: the test's run
+    PYTHONPATH=. python -m bench.native_grids --seed 23,29,31,37,41 --out OUT/native_grids_small  # ~35 min, 2 CPU cores
+    PYTHONPATH=. python -m bench.native_grids --quick --out /tmp/ng                      # under a minute: the test's run
 
 Steps (what `scripts/demo.sh` does, through the library):
 1. `cellseg synth --preset small --seed SEED` (`--quick`: `tiny`), unless `--data` names an existing root;

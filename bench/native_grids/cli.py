@@ -124,7 +124,11 @@ def markdown(doc: dict[str, Any]) -> str:
     from bench.native_grids.tables import change_table, class_table, crops_line, seed_table
 
     ens, oracle = doc["ensemble"], doc["oracle"]
-    lines = [f"Decisions and decoding on the model's grid vs on the annotation grids: {doc['preset']} preset, "
+    lines = [f"# Decisions and decoding on the annotation grid ({doc['machine']}, load average "
+             f"{doc['load_average'][0]:.1f}, {doc['date']})", "",
+             f"`{doc['command']}`: Python {doc['python']}, numpy {doc['numpy']}, torch {doc['torch']}, "
+             f"{doc['seconds']} s after the predictions existed.", "",
+             f"Decisions and decoding on the model's grid vs on the annotation grids: {doc['preset']} preset, "
              f"seed{'s' if len(doc['seeds']) > 1 else ''} {', '.join(map(str, doc['seeds']))}, models {', '.join(doc['models'])}, TTA {doc['tta']}. Decisions (ensemble weights "
              f"and post-processing parameters) on the tuning crops {', '.join(doc['tuning_crops'])}, in decision "
              f"mode, {doc['decision_era']} metric. {crops_line(ens)} Intervals: 95 % crop bootstrap "

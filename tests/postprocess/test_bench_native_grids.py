@@ -32,7 +32,8 @@ def test_quick_run_decides_and_scores_both_grids_with_intervals(tiny_synth_root:
     assert {"all", "4×4×4", "16×16×16", "finer than the model"} <= set(ens["bands"])
     assert "16×16×16" not in ens["bands"]["finer than the model"]["crops"]
     # both sides decided: weights scored on the ensemble's grid + tuned on the model grid, or both on labels
-    today, native = doc["decisions"]["model"], doc["decisions"]["annotation"]
+    (decided,) = doc["decisions"].values()  # one data root
+    today, native = decided["model"], decided["annotation"]
     assert (today["weights_score_grid"], today["tuning_grid"]) == ("ensemble", "model")
     assert (native["weights_score_grid"], native["tuning_grid"]) == ("annotation", "annotation")
     for side in (today, native):
