@@ -1,4 +1,4 @@
-"""Benchmark: decisions and decoding on the model's 8 nm grid ("today") vs on each crop's annotation grid
+"""Benchmark: decisions and decoding on the model's 8 nm grid vs on each crop's annotation grid
 ("native"), per crop voxel size, in both eras, with crop-bootstrap intervals.
 
     PYTHONPATH=. python -m bench.native_grids --seed 23,29,31,37,41 --out OUT/native_grids_small  # ~35 min, 2 CPU cores
@@ -14,9 +14,10 @@ Steps (what `scripts/demo.sh` does, through the library):
    runs' *report* crops, never a tuning crop;
 5. **decisions** (`decisions.py`) both ways, on the tuning crops in decision mode: ensemble weights fitted
    (`--weights auto`) and post-processing parameters tuned (`tune_store`) scored on the model's grid
-   ("today": `score_grid="ensemble"`, `grid="model"`) or on the annotation grids ("native"); rows:
-   `today` (today's decisions decoded on the model grid), `today_native_decoding` (the same decisions decoded
-   on the annotation grid: the decoding alone) and `native` (native decisions, annotation-grid decoding);
+   (`score_grid="ensemble"`, `grid="model"`) or on the annotation grids ("native", the defaults); rows:
+   `model_grid` (model-grid decisions decoded on the model grid), `model_grid_native_decoding` (the same
+   decisions decoded on the annotation grid: the decoding alone) and `native` (native decisions, annotation-grid
+   decoding);
 6. **decoding with defaults**: the uniform mean post-processed with the default parameters on both grids
    (`uniform_model`, `uniform_annotation`);
 7. each row written as a submission at the truth's geometry and scored by `cellseg evaluate`'s code in both eras

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 ENSEMBLE_CHANGES = {  # name → (from row, to row)
-    "decisions": ("today", "native"),
-    "decoding": ("today", "today_native_decoding"),
-    "decision_grid": ("today_native_decoding", "native"),
+    "decisions": ("model_grid", "native"),
+    "decoding": ("model_grid", "model_grid_native_decoding"),
+    "decision_grid": ("model_grid_native_decoding", "native"),
     "decoding_defaults": ("uniform_model", "uniform_annotation"),
 }
 ORACLE_CHANGES = {"decoding": ("model", "annotation")}
@@ -134,22 +134,22 @@ def markdown(doc: dict[str, Any]) -> str:
              f"mode, {doc['decision_era']} metric. {crops_line(ens)} Intervals: 95 % crop bootstrap "
              f"({ens['bootstrap']['draws']} draws), changes paired; (noise): the change's interval holds 0, **: it "
              "does not; a band of one crop has no noise estimate.", "",
-             "Decisions: today (weights and parameters scored on the model grid, decoded on the model grid) → "
+             "Decisions: model grid (weights and parameters scored on the model grid, decoded on the model grid) → "
              "native (scored on the annotation grids, decoded there):", ""]
-    lines += change_table(ens, "decisions", "today", "native")
+    lines += change_table(ens, "decisions", "model grid", "native")
     if doc["per_seed"]:
         lines += ["", "The same change per seed (each seed's own crops):", ""]
         lines += seed_table(doc["per_seed"])
-    lines += ["", "Decoding alone, today's decisions (model grid → annotation grid):", ""]
-    lines += change_table(ens, "decoding", "today", "today, decoded natively")
+    lines += ["", "Decoding alone, model-grid decisions (model grid → annotation grid):", ""]
+    lines += change_table(ens, "decoding", "model grid", "decoded natively")
     lines += ["", "Decision grid alone, both decoded on the annotation grid (model-grid decisions → annotation-grid "
               "decisions):", ""]
-    lines += change_table(ens, "decision_grid", "today, decoded natively", "native")
+    lines += change_table(ens, "decision_grid", "model-grid decisions, decoded natively", "native")
     lines += ["", "Decoding alone, uniform ensemble with default parameters (model grid → annotation grid):", ""]
     lines += change_table(ens, "decoding_defaults", "model grid", "annotation grid")
     lines += ["", "Per class (2026, all scored crops; IoU for semantic classes, combined score for instance classes):",
               ""]
-    lines += class_table(ens, ["today", "today_native_decoding", "native", "uniform_model", "uniform_annotation"])
+    lines += class_table(ens, ["model_grid", "model_grid_native_decoding", "native", "uniform_model", "uniform_annotation"])
     lines += ["", "Ideal probabilities (each truth label's area fraction on the model's grid, default parameters; "
               "model grid → annotation grid):", ""]
     lines += change_table(oracle, "decoding", "model grid", "annotation grid")

@@ -1,5 +1,5 @@
 """The decisions both ways: ensemble weights fitted and post-processing parameters tuned on the tuning crops,
-scored on the model's grid ("today") or on each class's annotation grid ("native").
+scored on the model's grid or on each class's annotation grid ("native").
 
 | side | weights (`FitOptions.score_grid`) | parameters (`tune_store(grid=...)`) |
 |---|---|---|
@@ -73,16 +73,16 @@ def decision_rows(work: Path, members: list[Path], root: Path, tuning: list[str]
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per-crop scores of the three decision rows, and both sides' decisions:
 
-    - `today`: model-grid decisions, decoded on the model grid;
-    - `today_native_decoding`: the same decisions decoded on the annotation grid (the decoding alone);
+    - `model_grid`: model-grid decisions, decoded on the model grid;
+    - `model_grid_native_decoding`: the same decisions decoded on the annotation grid (the decoding alone);
     - `native`: annotation-grid decisions decoded on the annotation grid.
     """
     from bench.native_grids.pipeline import score
 
-    today = decide(work, "model", members, root, tuning)
+    model = decide(work, "model", members, root, tuning)
     native = decide(work, "annotation", members, root, tuning)
-    both = score(work, today.store, truth, "today", params=today.params)
-    rows = {"today": both["model"], "today_native_decoding": both["annotation"],
+    both = score(work, model.store, truth, "model_decisions", params=model.params)
+    rows = {"model_grid": both["model"], "model_grid_native_decoding": both["annotation"],
             "native": score(work, native.store, truth, "native", params=native.params,
                             modes=("annotation",))["annotation"]}
-    return rows, {"model": today.summary(), "annotation": native.summary()}
+    return rows, {"model": model.summary(), "annotation": native.summary()}

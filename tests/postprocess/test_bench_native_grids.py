@@ -33,12 +33,12 @@ def test_quick_run_decides_and_scores_both_grids_with_intervals(tiny_synth_root:
     assert "16×16×16" not in ens["bands"]["finer than the model"]["crops"]
     # both sides decided: weights scored on the ensemble's grid + tuned on the model grid, or both on labels
     (decided,) = doc["decisions"].values()  # one data root
-    today, native = decided["model"], decided["annotation"]
-    assert (today["weights_score_grid"], today["tuning_grid"]) == ("ensemble", "model")
+    model, native = decided["model"], decided["annotation"]
+    assert (model["weights_score_grid"], model["tuning_grid"]) == ("ensemble", "model")
     assert (native["weights_score_grid"], native["tuning_grid"]) == ("annotation", "annotation")
-    for side in (today, native):
+    for side in (model, native):
         assert side["tuning_crops"] == doc["tuning_crops"] and side["weights"] and side["params"]
-    assert set(ens["rows"]) == {"today", "today_native_decoding", "native", "uniform_model", "uniform_annotation"}
+    assert set(ens["rows"]) == {"model_grid", "model_grid_native_decoding", "native", "uniform_model", "uniform_annotation"}
     for section in (ens, oracle):
         for row in section["rows"].values():
             assert set(row) == set(section["bands"])
@@ -50,7 +50,7 @@ def test_quick_run_decides_and_scores_both_grids_with_intervals(tiny_synth_root:
                     low, high = scores["interval"]["overall"]
                     assert low - 1e-9 <= scores["overall"] <= high + 1e-9
     change = ens["changes"]["decisions"]
-    assert (change["from"], change["to"]) == ("today", "native")
+    assert (change["from"], change["to"]) == ("model_grid", "native")
     for band in ens["bands"]:
         entry = change["bands"][band]["2026"]["overall"]
         low, high = entry["interval"]
@@ -59,7 +59,7 @@ def test_quick_run_decides_and_scores_both_grids_with_intervals(tiny_synth_root:
     text = out.with_suffix(".md").read_text()
     assert "| all | " in text and "Δ overall [95 % CI]" in text
     work = tmp_path / "native_grids_work"
-    for store, voxel in (("seg_native_annotation", 4.0), ("seg_today_model", 8.0)):
+    for store, voxel in (("seg_native_annotation", 4.0), ("seg_model_decisions_model", 8.0)):
         attrs = json.loads((work / f"{store}.zarr" / "crop501" / ".zattrs").read_text())
         assert attrs["cellseg_crop"]["grid"]["voxel_size_nm"] == [voxel] * 3
 
