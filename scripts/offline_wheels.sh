@@ -41,7 +41,8 @@ report="$(mktemp)"; trap 'rm -f "$report"' EXIT
 mapfile -t pins < <("$PY" - "$report" "$EXCLUDE" "$ONLY" <<'PY'
 import fnmatch, json, sys
 report, exclude, only = sys.argv[1], sys.argv[2], sys.argv[3]
-norm = lambda s: s.lower().replace("_", "-")
+ALIASES = {"cc3d": "connected-components-3d"}  # import name -> distribution name
+norm = lambda s: ALIASES.get(s.lower().replace("_", "-"), s.lower().replace("_", "-"))
 ex = [norm(p) for p in exclude.split(",") if p]
 keep = {norm(p) for p in only.split(",") if p}
 for item in json.load(open(report))["install"]:
@@ -53,6 +54,8 @@ PY
 )
 echo "==> downloading ${#pins[@]} wheels into $DEST"
 "$PY" -m pip download --quiet --no-deps "${target[@]}" -d "$DEST" "${pins[@]}"
-echo "==> building the cellseg wheel"
-"$PY" -m pip wheel --quiet --no-deps -w "$DEST" "$ROOT"
+if [ -z "$ONLY" ]; then  # --only tops up an environment: the listed packages alone
+  echo "==> building the cellseg wheel"
+  "$PY" -m pip wheel --quiet --no-deps -w "$DEST" "$ROOT"
+fi
 echo "==> done: $(ls "$DEST" | wc -l) files, $(du -sh "$DEST" | cut -f1) in $DEST"

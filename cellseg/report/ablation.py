@@ -186,7 +186,8 @@ def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: C
            *, segmented: bool = False) -> StageResult:
     seg = store if segmented else plain_segmentation(store, layout.segmentation(key), plan.scored,
                                                      progress=opts.progress)
-    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, progress=opts.progress)
+    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, workers=opts.workers,
+                                progress=opts.progress)
     return StageResult(key=key, title=title, store=str(store.path), scores=scores)
 
 
@@ -262,7 +263,8 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
         seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
                                  progress=opts.progress)
         out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
-            seg, layout.tuning_truth, layout.submission(key), opts.eras, progress=opts.progress)))
+            seg, layout.tuning_truth, layout.submission(key), opts.eras, workers=opts.workers,
+            progress=opts.progress)))
     return out
 
 

@@ -32,6 +32,7 @@ class ReportOptions:
         tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
+        workers: processes `evaluate` spreads each scoring's (crop, label) tasks over.
         overwrite: start over (delete the stores of an earlier report in `out`).
     """
 
@@ -46,6 +47,7 @@ class ReportOptions:
     overlap: float = 0.5
     device: str = "auto"
     slices: int = 2
+    workers: int = 1
     overwrite: bool = False
     progress: bool = True
 
@@ -56,6 +58,8 @@ class ReportOptions:
             raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {ERAS}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
+        if self.workers < 1:
+            raise ValueError(f"--workers {self.workers}: must be ≥ 1")
         if self.slices < 0:
             raise ValueError(f"--slices {self.slices}: must be ≥ 0")
         if not 0.0 <= self.overlap < 1.0:
