@@ -37,8 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
             Parameters come from --params (a JSON file written by --tune-on), else the defaults (threshold 0.5,
             no seed erosion, no size filter). With --tune-on, every class is first tuned on crops with truth in
-            DATA_ROOT against the challenge metric of --metric; the result is written to --params (default
-            OUT.params.json) and used. An existing OUT written from the same source with the same settings is
+            DATA_ROOT against the challenge metric of --metric, then each class's hierarchy option is tried (a
+            group: the union with its predicted atoms; an atom: kept only where it is the most probable positive
+            atom; cellseg/postprocess/hierarchy.py) and kept only where it raises the class's score; the result is
+            written to --params (default OUT.params.json) and used. An existing OUT written from the same source with the same settings is
             resumed (finished crops are kept); anything else needs --overwrite.
 
             """) + textwrap.fill(PRECEDENCE, width=104),

@@ -81,7 +81,7 @@ def union_probability(prob: np.ndarray, threshold: float, atoms: Iterable[tuple[
         if t_a >= 1 or t_g >= 1:
             continue  # never positive: nothing to add
         p_a = np.asarray(p_a, np.float32)
-        phi = (t_g + np.float32((1 - threshold) / (1 - t_a)) * (p_a - np.float32(t_a))).astype(np.float32)
+        phi = (t_g + np.float32((1 - threshold) / (1 - t_a)) * (p_a - np.float32(t_a))).astype(np.float32, copy=False)
         np.maximum(phi, lifted, out=phi, where=p_a > np.float32(t_a))
         np.maximum(out, np.minimum(phi, np.float32(1)), out=out)
     return out
