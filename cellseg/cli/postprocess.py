@@ -37,8 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
             Parameters come from --params (a JSON file written by --tune-on), else the defaults (threshold 0.5,
             no seed erosion, no size filter). With --tune-on, every class is first tuned on crops with truth in
-            DATA_ROOT against the challenge metric of --metric; the result is written to --params (default
-            OUT.params.json) and used. An existing OUT written from the same source with the same settings is
+            DATA_ROOT against the challenge metric of --metric, then each class's hierarchy option is tried (a
+            group: the union with its predicted atoms; an atom: kept only where it is the most probable positive
+            atom; cellseg/postprocess/hierarchy.py) and kept only where it raises the class's score; the result is
+            written to --params (default OUT.params.json) and used. An existing OUT written from the same source with the same settings is
             resumed (finished crops are kept); anything else needs --overwrite.
 
             """) + textwrap.fill(PRECEDENCE, width=104),
@@ -116,10 +118,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _score_table(params: ParamSet) -> str:
-    lines = [f"{'class':<12} {'tuned':>8} {'defaults':>9}  ({params.era} metric; IoU or combined score)"]
+    lines = [f"{'class':<12} {'tuned':>8} {'defaults':>9}  hierarchy: without → with  ({params.era} metric; IoU or "
+             "combined score)"]
     for name in sorted(params.classes):
         s = params.scores.get(name, {})
         tuned, default = s.get("score"), s.get("default_score")
-        if tuned is not None and default is not None:
-            lines.append(f"{name:<12} {tuned:8.4f} {default:9.4f}")
+        if tuned is None or default is None:
+            continue
+        line = f"{name:<12} {tuned:8.4f} {default:9.4f}"
+        off, on = s.get("hierarchy_off_score"), s.get("hierarchy_on_score")
+        if off is not None and on is not None:
+            from cellseg.postprocess.hierarchy import option_for
+
+            option = params.classes[name].hierarchy
+            line += f"  {option or option_for(name)} {'kept' if option else 'off'}: {off:.4f} → {on:.4f}"
+        lines.append(line)
     return "\n".join(lines)

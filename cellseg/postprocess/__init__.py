@@ -4,6 +4,8 @@
   `gpu` (the same algorithm in torch, CPU or CUDA tensors), `spec` (the exact shared quantities);
 - `native`: one class decoded on another grid than the model's (a crop's annotation grid), `annotation`: where
   each (crop, label) is annotated;
+- `hierarchy`: options that make predictions obey the class relations (a group contains its atoms; atoms
+  exclude each other), edits of the probabilities before decoding;
 - `params`: per-class parameters and their JSON file; `tune`: grid search on validation crops against
   the challenge metric; `apply`: a probability store → a segmentation store (on the annotation grids by default).
 

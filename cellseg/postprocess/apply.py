@@ -11,6 +11,9 @@ Where the output lies (`grid`):
   there by `cellseg.postprocess.native` (probability interpolated linearly, ids of the model-grid decoding),
   in z-slabs; a channel whose grid differs from the crop's is stored with its own (`PredictionStore.grid`);
 - "model": on the probability's own grid, as the model predicted it (`cellseg submit` then nearest-upsamples).
+
+A class with a hierarchy option (`cellseg.postprocess.hierarchy`) has its probability edited on the model grid from
+the crop's other predicted classes before it is decoded, on either grid.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from cellseg.data.grid import Grid
 from cellseg.data.write import DEFAULT_CHUNK
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
+from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability
 from cellseg.postprocess.native import SLAB_VOXELS, decode_coarse, iter_decode, segment_class, slab_planes
 from cellseg.postprocess.params import ParamSet
 
@@ -96,7 +100,13 @@ def open_probabilities(path: str | os.PathLike[str]) -> PredictionStore:
 
 
 def _class_settings(params: ParamSet, classes: Sequence[str]) -> dict[str, dict[str, Any]]:
-    return {c: {"kind": params.get(c).kind, **dataclasses.asdict(params.get(c))} for c in classes}
+    """Class → its settings, as recorded in the output's provenance (no `hierarchy` key when off, as before the
+    option existed, so such stores still resume)."""
+    settings = {c: {"kind": params.get(c).kind, **dataclasses.asdict(params.get(c))} for c in classes}
+    for entry in settings.values():
+        if entry["hierarchy"] is None:
+            del entry["hierarchy"]
+    return settings
 
 
 def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, grid: GridMode,
@@ -130,11 +140,39 @@ def _device_lock(device: str) -> contextlib.AbstractContextManager[Any]:
     return _GPU_LOCK if device != "cpu" else contextlib.nullcontext()
 
 
+class _Hierarchy:
+    """What the hierarchy options of a crop's classes read: the crop's predicted classes, their probabilities and
+    thresholds, and its `Rivals` (built once, on first use, for every class with "argmax")."""
+
+    def __init__(self, pred: PredictionStore, crop: str, classes: Sequence[str], params: ParamSet):
+        self.pred, self.crop, self.classes, self.params = pred, crop, list(classes), params
+        self._rivals: Rivals | None = None
+        self._lock = threading.Lock()
+
+    def threshold(self, name: str) -> float:
+        return self.params.get(name).threshold
+
+    def read(self, name: str) -> np.ndarray:
+        return read_class(self.pred, self.crop, name)[0]
+
+    def rivals(self) -> Rivals:
+        with self._lock:
+            if self._rivals is None:
+                self._rivals = crop_rivals(self.classes, threshold_of=self.threshold, read=self.read)
+            return self._rivals
+
+    def edit(self, name: str, prob: np.ndarray) -> np.ndarray:
+        return edited_probability(name, self.params.get(name).hierarchy, prob, present=self.classes,
+                                  threshold_of=self.threshold, read=self.read, rivals=self.rivals)
+
+
 def _segment_one(pred: PredictionStore, crop: str, name: str, writer: CropWriter, *, params: ParamSet,
-                 device: str) -> int | None:
+                 device: str, hierarchy: _Hierarchy | None = None) -> int | None:
     """Read, segment and write one class of one crop on the writer's grid of that channel; its object count."""
     source, target = pred.grid(crop), writer.grid_of(name)
     prob, boundary = read_class(pred, crop, name)
+    if hierarchy is not None:
+        prob = hierarchy.edit(name, prob)
     instance = is_instance(name)
     if target == source:
         with _device_lock(device):
@@ -216,9 +254,11 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     classes = list(grids)
     writer = seg.crop_writer(crop, most_common(list(grids.values())), channels=classes, grids=grids)
     slab = max((math.prod(g.shape_vox[1:]) * _planes(g) for g in grids.values() if g != source), default=0)
-    threads = workers or class_workers(math.prod(source.shape_vox), slab)
-    counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device), classes,
-                         threads)
+    edits = any(params.get(c).hierarchy for c in classes)
+    hierarchy = _Hierarchy(pred, crop, classes, params) if edits else None
+    threads = workers or class_workers(math.prod(source.shape_vox), slab, hierarchy=edits)
+    counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device,
+                                                   hierarchy=hierarchy), classes, threads)
     objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
     seconds = time.perf_counter() - start
     crop_attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k not in ("grid", "channels", "channel_grids")}
@@ -234,12 +274,15 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
 # Bytes per voxel of a class in flight: on the model grid float32 probability and boundary and uint32 ids; per
 # target voxel of a slab (annotation grids), its ids and the source planes on the target's (y, x) grid
 # (`cellseg.postprocess.native`, upsampling; a coarser target is smaller than its model grid anyway).
+# A hierarchy option adds the edited copy, one partner's probability and a temporary (float32 each).
 MODEL_BYTES_PER_VOXEL = 12
 SLAB_BYTES_PER_VOXEL = 8
+HIERARCHY_BYTES_PER_VOXEL = 12
 
 
-def class_workers(voxels: int, slab_voxels: int = 0) -> int:
+def class_workers(voxels: int, slab_voxels: int = 0, *, hierarchy: bool = False) -> int:
     """Threads `postprocess_store` gives a crop of `voxels` (model grid) decoded in slabs of `slab_voxels` target
     voxels: the cores (at most 8), fewer when their classes in flight would pass `CLASS_MEMORY_BYTES`."""
-    per_class = MODEL_BYTES_PER_VOXEL * voxels + SLAB_BYTES_PER_VOXEL * slab_voxels
+    per_voxel = MODEL_BYTES_PER_VOXEL + HIERARCHY_BYTES_PER_VOXEL * hierarchy
+    per_class = per_voxel * voxels + SLAB_BYTES_PER_VOXEL * slab_voxels
     return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, per_class)))

@@ -1,20 +1,24 @@
 """Per-class post-processing parameters and the JSON file that holds them (written by `tune`, read by
 `cellseg postprocess --params`).
 
-File layout (`"format": "cellseg-postprocess-params"`, version 1):
+File layout (`"format": "cellseg-postprocess-params"`, version 2):
 
-    {"format": "cellseg-postprocess-params", "version": 1,
+    {"format": "cellseg-postprocess-params", "version": 2,
      "era": "2026",                                   # metric the scores refer to (null if untuned)
      "tuned_on": {"data_root": ..., "crops": [...]},   # provenance (free form)
      "classes": {
         "mito": {"kind": "instance", "threshold": 0.5, "boundary_threshold": 0.5, "use_boundary": true,
                  "seed_distance_nm": 16.0, "min_size_nm3": 32000.0, "fill_holes": true,
-                 "score": 0.91, "default_score": 0.88},
+                 "hierarchy": "union", "score": 0.91, "default_score": 0.88,
+                 "hierarchy_off_score": 0.90, "hierarchy_on_score": 0.91},
         "er":   {"kind": "semantic", "threshold": 0.4, "min_size_nm3": 0.0, "fill_holes": false,
-                 "score": 0.63, "default_score": 0.61}}}
+                 "hierarchy": null, "score": 0.63, "default_score": 0.61}}}
 
 `score` is the validation score the parameters achieved (class IoU for semantic classes, class combined
-score for instance classes, in `era`), `default_score` that of the defaults on the same crops.
+score for instance classes, in `era`), `default_score` that of the defaults on the same crops. `hierarchy` is
+the class's hierarchy option (`cellseg.postprocess.hierarchy`: "union" for a group, "argmax" for an atom, null
+for none); `hierarchy_off_score` / `hierarchy_on_score` are the scores without and with it where tuning tried
+it. Version 1 files (no hierarchy) still load, every option off.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.classes import get_class, is_instance
+from cellseg.postprocess.hierarchy import OPTIONS, check_option
 from cellseg.postprocess.spec import float32_threshold
 
 FORMAT = "cellseg-postprocess-params"
-VERSION = 1
-SCORE_KEYS = ("score", "default_score")
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+SCORE_KEYS = ("score", "default_score", "hierarchy_off_score", "hierarchy_on_score")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,11 +48,13 @@ class SemanticParams:
     threshold: float = 0.5
     min_size_nm3: float = 0.0  # 26-connected components smaller than this are removed (0: keep all)
     fill_holes: bool = False  # fill background pockets (6-connected) that do not touch the crop border
+    hierarchy: str | None = None  # "union" (groups) or "argmax" (atoms): `cellseg.postprocess.hierarchy`
 
     kind = "semantic"
 
     def __post_init__(self) -> None:
         float32_threshold(self.threshold)
+        _check_hierarchy(self.hierarchy)
         if not self.min_size_nm3 >= 0:
             raise ValueError(f"min_size_nm3 must be ≥ 0, got {self.min_size_nm3}")
 
@@ -62,11 +70,13 @@ class InstanceParams:
     seed_distance_nm: float = 0.0  # seeds lie farther than this from the object's edge (0: the whole core)
     min_size_nm3: float = 0.0  # objects smaller than this are removed (0: keep all)
     fill_holes: bool = True
+    hierarchy: str | None = None  # "union" (groups) or "argmax" (atoms): `cellseg.postprocess.hierarchy`
 
     kind = "instance"
 
     def __post_init__(self) -> None:
         float32_threshold(self.threshold)
+        _check_hierarchy(self.hierarchy)
         float32_threshold(self.boundary_threshold, name="boundary_threshold")
         for name in ("seed_distance_nm", "min_size_nm3"):
             if not getattr(self, name) >= 0:
@@ -74,6 +84,11 @@ class InstanceParams:
 
 
 ClassParams = SemanticParams | InstanceParams
+
+
+def _check_hierarchy(option: str | None) -> None:
+    if option is not None and option not in OPTIONS:
+        raise ValueError(f"hierarchy must be null or one of {OPTIONS}, got {option!r}")
 
 
 def default_params(class_name: str) -> ClassParams:
@@ -105,12 +120,18 @@ class ParamSet:
         """Every class named here must be one of `available`, the classes of `store` (being processed).
 
         Raises:
-            ValueError: naming the parameter file, the unknown classes, the store and its classes.
+            ValueError: naming the parameter file, the unknown classes, the store and its classes; or a hierarchy
+                option the class cannot take.
         """
         unknown = sorted(set(self.classes) - set(available))
         if unknown:
             raise ValueError(f"{self.source or 'parameters'}: classes {unknown} are not classes of {store} "
                              f"(its classes are {list(available)})")
+        for name, p in self.classes.items():
+            try:
+                check_option(name, p.hierarchy)
+            except ValueError as err:
+                raise ValueError(f"{self.source or 'parameters'}: {err}") from err
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (see the module docstring)."""
@@ -153,8 +174,9 @@ class ParamSet:
             raise ValueError(f"{path}: not JSON ({err})") from err
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"{path}: not a cellseg post-processing parameter file (no \"format\": \"{FORMAT}\")")
-        if doc.get("version") != VERSION:
-            raise ValueError(f"{path}: version {doc.get('version')!r} is not supported (expected {VERSION})")
+        if doc.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"{path}: version {doc.get('version')!r} is not supported (expected one of "
+                             f"{READABLE_VERSIONS})")
         classes, scores = {}, {}
         for name, entry in dict(doc.get("classes") or {}).items():
             classes[name], scores[name] = _parse_class(path, name, entry)
@@ -181,11 +203,16 @@ def _parse_class(path: Path, name: str, entry: Any) -> tuple[ClassParams, dict[s
     unknown = sorted(set(entry) - set(allowed))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown} (valid for {expected} classes: {sorted(allowed)})")
+    hierarchy = entry.pop("hierarchy", None)
+    try:
+        check_option(name, hierarchy)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
     for key, value in entry.items():
         want_bool = allowed[key] in ("bool", bool)
         if want_bool != isinstance(value, bool) or not isinstance(value, bool | int | float):
             raise ValueError(f"{where}: {key} must be {'true/false' if want_bool else 'a number'}, got {value!r}")
     try:
-        return kind_cls(**entry), scores
+        return kind_cls(**entry, hierarchy=hierarchy), scores
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from err

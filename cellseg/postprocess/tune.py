@@ -26,6 +26,10 @@ Search (small on purpose: validation sets are small, a fine grid would fit their
   object, not of a voxel: seed distances are fractions of the median equivalent radius of the truth
   objects (`SEED_FRACTIONS`, nm), minimum sizes fractions of their median volume (`SIZE_FRACTIONS`, nm³).
 A candidate replaces the current setting only when it scores strictly higher, so ties keep the defaults.
+
+Then, with every class's parameters chosen, each class's hierarchy option (`cellseg.postprocess.hierarchy`:
+"union" for a group, "argmax" for an atom; it reads the other classes' tuned thresholds) is scored on the same
+samples the same way, and kept only where it raises the class's score (ties: off), `tune_hierarchy`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.store import PredictionStore, boundary_channel
 from cellseg.postprocess.apply import read_class
+from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability, option_for, partners
 from cellseg.postprocess.native import (
     axis_maps,
     decode_on_grid,
@@ -63,7 +68,7 @@ from cellseg.postprocess.spec import float32_threshold
 from cellseg.postprocess.tune_crops import check_annotated, find_crops, split_entry
 
 __all__ = ["Sample", "find_crops", "load_samples", "score_samples", "split_entry", "sweep_scores",
-           "threshold_counts", "tune_class", "tune_store"]
+           "threshold_counts", "tune_class", "tune_hierarchy", "tune_store"]
 log = logging.getLogger(__name__)
 SEMANTIC_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 INSTANCE_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
@@ -256,10 +261,55 @@ def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_na
     return samples
 
 
+def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen: dict[str, ClassParams],
+                   scores: dict[str, dict[str, float | None]], *, era: str, device: str = "cpu",
+                   grid: str = "annotation", on_class: Callable[[], None] = lambda: None) -> None:
+    """Try each tuned class's hierarchy option (module docstring) and keep it where it wins, updating `chosen` and
+    `scores` in place: "hierarchy_off_score" (the tuned score) and "hierarchy_on_score" for every class tried,
+    "score" raised to the latter where the option is kept. A class whose partners the store lacks is not tried."""
+    thresholds = ParamSet(classes=dict(chosen))  # the options read the tuned thresholds, never edited probabilities
+    rivals: dict[str, Rivals] = {}  # crop → the rivals of its atoms, read once
+
+    def edit(name: str, sample: Sample) -> Sample:
+        present = [c for c in store.classes if c in store.crop_channels(sample.crop)]
+
+        def threshold_of(c: str) -> float:
+            return thresholds.get(c).threshold
+
+        def read(c: str) -> np.ndarray:
+            return read_class(store, sample.crop, c)[0]
+
+        def crop_rivals_once() -> Rivals:
+            if sample.crop not in rivals:
+                rivals[sample.crop] = crop_rivals(present, threshold_of=threshold_of, read=read)
+            return rivals[sample.crop]
+
+        prob = edited_probability(name, option_for(name), sample.prob, present=present, threshold_of=threshold_of,
+                                  read=read, rivals=crop_rivals_once)
+        return dataclasses.replace(sample, prob=prob)
+
+    for name in store.classes:
+        if name not in chosen or not partners(name, store.classes):
+            continue
+        option = option_for(name)
+        samples = [edit(name, s) for s in load_samples(store, entries, name, grid=grid)]
+        candidate = dataclasses.replace(chosen[name], hierarchy=option)
+        on, off = score_samples(name, samples, candidate, era=era, device=device), float(scores[name]["score"])  # type: ignore[arg-type]
+        scores[name].update(hierarchy_off_score=off, hierarchy_on_score=on)
+        kept = on > off
+        if kept:
+            chosen[name], scores[name]["score"] = candidate, on
+        log.info("%s: hierarchy %s %s (score %.4f with it, %.4f without)", name, option, "kept" if kept else "off",
+                 on, off)
+        on_class()
+
+
 def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
-               era: str = "2026", device: str = "cpu", grid: str = "annotation", progress: bool = True) -> ParamSet:
+               era: str = "2026", device: str = "cpu", grid: str = "annotation", hierarchy: bool = True,
+               progress: bool = True) -> ParamSet:
     """Tune every class of a probability store on its tuning crops with truth in `data_root` (module docstring),
-    scored on each class's annotation grid (`grid`: "annotation") or the store's ("model").
+    scored on each class's annotation grid (`grid`: "annotation") or the store's ("model"); then, with
+    `hierarchy`, the hierarchy options (`tune_hierarchy`).
 
     A class whose listed annotation has no array in any tuning crop keeps its defaults (and no score).
 
@@ -276,6 +326,7 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
     chosen: dict[str, ClassParams] = {}
     scores: dict[str, dict[str, float | None]] = {}
     total = sum(num_candidates(c, boundary_channel(c) in store.channels) for c in store.classes)
+    total += sum(bool(partners(c, store.classes)) for c in store.classes) if hierarchy else 0
     with tqdm(total=total, desc="tune", unit="setting", disable=not progress) as bar:
         for name in store.classes:
             samples = load_samples(store, entries, name, grid=grid)
@@ -286,10 +337,14 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
             chosen[name], scores[name] = tune_class(name, samples, era=era, device=device, on_score=lambda: bar.update())
             log.info("%s (%d crops): %s → %s score %.4f (defaults %.4f)", name, len(samples), era,
                      _describe(chosen[name]), scores[name]["score"], scores[name]["default_score"])
+        if hierarchy:
+            tune_hierarchy(store, entries, chosen, scores, era=era, device=device, grid=grid,
+                           on_class=lambda: bar.update())
     return ParamSet(classes=chosen, scores=scores, era=era,
                     tuned_on={"store": str(store.path), "data_root": str(data_root),
                               "crops": [e.crop_name for e in entries], "metric": era, "combined": "decision mode",
-                              "grid": grid,
+                              "grid": grid, "hierarchy": "kept where it raises the class's score" if hierarchy
+                              else "not tried",
                               "crops_chosen": "given" if crops else "the store's crops with truth, report crops "
                                                                      "of its runs left out"})
 

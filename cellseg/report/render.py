@@ -182,10 +182,19 @@ def header_lines(report: Report) -> list[str]:
     return lines
 
 
+def hierarchy_note(report: Report) -> list[str]:
+    """The hierarchy options tuning tried (`cellseg.postprocess.hierarchy`), with the class scores on the tuning
+    crops without → with them; empty when none was tried."""
+    tried = {c: e for c, e in report.params.get("classes", {}).items() if e.get("hierarchy_on_score") is not None}
+    items = [f"{c} {'**' + e['hierarchy'] + '** kept' if e.get('hierarchy') else 'off'} "
+             f"({fmt(e['hierarchy_off_score'])} → {fmt(e['hierarchy_on_score'])})" for c, e in sorted(tried.items())]
+    return [f"Hierarchy options of stage 5 (tuning crops, without → with): {'; '.join(items)}."] if items else []
+
+
 def markdown(report: Report) -> str:
     """The whole report.md."""
     lines = [*header_lines(report), "", "## Ablation", "", *ablation_table(report)]
-    lines += ["", noise_note(report), "",
+    lines += ["", noise_note(report), *(["", *hierarchy_note(report)] if hierarchy_note(report) else []), "",
               "## Single models (no TTA, threshold 0.5; bold: the one chosen on the tuning crops in that era)", "",
               *singles_table(report)]
     for era in report.options.eras:

@@ -89,6 +89,11 @@ def test_report_markdown_names_stages_eras_and_bias(report_dir):
                   "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 current metric",
                   "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**"):
         assert title in text, title
+    # ecs and pm are the runs' atoms: each tried "argmax" against the other, listed whether kept or not
+    note = next(line for line in text.splitlines() if line.startswith("Hierarchy options of stage 5"))
+    assert "ecs " in note and "pm " in note and "→" in note
+    params = json.loads((report_dir / "report.json").read_text())["postprocess_params"]["classes"]
+    assert params["pm"]["hierarchy_on_score"] is not None and params["mito"]["hierarchy"] is None
 
 
 def test_pngs_are_written(report_dir):
