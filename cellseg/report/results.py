@@ -113,6 +113,8 @@ class Report:
     figures: list[str] = field(default_factory=list)
     # era → {"stages" | "singles": `cellseg.report.bootstrap.stage_uncertainty`}
     uncertainty: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "tta" | "postprocess" → {"off": classes, "classes": class → {"before", "after", "on"}} (`report.switches`)
+    switches: dict[str, Any] = field(default_factory=dict)
 
 
 class Layout:
@@ -126,6 +128,7 @@ class Layout:
         self.settings = root / SETTINGS_FILE
         self.params = self.stores / "postprocess_params.json"
         self.postprocessed = self.stores / "postprocessed.zarr"
+        self.postprocessed_switched = self.stores / "postprocessed_switched.zarr"
 
     def predictions(self, run: RunInfo, tta: int) -> Path:
         """A run's probability store at `tta` transforms."""

@@ -87,8 +87,26 @@ def test_report_markdown_names_stages_eras_and_bias(report_dir):
     text = (report_dir / "report.md").read_text()
     for title in ("1. best single model", "2. uniform ensemble", "3. weighted ensemble", "4. + TTA (8×)",
                   "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 current metric",
-                  "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**"):
+                  "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**", "## Stage switches",
+                  "**4. TTA**: off for", "**5. post-processing**: off for"):
         assert title in text, title
+
+
+def test_stages_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
+    doc = _doc(report_dir)
+    switches, classes = doc["stage_switches"], doc["runs"][0]["classes"]
+    assert switches["era"] == doc["tuning_metric"]
+    for key in ("tta", "postprocess"):
+        assert sorted(switches[key]["classes"]) == sorted(classes)
+        assert switches[key]["off"] == [c for c, s in switches[key]["classes"].items() if not s["on"]]
+        for s in switches[key]["classes"].values():  # on exactly where the stage scores strictly higher
+            assert s["on"] == (s["after"] is None or s["before"] is None or s["after"] > s["before"] + 1e-9)
+    # The stores scored as stages 4 and 5 are the switched ones whenever a class was switched off.
+    stages = {s["key"]: s for s in doc["stages"]}
+    assert stages["tta"]["store"].endswith("ensemble_weighted_tta8_switched.zarr" if switches["tta"]["off"]
+                                           else "ensemble_weighted_tta8.zarr")
+    assert stages["postprocess"]["store"].endswith("postprocessed_switched.zarr" if switches["postprocess"]["off"]
+                                                   else "postprocessed.zarr")
 
 
 def test_pngs_are_written(report_dir):
