@@ -209,6 +209,25 @@ def test_runs_with_incompatible_classes_are_a_clear_error(report_runs, tmp_path)
     with pytest.raises(ValueError, match="incompatible classes") as err:
         run_report(_options([report_runs[0], other], tmp_path / "r"))
     assert str(other) in str(err.value) and "['mito', 'er']" in str(err.value)
+    lacking = sorted(set(check_runs(report_runs)[0].classes) - {"mito", "er"})
+    assert f"{other} lacks {lacking} and adds []" in str(err.value)  # the classes that differ, named
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("metrics", ["no validation record", "missing"])
+def test_a_run_that_never_validated_is_refused_before_any_prediction(report_runs, tmp_path, capsys, metrics):
+    run = tmp_path / "never_validated"
+    shutil.copytree(report_runs[1], run)
+    path = run / "metrics.jsonl"
+    if metrics == "missing":
+        path.unlink()
+    else:
+        path.write_text("".join(f"{line}\n" for line in path.read_text().splitlines() if '"val"' not in line))
+    assert cli(["report", "--runs", str(report_runs[0]), str(run), "--out", str(tmp_path / "r"), *FAST,
+                "--checkpoint", "last"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: the run never validated" in err and metrics in err
+    assert not (tmp_path / "r").exists()  # checked before anything is written
 
 
 def test_one_run_an_unknown_crop_or_a_bad_option_is_refused(report_runs, tmp_path):
