@@ -60,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="prediction, fitting and post-processing device (default: CUDA when available)")
     parser.add_argument("--slices", type=int, default=2, metavar="N",
                         help="scored crops drawn as slice overlays (default 2)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="processes scoring (crop, label) pairs in parallel (default: the CPU cores, at most 16)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
-                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
+                         workers=args.workers, overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
     report = run_report(opts)
     print(console(report))
     print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")

@@ -192,7 +192,8 @@ def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: C
            *, segmented: bool = False) -> StageResult:
     seg = store if segmented else plain_segmentation(store, layout.segmentation(key), plan.scored,
                                                      progress=opts.progress)
-    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, progress=opts.progress)
+    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, workers=opts.scoring_workers,
+                                progress=opts.progress)
     return StageResult(key=key, title=title, store=str(store.path), scores=scores)
 
 
@@ -248,7 +249,8 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
         with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weighted.path / WEIGHTS_FILE,
                                  progress=opts.progress)
-        with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era, progress=opts.progress)
+        with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era,
+                                          workers=opts.scoring_workers, progress=opts.progress)
     device = resolve(opts.device)
     with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric), apply, and switch "
                       "it off for the classes it does not help", resumed=layout.params.exists()):
@@ -256,7 +258,7 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
                                       progress=opts.progress)
         segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
-                                                  progress=opts.progress)
+                                                  workers=opts.scoring_workers, progress=opts.progress)
     return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
                   params=params, switches={"era": era, "tta": tta_switch, "postprocess": pp_switch})
 
@@ -282,7 +284,7 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
         seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
                                  progress=opts.progress)
         out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
-            seg, truth, layout.submission(key), opts.eras, progress=opts.progress)))
+            seg, truth, layout.submission(key), opts.eras, workers=opts.scoring_workers, progress=opts.progress)))
     return out
 
 

@@ -111,8 +111,9 @@ def era_scores(doc: Mapping[str, Any]) -> EraScores:
 
 
 def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras: Sequence[Era], *,
-                       progress: bool = False) -> dict[str, EraScores]:
-    """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era.
+                       workers: int = 1, progress: bool = False) -> dict[str, EraScores]:
+    """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era (`workers` processes
+    scoring (crop, label) pairs; the scores do not depend on it).
 
     Raises:
         ValueError: the segmentation lacks labels of the truth (they would score 0 silently).
@@ -123,7 +124,7 @@ def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras
         raise ValueError(f"{seg.path}: no prediction for {report.missing} of the truth {truth}")
     out = {}
     for era in eras:
-        evaluation = evaluate(submission, truth, metric=era, progress=progress)
+        evaluation = evaluate(submission, truth, metric=era, workers=workers, progress=progress)
         out[era] = era_scores(to_json(evaluation))
         log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f)", seg.path.name, era, out[era].overall,
                  out[era].instance, out[era].semantic)

@@ -49,19 +49,21 @@ def switched_off(switch: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def tuning_scores(store: PredictionStore, key: str, layout: Layout, plan: CropPlan, truth: Path, era: Era, *,
-                  segmented: bool = False, progress: bool = False) -> dict[str, float]:
+                  segmented: bool = False, workers: int = 1, progress: bool = False) -> dict[str, float]:
     """class → score of `store` on the tuning crops (`truth`) in `era` (decoded plainly unless `segmented`)."""
     seg = store if segmented else plain_segmentation(store, layout.segmentation(f"tuning_{key}"), plan.tuning,
                                                      progress=progress)
-    scores = score_segmentation(seg, truth, layout.submission(f"tuning_{key}"), [era], progress=progress)
+    scores = score_segmentation(seg, truth, layout.submission(f"tuning_{key}"), [era], workers=workers,
+                                progress=progress)
     return dict(scores[era].classes)
 
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,
-               era: Era, *, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
+               era: Era, *, workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
     """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document)."""
-    switch = stage_switch(tuning_scores(weighted, "weighted", layout, plan, truth, era, progress=progress),
-                          tuning_scores(with_tta, "tta", layout, plan, truth, era, progress=progress))
+    scores = [tuning_scores(store, key, layout, plan, truth, era, workers=workers, progress=progress)
+              for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
+    switch = stage_switch(*scores)
     off = switched_off(switch)
     log.info("TTA switched off for %s", off or "no class")
     if not off:
@@ -71,14 +73,14 @@ def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Lay
 
 
 def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, stage4_switch: Mapping[str, Any],
-                       layout: Layout, plan: CropPlan, truth: Path, era: Era, *, progress: bool = False
-                       ) -> tuple[PredictionStore, dict[str, Any]]:
+                       layout: Layout, plan: CropPlan, truth: Path, era: Era, *, workers: int = 1,
+                       progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
     """Stage 5 with post-processing switched off for the classes it does not help against the plain decoding of
     stage 4 (`stage4_switch`: the stage-4 switch, whose kept scores are stage 4's plain scores): (its store,
     the switch document)."""
     plain = {c: s["after"] if s["on"] else s["before"] for c, s in stage4_switch["classes"].items()}
     switch = stage_switch(plain, tuning_scores(postprocessed, "postprocess", layout, plan, truth, era,
-                                               segmented=True, progress=progress))
+                                               segmented=True, workers=workers, progress=progress))
     off = switched_off(switch)
     log.info("post-processing switched off for %s", off or "no class")
     if not off:

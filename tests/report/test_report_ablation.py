@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -170,7 +171,9 @@ def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
     store = report_dir / "stores" / "predict_tta8" / f"{report_runs[0].name}.zarr" / "crop501" / ".zattrs"
     written = store.stat().st_mtime_ns
     before = _doc(report_dir)["stages"]
-    assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST]) == 0
+    # One scoring process here, the default (the CPU cores) in the fixture: the scores do not depend on it.
+    assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST,
+                "--workers", "1"]) == 0
     printed = capsys.readouterr().out
     assert "| stage | 2025 overall" in printed and "5. + post-processing (tuned)" in printed
     assert store.stat().st_mtime_ns == written
@@ -231,6 +234,9 @@ def test_a_run_that_never_validated_is_refused_before_any_prediction(report_runs
 
 
 def test_one_run_an_unknown_crop_or_a_bad_option_is_refused(report_runs, tmp_path):
+    with pytest.raises(ValueError, match="--workers 0: must be ≥ 1"):
+        _options(report_runs, tmp_path / "r", workers=0)
+    assert _options(report_runs, tmp_path / "r").scoring_workers == min(os.cpu_count() or 1, 16)
     with pytest.raises(ValueError, match=r"--overlap 1\.0"):
         _options(report_runs, tmp_path / "r", overlap=1.0)
     with pytest.raises(ValueError, match="at least 2 runs"):
