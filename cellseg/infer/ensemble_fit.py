@@ -314,9 +314,6 @@ def _fit_class(tally: Tally, options: FitOptions) -> dict[str, Any]:
             "scores": {"members": scores[:num].tolist(), "uniform": float(scores[num])}}
 
 
-GUARD_ORDER: tuple[str, ...] = ("uniform", "shrunk", "unshrunk")  # ties go to the earliest; members alone last
-
-
 def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, members: Sequence[int]) -> dict[str, Any]:
     """Step 8: the best of uniform, shrunk, unshrunk and each member alone (ties to the simplest).
 
@@ -329,9 +326,10 @@ def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, memb
         "chosen", the chosen "weights", and "scores" with "shrunk" and "final" (the chosen one's score).
     """
     num = len(members)
+    # name → (weights, score), simplest first: a tie goes to the earliest
     cands = {"uniform": (np.full(num, 1.0 / num), fit["scores"]["uniform"]),
-               "shrunk": (fit["weights"], shrunk_score), "unshrunk": (fit["fitted_weights"], fitted_score),
-               **{f"member {m}": (np.eye(num)[k], fit["scores"]["members"][k]) for k, m in enumerate(members)}}
+             "shrunk": (fit["weights"], shrunk_score), "unshrunk": (fit["fitted_weights"], fitted_score),
+             **{f"member {m}": (np.eye(num)[k], fit["scores"]["members"][k]) for k, m in enumerate(members)}}
     scores = {name: float(s) if np.isfinite(s) else -math.inf for name, (_, s) in cands.items()}
     best = max(scores.values())
     chosen = next(name for name in cands if scores[name] >= best - TIE_TOLERANCE)
@@ -375,8 +373,8 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
                              "scores": f["scores"], "score": "foreground IoU" if tallies[c].label.endswith(
                                  FOREGROUND_SUFFIX) else tallies[c].key}
         log.info("%s: weights %s (%s; fit %s, λ=%.2f over %d crops); scores: %s", c,
-                 [round(float(v), 3) for v in f["weights"]], f.get("chosen", "uniform"), [round(float(v), 3) for v in f["fitted_weights"]],
-                 f["lambda"], tallies[c].num_crops, f["scores"])
+                 [round(float(v), 3) for v in f["weights"]], report_classes[c]["chosen"],
+                 [round(float(v), 3) for v in f["fitted_weights"]], f["lambda"], tallies[c].num_crops, f["scores"])
     per_channel = _channel_weights(plan, len(stores), {c: f["weights"] for c, f in fits.items()})
     report = {"metric": options.metric, "threshold": options.threshold, "shrink": options.shrink,
               "instance_score": options.instance_score, "grid": grid, "score_grid": options.score_grid,
