@@ -109,13 +109,13 @@ def format_summary(result: EnsembleResult, members: list[str]) -> str:
         lines.append(f"fit on {len(weights.report['validation_crops'])} validation crops, "
                      f"{weights.report['metric']} metric, shrink {weights.report['shrink']}")
     header = "channel".ljust(22) + "".join(f"w{i + 1}".rjust(8) for i in range(len(members)))
-    lines.append(header + ("   scores: members | uniform | final" if fit else ""))
+    lines.append(header + ("   scores: members | uniform | final (chosen)" if fit else ""))
     for channel, w in weights.per_channel.items():
         row = channel.ljust(22) + "".join(f"{v:8.3f}" for v in w)
         scores = fit.get(channel, {}).get("scores") or {}
         if scores:
             final = scores.get("final")
             row += ("   " + " ".join(f"{s:.3f}" for s in scores["members"]) + f" | {scores['uniform']:.3f} | "
-                    + (f"{final:.3f}" if final is not None else "-"))
+                    + (f"{final:.3f} ({fit[channel].get('chosen', 'uniform')})" if final is not None else "-"))
         lines.append(row)
     return "\n".join(lines)

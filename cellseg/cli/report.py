@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 
@@ -24,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             Stages 1-4 are scored as the official evaluator reads a binary prediction (probability > 0.5,
             instance classes as 26-connected components), stage 5 with the post-processed masks and ids; each
             is written as a submission at the truth's geometry and scored with `cellseg evaluate`'s code.
+            Stages 4 and 5 are switched off for each class they do not improve on the tuning crops (that
+            class keeps the previous stage's prediction); the report names those classes.
 
             Writes REPORT_DIR/report.md (tables), report.json (everything) and PNGs (overall and per-class
             bars, slice overlays), and prints the ablation table. Intermediate stores go to REPORT_DIR/stores
@@ -61,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="prediction, fitting and post-processing device (default: CUDA when available)")
     parser.add_argument("--slices", type=int, default=2, metavar="N",
                         help="scored crops drawn as slice overlays (default 2)")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="processes scoring each stage's (crop, label) pairs (default: the CPU count, at most 16)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="processes scoring (crop, label) pairs in parallel (default: the CPU cores, at most 16)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
@@ -76,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
-                         workers=args.workers or min(len(os.sched_getaffinity(0)), 16),
-                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
+                         workers=args.workers, overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
     report = run_report(opts)
     print(console(report))
     print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")

@@ -371,7 +371,8 @@ class TrainConfig:
         num_gpus: GPUs per job for the SLURM launchers (informational; torchrun decides the world size).
         val_every, checkpoint_every, log_every: periods in optimizer steps.
         val_every_min: also validate (and checkpoint) every this many minutes of the training clock, e.g. to
-            record every architecture's score against minutes at the same times; null: steps only.
+            record every architecture's score against minutes at the same times; null: steps only. With
+            `time_budget_min` it must be shorter than the budget.
         keep_top_k: best checkpoints kept by validation score (plus `last`).
         profile_steps: write a torch.profiler trace of this many steps to run_dir/profile (0: off).
         nonfinite: what a NaN or infinite loss or gradient does: "error" stops training with an error naming
@@ -413,6 +414,10 @@ class TrainConfig:
         for name in ("time_budget_min", "val_every_min"):
             value = getattr(self, name)
             _check(value is None or value > 0, f"train.{name}={value} must be > 0 or null")
+        if self.time_budget_min is not None and self.val_every_min is not None:
+            _check(self.val_every_min < self.time_budget_min,
+                   f"train.val_every_min={self.val_every_min} must be shorter than train.time_budget_min="
+                   f"{self.time_budget_min}: the budget ends before the first validation at that cadence")
         _check(self.max_nonfinite_skips >= 1, "train.max_nonfinite_skips must be >= 1")
         _check(self.compile_mode in COMPILE_MODES,
                f"train.compile_mode={self.compile_mode!r} must be one of {list(COMPILE_MODES)}")

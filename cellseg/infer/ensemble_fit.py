@@ -40,9 +40,14 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
    small next to typical differences between members; with fewer crops, or under ~10⁴ positive voxels
    (a handful of small organelles, where IoU swings on a few boundary voxels), the fit is trusted
    proportionally less. No validation data: uniform (λ = 1). Any λ > 0 keeps every member above 0.
-7. Boundary channels take their class's weights.
-8. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
-   and of the final weights (the last two scored in a second pass), with n_c, v_c and λ.
+7. Boundary channels take their class's weights (the chosen ones of step 8).
+8. **Guard**: shrinkage (or a flat plateau's mean) must never leave the ensemble worse than one of its
+   members on the tuning crops. The candidates uniform, shrunk w, unshrunk w_fit and each member alone are
+   scored on the same crops by the same path (w and w_fit in a second pass); the best is `chosen` and its
+   weights are written. Ties (within 1e-9) go to the simplest, in the order uniform, shrunk, unshrunk, then
+   the members alone (a single member only when it is strictly better than every mix keeping them all).
+9. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
+   ("fitted"), of the shrunk w ("shrunk") and of the chosen weights ("final"), `chosen`, n_c, v_c and λ.
 
 Scores are computed from counts of `Σ w·p > 0.5` in float32 (torch, on the GPU when there is one); at
 voxels whose mean lies within float rounding of the threshold the written ensemble can differ.
@@ -309,6 +314,30 @@ def _fit_class(tally: Tally, options: FitOptions) -> dict[str, Any]:
             "scores": {"members": scores[:num].tolist(), "uniform": float(scores[num])}}
 
 
+def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, members: Sequence[int]) -> dict[str, Any]:
+    """Step 8: the best of uniform, shrunk, unshrunk and each member alone (ties to the simplest).
+
+    Args:
+        fit: a class's fit (`_fit_class`): its weights, fitted weights and first-pass scores.
+        fitted_score, shrunk_score: second-pass scores of the unshrunk and shrunk weights.
+        members: the class's member indices (for naming a member chosen alone, e.g. "member 2").
+
+    Returns:
+        "chosen", the chosen "weights", and "scores" with "shrunk" and "final" (the chosen one's score).
+    """
+    num = len(members)
+    # name → (weights, score), simplest first: a tie goes to the earliest
+    cands = {"uniform": (np.full(num, 1.0 / num), fit["scores"]["uniform"]),
+             "shrunk": (fit["weights"], shrunk_score), "unshrunk": (fit["fitted_weights"], fitted_score),
+             **{f"member {m}": (np.eye(num)[k], fit["scores"]["members"][k]) for k, m in enumerate(members)}}
+    scores = {name: float(s) if np.isfinite(s) else -math.inf for name, (_, s) in cands.items()}
+    best = max(scores.values())
+    chosen = next(name for name in cands if scores[name] >= best - TIE_TOLERANCE)
+    return {"chosen": chosen, "weights": cands[chosen][0],
+            "scores": {**fit["scores"], "fitted": float(fitted_score), "shrunk": float(shrunk_score),
+                       "final": float(cands[chosen][1])}}
+
+
 def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: Sequence[SplitEntry], *,
                 grid: GridChoice = "finest", options: FitOptions | None = None, progress: bool = False) -> Weights:
     """Fit per-class weights on the validation crops `entries` (method in the module docstring).
@@ -336,16 +365,16 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
                                       for c, note in notes.items()}
     for c, f in fits.items():
         if c in final:
-            f["scores"]["fitted"], f["scores"]["final"] = (float(v) for v in final[c].scores(options.metric))
+            f.update(guard(f, *final[c].scores(options.metric), plan.members_of[c]))
         report_classes[c] = {"method": f["method"], "members": list(plan.members_of[c]),
-                             "weights": [float(v) for v in f["weights"]],
+                             "chosen": f.get("chosen", "uniform"), "weights": [float(v) for v in f["weights"]],
                              "fitted_weights": [float(v) for v in f["fitted_weights"]], "lambda": f["lambda"],
                              "num_crops": tallies[c].num_crops, "truth_voxels": tallies[c].truth_voxels,
                              "scores": f["scores"], "score": "foreground IoU" if tallies[c].label.endswith(
                                  FOREGROUND_SUFFIX) else tallies[c].key}
-        log.info("%s: weights %s (fit %s, λ=%.2f over %d crops); scores: %s", c,
-                 [round(float(v), 3) for v in f["weights"]], [round(float(v), 3) for v in f["fitted_weights"]],
-                 f["lambda"], tallies[c].num_crops, f["scores"])
+        log.info("%s: weights %s (%s; fit %s, λ=%.2f over %d crops); scores: %s", c,
+                 [round(float(v), 3) for v in f["weights"]], report_classes[c]["chosen"],
+                 [round(float(v), 3) for v in f["fitted_weights"]], f["lambda"], tallies[c].num_crops, f["scores"])
     per_channel = _channel_weights(plan, len(stores), {c: f["weights"] for c, f in fits.items()})
     report = {"metric": options.metric, "threshold": options.threshold, "shrink": options.shrink,
               "instance_score": options.instance_score, "grid": grid, "score_grid": options.score_grid,

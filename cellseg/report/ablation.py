@@ -12,6 +12,9 @@ Stages (each keeps everything of the one before and changes one thing):
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
+Stages 4 and 5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
+tuning crops keeps the previous stage's prediction, and the report names those classes.
+
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
 classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids. Every
 number comes with a 95 % crop-bootstrap interval, every change with a paired one (`cellseg.report.bootstrap`),
@@ -27,6 +30,8 @@ interrupted report resumes; `--overwrite` starts over):
     stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
     stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json,
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip
+    stores/ensemble_weighted_tta8_switched.zarr, stores/postprocessed_switched.zarr: stages 4 and 5 with
+                                       classes switched off (only when some are)
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, pla
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
 from cellseg.report.scoring import plain_segmentation, score_segmentation
+from cellseg.report.switches import switch_postprocess, switch_tta
 from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
@@ -186,7 +192,7 @@ def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: C
            *, segmented: bool = False) -> StageResult:
     seg = store if segmented else plain_segmentation(store, layout.segmentation(key), plan.scored,
                                                      progress=opts.progress)
-    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, workers=opts.workers,
+    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, workers=opts.scoring_workers,
                                 progress=opts.progress)
     return StageResult(key=key, title=title, store=str(store.path), scores=scores)
 
@@ -213,9 +219,10 @@ class Stores:
     singles: list[Path]  # each run without TTA
     uniform: PredictionStore
     weighted: PredictionStore
-    with_tta: PredictionStore
-    postprocessed: PredictionStore
+    with_tta: PredictionStore  # TTA switched off for the classes it does not help
+    postprocessed: PredictionStore  # post-processing switched off for the classes it does not help
     params: Any  # the tuned `ParamSet`
+    switches: dict[str, Any]  # "tta", "postprocess" → `cellseg.report.switches` documents
 
 
 def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
@@ -235,19 +242,34 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
                                  val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
                                  progress=opts.progress)
-    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms",
+    truth = tuning_truth(layout, plan, runs, root)
+    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms; switch it off for the "
+                      "classes it does not help on the tuning crops",
                       resumed=any(layout.predictions(r, TTA_TRANSFORMS).exists() for r in runs)):
         tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
         with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weighted.path / WEIGHTS_FILE,
                                  progress=opts.progress)
+        with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era,
+                                          workers=opts.scoring_workers, progress=opts.progress)
     device = resolve(opts.device)
-    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric) and apply",
-                      resumed=layout.params.exists()):
+    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric), apply, and switch "
+                      "it off for the classes it does not help", resumed=layout.params.exists()):
         params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress)
         segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
                                       progress=opts.progress)
+        segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
+                                                  workers=opts.scoring_workers, progress=opts.progress)
     return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
-                  params=params)
+                  params=params, switches={"era": era, "tta": tta_switch, "postprocess": pp_switch})
+
+
+def tuning_truth(layout: Layout, plan: CropPlan, runs: Sequence[RunInfo], root: Path) -> Path:
+    """The truth store of the tuning crops (the scored crops' when they are the same; built once)."""
+    if set(plan.tuning) == set(plan.scored):
+        return layout.truth
+    if not layout.tuning_truth.is_dir():
+        build_truth(layout.tuning_truth, plan.tuning, runs[0].classes, root)
+    return layout.tuning_truth
 
 
 def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
@@ -255,16 +277,14 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
     """Every single model scored on the tuning crops (the scored results when the crops are the same)."""
     if set(plan.tuning) == set(plan.scored):
         return list(scored)
-    if not layout.tuning_truth.is_dir():
-        build_truth(layout.tuning_truth, plan.tuning, runs[0].classes, root)
+    truth = tuning_truth(layout, plan, runs, root)
     out = []
     for run, path in zip(runs, stores.singles, strict=True):
         key = f"tuning_single_{run.name}"
         seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
                                  progress=opts.progress)
         out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
-            seg, layout.tuning_truth, layout.submission(key), opts.eras, workers=opts.workers,
-            progress=opts.progress)))
+            seg, truth, layout.submission(key), opts.eras, workers=opts.scoring_workers, progress=opts.progress)))
     return out
 
 
@@ -317,7 +337,7 @@ def run_report(opts: ReportOptions) -> Report:
                     best_single={era: c["run"] for era, c in chosen.items()}, best_single_choice=chosen,
                     stages=stages, timings=timings.rows,
                     weights=json.loads((stores.weighted.path / WEIGHTS_FILE).read_text()),
-                    params=stores.params.to_json(), uncertainty=uncertainty)
+                    params=stores.params.to_json(), uncertainty=uncertainty, switches=stores.switches)
     with timings.step("figures"):
         report.figures = write_figures(report, layout.root, progress=opts.progress)
     write_reports(report, layout.root)

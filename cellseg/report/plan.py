@@ -3,9 +3,10 @@
 Everything is checked before any prediction starts, so a bad input fails in a second with a message that
 names the run directory or crop:
 
-- every run directory has `config.yaml`, `meta.json` and the requested checkpoint;
+- every run directory has `config.yaml`, `meta.json` and the requested checkpoint, and validated at least
+  once (a validation record in its `metrics.jsonl`: what chose `best.pt` on its tuning crops);
 - at least two runs (the ablation is about ensembles), no run twice, and all predicting the same classes
-  (the uniform and weighted ensembles average class by class);
+  (the uniform and weighted ensembles average class by class; the error names the classes that differ);
 - one data root: `--data-root`, else the one every run was trained on;
 - scored crops (`--crops`): "val" = the *report* crops of every run (validation crops whose role in the
   run's `validation_roles.csv` is "report": no decision of training, fitting or tuning saw them), "test" =
@@ -82,7 +83,7 @@ def check_run(run_dir: str | os.PathLike[str], *, checkpoint: str, name: str,
 
     Raises:
         FileNotFoundError: no such directory, no config.yaml/meta.json, or no such checkpoint.
-        ValueError: an unreadable config or meta.json.
+        ValueError: an unreadable config or meta.json, or a run that never validated.
     """
     path = Path(run_dir)
     if not path.is_dir():
@@ -95,12 +96,33 @@ def check_run(run_dir: str | os.PathLike[str], *, checkpoint: str, name: str,
         json.loads((path / "meta.json").read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path / 'meta.json'}: not JSON ({err.msg})") from None
+    check_validated(path)
     checkpoint_file(path, checkpoint)
     split = read_datasplit(path / "datasplit.csv") if (path / "datasplit.csv").is_file() else []
     return RunInfo(run_dir=path.resolve(), name=name, cfg=cfg, classes=tuple(cfg.data.classes),
                    training=frozenset(e.crop_name for e in split if e.split == "train"),
                    validation=tuple(e.crop_name for e in split if e.split == "validate"),
                    roles={e.crop_name: e.role for e in split if e.split == "validate" and e.role})
+
+
+def check_validated(run_dir: Path) -> None:
+    """A run must have validated at least once: a record of `metrics.jsonl` with a validation overall score.
+
+    Raises:
+        ValueError: naming the run directory and its metrics file.
+    """
+    metrics = run_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        try:
+            val = json.loads(line).get("val")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(val, dict) and val.get("overall_score") is not None:
+            return
+    why = "has no validation record" if metrics.is_file() else "is missing"
+    raise ValueError(f"{run_dir}: the run never validated ({metrics} {why}), so no checkpoint was chosen on its "
+                     "tuning crops; train it until a validation (train.val_every steps or train.val_every_min "
+                     "minutes) before reporting on it")
 
 
 def unique_names(run_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -132,11 +154,14 @@ def check_runs(run_dirs: Sequence[str | os.PathLike[str]], *, checkpoint: str = 
         raise ValueError(f"run directories given more than once: {twice}")
     runs = [check_run(r, checkpoint=checkpoint, name=n, data_root=data_root)
             for r, n in zip(run_dirs, unique_names(run_dirs), strict=True)]
-    first = set(runs[0].classes)
-    if any(set(r.classes) != first for r in runs[1:]):
+    first = runs[0]
+    differ = [r for r in runs[1:] if set(r.classes) != set(first.classes)]
+    if differ:
+        diffs = "; ".join(f"{r.run_dir} lacks {sorted(set(first.classes) - set(r.classes))} and adds "
+                          f"{sorted(set(r.classes) - set(first.classes))}" for r in differ)
         listing = "; ".join(f"{r.run_dir} predicts {list(r.classes)}" for r in runs)
         raise ValueError(f"runs with incompatible classes: every run must predict the same classes to be "
-                         f"ensembled and compared class by class: {listing}")
+                         f"ensembled and compared class by class; compared with {first.run_dir}: {diffs} ({listing})")
     return runs
 
 

@@ -191,9 +191,33 @@ def hierarchy_note(report: Report) -> list[str]:
     return [f"Hierarchy options of stage 5 (tuning crops, without → with): {'; '.join(items)}."] if items else []
 
 
+SWITCHED = {"tta": "4. TTA", "postprocess": "5. post-processing"}
+
+
+def switch_lines(report: Report) -> list[str]:
+    """Which classes had stage 4 or 5 switched off (they keep the previous stage's prediction), with the class
+    scores on the tuning crops that decided it."""
+    if not report.switches:
+        return []
+    era = report.switches["era"]
+    lines = ["## Stage switches", "",
+             f"A stage that does not raise a class's {era} score on the tuning crops is switched off for that class, "
+             "which keeps the previous stage's prediction (stage 5 is compared with the plain decoding of stage 4).",
+             ""]
+    rows = []
+    for key, title in SWITCHED.items():
+        switch = report.switches[key]
+        lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}.")
+        rows += [[title, c, fmt(s["before"]), fmt(s["after"]), "on" if s["on"] else "**off**"]
+                 for c, s in switch["classes"].items()]
+    return [*lines, "", *_table(["stage", "class", "before (tuning)", "with the stage (tuning)", "switch"], rows)]
+
+
 def markdown(report: Report) -> str:
     """The whole report.md."""
     lines = [*header_lines(report), "", "## Ablation", "", *ablation_table(report)]
+    if report.switches:
+        lines += ["", *switch_lines(report)]
     lines += ["", noise_note(report), *(["", *hierarchy_note(report)] if hierarchy_note(report) else []), "",
               "## Single models (no TTA, threshold 0.5; bold: the one chosen on the tuning crops in that era)", "",
               *singles_table(report)]
@@ -211,7 +235,9 @@ def console(report: Report) -> str:
     """The ablation table for the terminal, with the first bias note."""
     lines = [f"Ablation on {len(report.plan.scored)} scored crops ({_with_roles(report, report.plan.scored)}); "
              f"decisions made on {_with_roles(report, report.plan.tuning)}", "", *ablation_table(report)]
-    return "\n".join([*lines, "", noise_note(report), "", report.plan.notes[0]])
+    switched = [f"{title} switched off for: {', '.join(report.switches[key]['off']) or 'no class'}"
+                for key, title in SWITCHED.items() if report.switches]
+    return "\n".join([*lines, *switched, "", noise_note(report), "", report.plan.notes[0]])
 
 
 def _clean(value: Any) -> Any:
@@ -275,6 +301,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "singles": [_stage_json(report, "singles", i, s) for i, s in enumerate(report.singles)],
         "ensemble_weights": report.weights,
         "postprocess_params": report.params,
+        "stage_switches": report.switches,
         "timings": report.timings,
         "figures": [Path(f).name for f in report.figures],
     })

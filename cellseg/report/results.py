@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from cellseg.eval.eras import ERAS, Era
 from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
 from cellseg.report.scoring import EraScores
 
+MAX_WORKERS = 16  # default scoring processes: the CPU cores, at most this
 SETTINGS_FILE = "report_settings.json"  # what the stores depend on; its presence marks a report directory
 
 
@@ -32,7 +34,7 @@ class ReportOptions:
         tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
-        workers: processes `evaluate` spreads each scoring's (crop, label) tasks over.
+        workers: processes scoring (crop, label) pairs in parallel (None: the CPU cores, at most 16).
         overwrite: start over (delete the stores of an earlier report in `out`).
     """
 
@@ -47,7 +49,7 @@ class ReportOptions:
     overlap: float = 0.5
     device: str = "auto"
     slices: int = 2
-    workers: int = 1
+    workers: int | None = None
     overwrite: bool = False
     progress: bool = True
 
@@ -58,12 +60,17 @@ class ReportOptions:
             raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {ERAS}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
-        if self.workers < 1:
-            raise ValueError(f"--workers {self.workers}: must be ≥ 1")
         if self.slices < 0:
             raise ValueError(f"--slices {self.slices}: must be ≥ 0")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers {self.workers}: must be ≥ 1")
         if not 0.0 <= self.overlap < 1.0:
             raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
+
+    @property
+    def scoring_workers(self) -> int:
+        """Processes scoring (crop, label) pairs: `workers`, else the CPU cores, at most `MAX_WORKERS`."""
+        return self.workers or min(os.cpu_count() or 1, MAX_WORKERS)
 
     @property
     def eras(self) -> tuple[Era, ...]:
@@ -117,6 +124,8 @@ class Report:
     figures: list[str] = field(default_factory=list)
     # era → {"stages" | "singles": `cellseg.report.bootstrap.stage_uncertainty`}
     uncertainty: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "tta" | "postprocess" → {"off": classes, "classes": class → {"before", "after", "on"}} (`report.switches`)
+    switches: dict[str, Any] = field(default_factory=dict)
 
 
 class Layout:
@@ -130,6 +139,7 @@ class Layout:
         self.settings = root / SETTINGS_FILE
         self.params = self.stores / "postprocess_params.json"
         self.postprocessed = self.stores / "postprocessed.zarr"
+        self.postprocessed_switched = self.stores / "postprocessed_switched.zarr"
 
     def predictions(self, run: RunInfo, tta: int) -> Path:
         """A run's probability store at `tta` transforms."""

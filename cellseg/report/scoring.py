@@ -112,7 +112,8 @@ def era_scores(doc: Mapping[str, Any]) -> EraScores:
 
 def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras: Sequence[Era], *,
                        workers: int = 1, progress: bool = False) -> dict[str, EraScores]:
-    """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era (`workers` processes).
+    """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era (`workers` processes
+    scoring (crop, label) pairs; the scores do not depend on it).
 
     Raises:
         ValueError: the segmentation lacks labels of the truth (they would score 0 silently).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -87,13 +88,31 @@ def test_report_markdown_names_stages_eras_and_bias(report_dir):
     text = (report_dir / "report.md").read_text()
     for title in ("1. best single model", "2. uniform ensemble", "3. weighted ensemble", "4. + TTA (8×)",
                   "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 current metric",
-                  "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**"):
+                  "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**", "## Stage switches",
+                  "**4. TTA**: off for", "**5. post-processing**: off for"):
         assert title in text, title
     # ecs and pm are the runs' atoms: each tried "argmax" against the other, listed whether kept or not
     note = next(line for line in text.splitlines() if line.startswith("Hierarchy options of stage 5"))
     assert "ecs " in note and "pm " in note and "→" in note
     params = json.loads((report_dir / "report.json").read_text())["postprocess_params"]["classes"]
     assert params["pm"]["hierarchy_on_score"] is not None and params["mito"]["hierarchy"] is None
+
+
+def test_stages_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
+    doc = _doc(report_dir)
+    switches, classes = doc["stage_switches"], doc["runs"][0]["classes"]
+    assert switches["era"] == doc["tuning_metric"]
+    for key in ("tta", "postprocess"):
+        assert sorted(switches[key]["classes"]) == sorted(classes)
+        assert switches[key]["off"] == [c for c, s in switches[key]["classes"].items() if not s["on"]]
+        for s in switches[key]["classes"].values():  # on exactly where the stage scores strictly higher
+            assert s["on"] == (s["after"] is None or s["before"] is None or s["after"] > s["before"] + 1e-9)
+    # The stores scored as stages 4 and 5 are the switched ones whenever a class was switched off.
+    stages = {s["key"]: s for s in doc["stages"]}
+    assert stages["tta"]["store"].endswith("ensemble_weighted_tta8_switched.zarr" if switches["tta"]["off"]
+                                           else "ensemble_weighted_tta8.zarr")
+    assert stages["postprocess"]["store"].endswith("postprocessed_switched.zarr" if switches["postprocess"]["off"]
+                                                   else "postprocessed.zarr")
 
 
 def test_pngs_are_written(report_dir):
@@ -157,7 +176,9 @@ def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
     store = report_dir / "stores" / "predict_tta8" / f"{report_runs[0].name}.zarr" / "crop501" / ".zattrs"
     written = store.stat().st_mtime_ns
     before = _doc(report_dir)["stages"]
-    assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST]) == 0
+    # One scoring process here, the default (the CPU cores) in the fixture: the scores do not depend on it.
+    assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST,
+                "--workers", "1"]) == 0
     printed = capsys.readouterr().out
     assert "| stage | 2025 overall" in printed and "5. + post-processing (tuned)" in printed
     assert store.stat().st_mtime_ns == written
@@ -196,9 +217,31 @@ def test_runs_with_incompatible_classes_are_a_clear_error(report_runs, tmp_path)
     with pytest.raises(ValueError, match="incompatible classes") as err:
         run_report(_options([report_runs[0], other], tmp_path / "r"))
     assert str(other) in str(err.value) and "['mito', 'er']" in str(err.value)
+    lacking = sorted(set(check_runs(report_runs)[0].classes) - {"mito", "er"})
+    assert f"{other} lacks {lacking} and adds []" in str(err.value)  # the classes that differ, named
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("metrics", ["no validation record", "missing"])
+def test_a_run_that_never_validated_is_refused_before_any_prediction(report_runs, tmp_path, capsys, metrics):
+    run = tmp_path / "never_validated"
+    shutil.copytree(report_runs[1], run)
+    path = run / "metrics.jsonl"
+    if metrics == "missing":
+        path.unlink()
+    else:
+        path.write_text("".join(f"{line}\n" for line in path.read_text().splitlines() if '"val"' not in line))
+    assert cli(["report", "--runs", str(report_runs[0]), str(run), "--out", str(tmp_path / "r"), *FAST,
+                "--checkpoint", "last"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: the run never validated" in err and metrics in err
+    assert not (tmp_path / "r").exists()  # checked before anything is written
 
 
 def test_one_run_an_unknown_crop_or_a_bad_option_is_refused(report_runs, tmp_path):
+    with pytest.raises(ValueError, match="--workers 0: must be ≥ 1"):
+        _options(report_runs, tmp_path / "r", workers=0)
+    assert _options(report_runs, tmp_path / "r").scoring_workers == min(os.cpu_count() or 1, 16)
     with pytest.raises(ValueError, match=r"--overlap 1\.0"):
         _options(report_runs, tmp_path / "r", overlap=1.0)
     with pytest.raises(ValueError, match="at least 2 runs"):

@@ -1,0 +1,91 @@
+"""Per-class stage switches: a stage of the report that does not help a class on the tuning crops is switched
+off for that class, which then keeps the previous stage's prediction.
+
+- Stage 4 (TTA): stage 3's and stage 4's probabilities, each decoded plainly (`plain_segmentation`), are
+  scored on the tuning crops in the tuning era; a class TTA does not improve takes stage 3's probabilities
+  (`cellseg.infer.merge.merge_classes`), and the post-processing of stage 5 is tuned on that merged store.
+- Stage 5 (post-processing): the tuned segmentation is scored on the tuning crops against the plain default
+  decoding of stage 4 (threshold 0.5, 26-connected components: how stage 4 is scored); a class the tuned
+  post-processing does not improve takes that plain decoding.
+
+"Improve" means a strictly higher class score (IoU, or the combined score of an instance class) through the
+official evaluator in decision mode, on the tuning crops only, so the scored crops never take part in the
+choice. A tie switches the stage off (it did not help); a class the tuning crops do not score (NaN) keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cellseg.eval.eras import Era
+from cellseg.infer.merge import merge_classes
+from cellseg.infer.store import PredictionStore
+from cellseg.report.plan import CropPlan
+from cellseg.report.results import Layout
+from cellseg.report.scoring import plain_segmentation, score_segmentation
+
+log = logging.getLogger(__name__)
+TOLERANCE = 1e-9  # a gain below this is a tie
+
+
+def stage_switch(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """class → {"before", "after", "on"}: on when the stage scores strictly higher on the tuning crops, or when
+    either score is missing (NaN: no evidence either way)."""
+    out = {}
+    for name in after:
+        b, a = float(before.get(name, math.nan)), float(after[name])
+        on = not (math.isfinite(a) and math.isfinite(b)) or a > b + TOLERANCE
+        out[name] = {"before": b, "after": a, "on": on}
+    return out
+
+
+def switched_off(switch: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The classes a stage is switched off for."""
+    return [name for name, s in switch.items() if not s["on"]]
+
+
+def tuning_scores(store: PredictionStore, key: str, layout: Layout, plan: CropPlan, truth: Path, era: Era, *,
+                  segmented: bool = False, workers: int = 1, progress: bool = False) -> dict[str, float]:
+    """class → score of `store` on the tuning crops (`truth`) in `era` (decoded plainly unless `segmented`)."""
+    seg = store if segmented else plain_segmentation(store, layout.segmentation(f"tuning_{key}"), plan.tuning,
+                                                     progress=progress)
+    scores = score_segmentation(seg, truth, layout.submission(f"tuning_{key}"), [era], workers=workers,
+                                progress=progress)
+    return dict(scores[era].classes)
+
+
+def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,
+               era: Era, *, workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
+    """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document)."""
+    scores = [tuning_scores(store, key, layout, plan, truth, era, workers=workers, progress=progress)
+              for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
+    switch = stage_switch(*scores)
+    off = switched_off(switch)
+    log.info("TTA switched off for %s", off or "no class")
+    if not off:
+        return with_tta, {"classes": switch, "off": off}
+    merged = merge_classes([with_tta, weighted], dict.fromkeys(off, 1), layout.ensemble("weighted_tta8_switched"))
+    return merged, {"classes": switch, "off": off}
+
+
+def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, stage4_switch: Mapping[str, Any],
+                       layout: Layout, plan: CropPlan, truth: Path, era: Era, *, workers: int = 1,
+                       progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
+    """Stage 5 with post-processing switched off for the classes it does not help against the plain decoding of
+    stage 4 (`stage4_switch`: the stage-4 switch, whose kept scores are stage 4's plain scores): (its store,
+    the switch document)."""
+    plain = {c: s["after"] if s["on"] else s["before"] for c, s in stage4_switch["classes"].items()}
+    switch = stage_switch(plain, tuning_scores(postprocessed, "postprocess", layout, plan, truth, era,
+                                               segmented=True, workers=workers, progress=progress))
+    off = switched_off(switch)
+    log.info("post-processing switched off for %s", off or "no class")
+    if not off:
+        return postprocessed, {"classes": switch, "off": off}
+    decoded = plain_segmentation(stage4, layout.segmentation("tta"), plan.scored, progress=progress)
+    merged = merge_classes([postprocessed, decoded], dict.fromkeys(off, 1), layout.postprocessed_switched,
+                           crops=plan.scored)
+    return merged, {"classes": switch, "off": off}

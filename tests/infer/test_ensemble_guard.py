@@ -1,0 +1,52 @@
+"""The weight-fit guard: the written weights are never worse on the tuning crops than a member alone."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_ensemble import crop_truth, write_store
+
+from cellseg.infer.ensemble import ensemble
+from cellseg.infer.ensemble_fit import guard
+
+
+def test_shrinkage_that_would_lose_to_the_best_member_is_undone(tiny_synth_root, tmp_path):
+    """One member equals the truth, two are its negative: uniform (1/3 on the truth) and the fit shrunk towards
+    it (two crops: λ ≥ 0.875) threshold to nothing on the truth; the guard keeps the unshrunk fit."""
+    classes = ("mito", "er")
+    truth = {crop: crop_truth(tiny_synth_root, crop, classes) for crop in ("crop1", "crop2", "crop3")}
+    negative = {crop: (grid, {c: 1 - p for c, p in t.items()}) for crop, (grid, t) in truth.items()}
+    provenance = {"data_root": str(tiny_synth_root)}
+    members = [write_store(tmp_path / f"{name}.zarr", data, channels=classes, provenance=provenance)
+               for name, data in (("bad1", negative), ("good", truth), ("bad2", negative))]
+    result = ensemble(members, tmp_path / "ens.zarr", weights="auto")
+    doc = json.loads((tmp_path / "ens.zarr" / "weights.json").read_text())
+    for c in classes:
+        fit = result.weights.report["classes"][c]
+        scores = fit["scores"]
+        assert scores["members"] == [0.0, 1.0, 0.0] and scores["uniform"] == 0.0
+        assert fit["lambda"] >= 0.875 and scores["shrunk"] < 1.0 == scores["fitted"]
+        assert fit["chosen"] == "unshrunk" and scores["final"] == 1.0 >= max(scores["members"])
+        assert fit["weights"] == pytest.approx(fit["fitted_weights"])
+        assert result.weights.per_channel[c] == pytest.approx(fit["fitted_weights"])
+        assert doc["fit"]["classes"][c]["chosen"] == "unshrunk"
+    # The written ensemble is the truth where the uniform mean would have been its negative.
+    _, t = truth["crop2"]
+    for c in classes:
+        assert np.array_equal(result.store.read("crop2", c) > 0.5, t[c] > 0.5)
+
+
+def fit(members, uniform, weights=(0.5, 0.5), fitted=(0.2, 0.8)):
+    return {"weights": np.asarray(weights), "fitted_weights": np.asarray(fitted),
+            "scores": {"members": list(members), "uniform": uniform}}
+
+
+def test_guard_prefers_the_simplest_of_tied_candidates_and_a_member_only_when_strictly_better():
+    assert guard(fit([0.6, 0.7], 0.8), 0.8, 0.8, [0, 1])["chosen"] == "uniform"
+    assert guard(fit([0.6, 0.7], 0.5), 0.8, 0.8, [0, 1])["chosen"] == "shrunk"
+    assert guard(fit([0.6, 0.8], 0.5), 0.8, 0.7, [0, 1])["chosen"] == "unshrunk"
+    best = guard(fit([0.6, 0.9], 0.5), 0.8, float("nan"), [2, 5])
+    assert best["chosen"] == "member 5" and list(best["weights"]) == [0.0, 1.0]
+    assert best["scores"]["final"] == 0.9 and best["scores"]["fitted"] == 0.8

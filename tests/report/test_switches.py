@@ -1,0 +1,102 @@
+"""Stage switches: a class that TTA or post-processing does not improve on the tuning crops keeps the previous
+stage's prediction, decided through the evaluator on the tuning crops only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cellseg.data.crops import Catalog
+from cellseg.data.grid import Grid
+from cellseg.data.split import read_datasplit
+from cellseg.data.targets import CropSource
+from cellseg.infer.store import PredictionStore
+from cellseg.report.plan import CropPlan
+from cellseg.report.results import Layout
+from cellseg.report.scoring import plain_segmentation
+from cellseg.report.switches import stage_switch, switch_postprocess, switch_tta, switched_off
+from cellseg.report.truth import build_truth
+
+CLASSES = ("mito", "er")
+CROPS = ("crop1", "crop2", "crop3")
+PLAN = CropPlan(scored=("crop1",), tuning=("crop2", "crop3"), scored_spec="1", tuning_spec="2,3")
+
+
+def test_a_stage_stays_on_only_where_it_scores_strictly_higher():
+    switch = stage_switch({"a": 0.5, "b": 0.5, "c": 0.5, "d": math.nan}, {"a": 0.6, "b": 0.5, "c": 0.4, "d": 0.3})
+    assert {c: s["on"] for c, s in switch.items()} == {"a": True, "b": False, "c": False, "d": True}
+    assert switched_off(switch) == ["b", "c"] and switch["c"] == {"before": 0.5, "after": 0.4, "on": False}
+
+
+def _truth(root: Path, crop: str) -> tuple[Grid, dict[str, np.ndarray]]:
+    """The crop's labels as 0/1 probabilities on its annotation grid."""
+    entry = next(e for e in read_datasplit(root / "datasplit.csv") if e.crop_name == crop)
+    geometry = Catalog.from_dir(root).train[int(crop[4:])].labels[CLASSES[0]]
+    grid = Grid(translation_nm=geometry.translation_nm, shape_vox=geometry.shape_vox,
+                voxel_size_nm=geometry.voxel_size_nm)
+    target, _ = CropSource.open(entry, CLASSES, boundaries=False).read_targets(grid, use_all=False)
+    return grid, {c: target[k].astype(np.float32) for k, c in enumerate(CLASSES)}
+
+
+def _store(path: Path, root: Path, make) -> PredictionStore:
+    """A probability store of every crop: class → make(class, truth probabilities)."""
+    store = PredictionStore.create(path, kind="probabilities", channels=CLASSES, instance_channels=("mito",),
+                                   provenance={"data_root": str(root)})
+    for crop in CROPS:
+        grid, truth = _truth(root, crop)
+        store.write_crop(crop, grid, {c: make(c, p) for c, p in truth.items()})
+    return store
+
+
+@pytest.fixture
+def stages(tiny_synth_root, tmp_path):
+    """Stage 3: mito right, er empty (0.3 everywhere); stage 4: mito inverted, er empty as well."""
+    empty = lambda p: np.full_like(p, 0.3)  # noqa: E731
+    weighted = _store(tmp_path / "weighted.zarr", tiny_synth_root, lambda c, p: p if c == "mito" else empty(p))
+    with_tta = _store(tmp_path / "tta.zarr", tiny_synth_root, lambda c, p: 1 - p if c == "mito" else empty(p))
+    layout = Layout(tmp_path / "report")
+    layout.stores.mkdir(parents=True)
+    build_truth(layout.tuning_truth, PLAN.tuning, CLASSES, tiny_synth_root)
+    return weighted, with_tta, layout
+
+
+def test_tta_is_switched_off_where_it_does_not_help(stages):
+    weighted, with_tta, layout = stages
+    merged, switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026")
+    # mito: TTA is worse; er: a tie (both empty): neither helps, both keep stage 3's prediction.
+    assert sorted(switch["off"]) == ["er", "mito"]
+    assert switch["classes"]["mito"]["before"] > switch["classes"]["mito"]["after"]
+    assert switch["classes"]["er"]["before"] == switch["classes"]["er"]["after"]
+    assert merged.path == layout.ensemble("weighted_tta8_switched")
+    for crop in CROPS:
+        for c in CLASSES:
+            assert np.array_equal(merged.image(crop, c).read_level("s0"), weighted.image(crop, c).read_level("s0"))
+    # The other way round TTA helps mito, which keeps it; er still takes the previous stage's.
+    other = Layout(layout.root.parent / "other")
+    merged, switch = switch_tta(with_tta, weighted, other, PLAN, layout.tuning_truth, "2026")
+    assert switch["off"] == ["er"] and switch["classes"]["mito"]["on"]
+    assert merged.provenance["merged"] == {"mito": str(weighted.path), "er": str(with_tta.path)}
+    for crop in CROPS:
+        assert np.array_equal(merged.read(crop, "mito"), weighted.read(crop, "mito"))
+
+
+def test_post_processing_is_switched_off_where_plain_decoding_is_as_good(stages, tiny_synth_root, tmp_path):
+    weighted, with_tta, layout = stages
+    stage4, tta_switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026")
+    # A "post-processed" segmentation: er decoded from its truth (better than stage 4's empty er), mito the same
+    # plain decoding as stage 4 (a tie).
+    source = _store(tmp_path / "pp_source.zarr", tiny_synth_root, lambda c, p: p)
+    postprocessed = plain_segmentation(source, tmp_path / "postprocessed.zarr", CROPS)
+    merged, switch = switch_postprocess(stage4, postprocessed, tta_switch, layout, PLAN, layout.tuning_truth, "2026")
+    assert switch["off"] == ["mito"]
+    assert switch["classes"]["er"]["after"] > switch["classes"]["er"]["before"] == 0.0
+    assert switch["classes"]["mito"]["before"] == tta_switch["classes"]["mito"]["before"]  # stage 4's plain score
+    plain4 = PredictionStore.open(layout.segmentation("tta"))
+    assert merged.completed() == list(PLAN.scored)
+    for crop in PLAN.scored:
+        assert np.array_equal(merged.read(crop, "mito"), plain4.read(crop, "mito"))
+        assert np.array_equal(merged.read(crop, "er"), postprocessed.read(crop, "er"))
+        assert merged.read(crop, "er").any() and not plain4.read(crop, "er").any()
