@@ -1,5 +1,5 @@
 """Time-to-score curves: each run's validation scores against minutes of its training clock, whether each curve
-has plateaued, and one figure of all of them.
+is learning and has plateaued, and one figure of all of them.
 
 A run's `metrics.jsonl` (`cellseg.train.logs`) holds validation records `{"step", "time", "train_min", "job_min",
 "val": {...}}`; a resumed run may log a step again after its last checkpoint, and the later record wins.
@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 PLATEAU_TOLERANCE = 0.03  # "plateaued": the last two validations within 3 % of the larger of the two
+# "learning": the best validation after the first is at least 10 % above the first. A curve that never leaves its
+# first score is flat because nothing was learned, not because learning converged: the plateau test alone calls
+# both "plateaued" (4-minute 3D runs on a shared GPU stayed within ±10 % of their first score).
+LEARNING_RISE = 0.10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +45,22 @@ class Curve:
         """Last two validations within `PLATEAU_TOLERANCE` of each other (None with fewer than two)."""
         return plateaued([p["overall"] for p in self.points])
 
+    @property
+    def learning(self) -> bool | None:
+        """The best later validation rose at least `LEARNING_RISE` above the first (None with fewer than two)."""
+        return learning([p["overall"] for p in self.points])
+
+    @property
+    def state(self) -> str:
+        """One word for tables and legends: plateaued, rising/falling, not learning, or too few points."""
+        if self.learning is False:
+            return "not learning"
+        return {True: "plateaued", False: "rising or falling", None: "too few points"}[self.plateaued]
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"arch": self.arch, "era": self.era, "points": self.points, "steps": self.steps,
-                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued}
+                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued, "learning": self.learning}
 
 
 def plateaued(scores: Sequence[float], tolerance: float = PLATEAU_TOLERANCE) -> bool | None:
@@ -53,6 +69,15 @@ def plateaued(scores: Sequence[float], tolerance: float = PLATEAU_TOLERANCE) -> 
         return None
     a, b = scores[-2], scores[-1]
     return abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+
+def learning(scores: Sequence[float], rise: float = LEARNING_RISE) -> bool | None:
+    """Whether the best score after the first exceeds the first by at least `rise` of it (or of 0.01, for a first
+    score near 0)."""
+    later = [s for s in scores[1:] if not math.isnan(s)]
+    if not scores or math.isnan(scores[0]) or not later:
+        return None
+    return max(later) - scores[0] >= rise * max(abs(scores[0]), 0.01)
 
 
 def _number(value: Any) -> float:
@@ -106,9 +131,9 @@ def curves_figure(curves: Sequence[Curve], *, budget_min: float) -> Any:
         x = [p["train_min"] for p in curve.points]
         y = [p["overall"] for p in curve.points]
         style = "--" if curve.arch.endswith("_2d") else "-"
-        flat = {True: "plateaued", False: "rising or falling", None: "too few points"}[curve.plateaued]
-        ax.plot(x, y, style, color=colour, marker="o", markersize=4, linewidth=1.6, label=f"{curve.arch} ({flat})")
-        if curve.plateaued is False:
+        ax.plot(x, y, style, color=colour, marker="o", markersize=4, linewidth=1.6,
+                label=f"{curve.arch} ({curve.state})")
+        if curve.plateaued is False and curve.learning is not False:
             ax.plot(x[-1:], y[-1:], "o", markersize=9, markerfacecolor="none", color=colour)
     eras = {c.era for c in curves}
     ax.set_xlabel("training minutes (clock of train.time_budget_min: set-up and validation not counted)", fontsize=8)

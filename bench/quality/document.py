@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.quality.curves import PLATEAU_TOLERANCE, Curve, curves_figure
+from bench.quality.curves import LEARNING_RISE, PLATEAU_TOLERANCE, Curve, curves_figure
 
 ERAS = ("2025", "2026")
 
@@ -49,7 +49,10 @@ def singles_table(report: Mapping[str, Any], curves: Mapping[str, Curve]) -> lis
 
 
 def _plateau_text(curve: Curve | None) -> str:
-    return "" if curve is None else {True: "yes", False: "**no**", None: "n/a"}[curve.plateaued]
+    if curve is None:
+        return ""
+    return "**no: not learning**" if curve.learning is False else {True: "yes", False: "**no**",
+                                                                      None: "n/a"}[curve.plateaued]
 
 
 def curve_table(curves: Sequence[Curve], val_every_min: float) -> list[str]:
@@ -111,7 +114,8 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
              "**Single models** (test crops, no TTA, threshold 0.5) and their training:", "",
              *singles_table(report, by_arch),
              f"**Time to score** (validation overall score by minute of training clock; plateaued: the last two "
-             f"within {100 * PLATEAU_TOLERANCE:g} %):", "", *curve_table(curves, s["val_every_min"]),
+             f"within {100 * PLATEAU_TOLERANCE:g} %; not learning: no later validation "
+             f"{100 * LEARNING_RISE:g} % above the first):", "", *curve_table(curves, s["val_every_min"]),
              "![time to score](quality_curves.png)", ""]
     for era in reversed(ERAS):
         lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",

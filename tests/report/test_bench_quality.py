@@ -137,6 +137,16 @@ def test_plateau_rule() -> None:
     assert plateaued([0.0, 0.0]) is True and plateaued([0.5]) is None and plateaued([0.4, float("nan")]) is None
 
 
+def test_learning_rule() -> None:
+    """A flat curve from the first validation on is not learning, though the plateau test calls it plateaued."""
+    curves = load("bench.quality.curves")
+    flat = [0.0589, 0.0633, 0.0544, 0.0553]  # resnet_3d after 1-4 minutes on a shared H100
+    assert curves.plateaued(flat) is True and curves.learning(flat) is False
+    assert curves.learning([0.059, 0.116, 0.174, 0.172]) is True  # unet_2d: learned, then plateaued
+    assert curves.learning([0.0, 0.0]) is False and curves.learning([0.0, 0.02]) is True
+    assert curves.learning([0.3]) is None and curves.learning([float("nan"), 0.2]) is None
+
+
 DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train.max_steps", "train.val_every_min",
               "train.val_every", "train.checkpoint_every", "train.num_gpus", "train.compile",
               "optim.warmup_steps", "optim.warmup_min"}  # configs/quality/_budget.yaml and docs/quality.md
