@@ -11,7 +11,7 @@ Steps (each resumes from what the previous one left in `--work`, and `train` fin
   minutes of its training clock with validations every `train.val_every_min` (`schedule.py`); jobs still
   running at the step limit are stopped with a checkpoint and resume in the next `train` step;
 - `report`: `cellseg report` over the eight runs (best single → uniform → fitted weights → + 8× TTA → +
-  post-processing, both eras; test crops scored, the validation crops of role "tuning" tuned on), and the result
+  post-processing, both eras; test crops scored, every validation crop tuned on), and the result
   files: quality.md (tables for docs/quality.md), quality.json, quality_curves.png (score against training
   minutes, with whether each curve plateaued: `curves.py`), and the report's own figures and report.md.
 

@@ -207,7 +207,7 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
                          "--allow-missing to report on the others)")
     jobs = [j for j in jobs if j.arch not in missing]
     curves = [read_curve(j.run_dir, j.arch) for j in jobs]  # a run that never validated fails here
-    tuning = tuning_crops(jobs)
+    tuning = decision_crops(jobs)
     cmd = [sys.executable, "-m", "cellseg", "-q", "report", "--runs", *(str(j.run_dir) for j in jobs),
            "--out", str(work / "report"), "--crops", "test", "--tune-crops", ",".join(tuning),
            "--device", settings.device]
@@ -229,11 +229,13 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     return 0
 
 
-def tuning_crops(jobs: Sequence[Job]) -> list[str]:
-    """The ids of the validation crops of role "tuning" (every run has the same roles).
+def decision_crops(jobs: Sequence[Job]) -> list[str]:
+    """The ids of every validation crop, of both roles ("tuning" and "report"; every run has the same roles):
+    the report scores the held-out test crops, so the validation crops the runs kept for an unbiased report are
+    free for decisions, and twice as many crops make the weights and thresholds less noisy.
 
     Raises:
-        ValueError: runs whose validation roles differ, or no tuning crop.
+        ValueError: runs whose validation roles differ, or no validation crop.
     """
     from cellseg.data.split import ROLES_FILE, read_roles
 
@@ -242,10 +244,10 @@ def tuning_crops(jobs: Sequence[Job]) -> list[str]:
     differ = [arch for arch, r in roles.items() if r != roles[first]]
     if differ:
         raise ValueError(f"runs {differ} have other validation roles than {first} ({ROLES_FILE})")
-    tuning = [name.removeprefix("crop") for name, role in roles[first].items() if role == "tuning"]
-    if not tuning:
-        raise ValueError(f"{jobs[0].run_dir / ROLES_FILE}: no validation crop of role tuning to fit weights on")
-    return tuning
+    crops = [name.removeprefix("crop") for name in roles[first]]
+    if not crops:
+        raise ValueError(f"{jobs[0].run_dir / ROLES_FILE}: no validation crop to fit weights on")
+    return crops
 
 
 def _run_doc(settings: Settings, jobs: Sequence[Job], work: Path, missing: Sequence[str]) -> dict[str, Any]:

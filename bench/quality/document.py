@@ -109,7 +109,7 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
              f"({s['val_metric']} metric); data: preset `{s['preset']}` seed {s['seed']}; "
              f"{len(report['crops']['scored'])} test crops scored, tuned on {len(report['crops']['tuning'])} "
              f"validation crops ({', '.join(report['crops']['tuning'])}).", "",
-             "**Ablation** (test crops; ensemble weights and post-processing tuned on the tuning crops):", "",
+             "**Ablation** (test crops; ensemble weights and post-processing tuned on the validation crops):", "",
              *ablation_table(report),
              "**Single models** (test crops, no TTA, threshold 0.5) and their training:", "",
              *singles_table(report, by_arch),

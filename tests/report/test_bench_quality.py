@@ -44,7 +44,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert all(p["job_min"] > p["train_min"] for p in curve["points"])  # set-up and validation are not charged
         assert curve["plateaued"] in (True, False) and curve["steps"] > 0
     assert len(doc["ablation"]) == 5 and set(doc["singles"]) == {"unet_3d", "unet_2d"}
-    assert doc["crops"]["tuning"] == ["crop2"] and doc["crops"]["scored"] == ["crop501", "crop502"]
+    assert doc["crops"]["tuning"] == ["crop2", "crop3"] and doc["crops"]["scored"] == ["crop501", "crop502"]
     assert {e["event"] for e in doc["schedule"]} == {"start", "exit"}
     md = (out / "quality.md").read_text()
     for heading in ("**Ablation**", "**Single models**", "**Time to score**", "**Per-class test scores, 2026 metric**",
