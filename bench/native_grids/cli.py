@@ -30,10 +30,14 @@ def _parser() -> argparse.ArgumentParser:
                         "and one set of models each (OUT_work/seed<N>/), their scored crops pooled (default 23)")
     parser.add_argument("--data", help="an existing synthetic data root instead of generating one")
     parser.add_argument("--quick", action="store_true", help="tiny preset, two smoke models, 2 steps, no TTA")
+    parser.add_argument("--decide-on", choices=("tuning", "validation"), default="tuning",
+                        help="crops the decisions are made on: the runs' tuning crops (default; the report and test "
+                             "crops are scored) or every validation crop, tuning and report (the test crops alone "
+                             "are scored: more crops to decide on, fewer to score)")
     return parser
 
 
-def run_seed(work: Path, root: Path | None, *, seed: int, quick: bool) -> dict[str, Any]:
+def run_seed(work: Path, root: Path | None, *, seed: int, quick: bool, decide_on: str = "tuning") -> dict[str, Any]:
     """Steps 1-8 for one synthetic root: the rows' per-crop scores, the decisions, the crops' roles."""
     from bench.native_grids import pipeline as p
     from bench.native_grids.decisions import decision_rows
@@ -45,6 +49,8 @@ def run_seed(work: Path, root: Path | None, *, seed: int, quick: bool) -> dict[s
     runs = p.train_runs(work, root, quick=quick)
     members = p.member_stores(work, runs, tta=tta)
     roles = p.crop_roles(runs, root)
+    if decide_on == "validation":  # the report crops join the decisions; the held-out test crops alone are scored
+        roles = {c: "tuning" if r == "report" else r for c, r in roles.items()}
     tuning = [c for c, r in roles.items() if r == "tuning"]
     scored = [c for c, r in roles.items() if r != "tuning"]
     uniform = p.uniform_store(work, members)
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = [int(v) for v in str(args.seed).split(",")]
     several = len(seeds) > 1 and not args.data
     runs = [run_seed(work / f"seed{seed}" if several else work, Path(args.data) if args.data else None,
-                     seed=seed, quick=args.quick) for seed in (seeds if several else seeds[:1])]
+                     seed=seed, quick=args.quick, decide_on=args.decide_on) for seed in (seeds if several else seeds[:1])]
     prefix = [f"s{r['seed']}:" if several else "" for r in runs]
     roles = {pre + c: role for r, pre in zip(runs, prefix, strict=True) for c, role in r["roles"].items()}
     model_voxel = runs[0]["model_voxel_size_nm"]
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "preset": first["preset"], "seeds": [r["seed"] for r in runs], "data": [r["data"] for r in runs],
         "models": first["models"], "tta": first["tta"], "model_voxel_size_nm": model_voxel,
+        "decide_on": args.decide_on,
         "tuning_crops": [pre + c for r, pre in zip(runs, prefix, strict=True) for c in r["tuning_crops"]],
         "scored_crops": [pre + c for r, pre in zip(runs, prefix, strict=True) for c in r["scored_crops"]],
         "decision_era": DECISION_ERA, "decisions": {str(r["seed"]): r["decisions"] for r in runs},
@@ -130,7 +137,7 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{doc['seconds']} s after the predictions existed.", "",
              f"Decisions and decoding on the model's grid vs on the annotation grids: {doc['preset']} preset, "
              f"seed{'s' if len(doc['seeds']) > 1 else ''} {', '.join(map(str, doc['seeds']))}, models {', '.join(doc['models'])}, TTA {doc['tta']}. Decisions (ensemble weights "
-             f"and post-processing parameters) on the tuning crops {', '.join(doc['tuning_crops'])}, in decision "
+             f"and post-processing parameters) on the {doc.get('decide_on', 'tuning')} crops {', '.join(doc['tuning_crops'])}, in decision "
              f"mode, {doc['decision_era']} metric. {crops_line(ens)} Intervals: 95 % crop bootstrap "
              f"({ens['bootstrap']['draws']} draws), changes paired; (noise): the change's interval holds 0, **: it "
              "does not; a band of one crop has no noise estimate.", "",
