@@ -11,7 +11,8 @@ Steps (what `scripts/demo.sh` does, through the library):
 3. each predicts the validation and test crops with 8× TTA (`--quick`: 1);
 4. crops by role (`cellseg.report.plan`, as `cellseg report` plans them): decisions are made on the runs'
    *tuning* crops only; the *scored* crops are the test crops (held-out truth in `ground_truth.zarr`) and the
-   runs' *report* crops, never a tuning crop;
+   runs' *report* crops, never a tuning crop (`--decide-on validation`: decisions on every validation crop, the
+   test crops alone scored);
 5. **decisions** (`decisions.py`) both ways, on the tuning crops in decision mode: ensemble weights fitted
    (`--weights auto`) and post-processing parameters tuned (`tune_store`) scored on the model's grid
    (`score_grid="ensemble"`, `grid="model"`) or on the annotation grids ("native", the defaults); rows:
