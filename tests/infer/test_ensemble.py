@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crafted import crop_truth
 
 from cellseg.cli import main
-from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
-from cellseg.data.targets import CropSource
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import (
@@ -199,16 +198,6 @@ def test_bad_members_are_clear_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- auto weights
-
-
-def crop_truth(root: Path, crop: str, classes: tuple[str, ...]) -> tuple[Grid, dict[str, np.ndarray]]:
-    """The crop's labels as 0/1 probabilities on the crop's own annotation grid."""
-    entry = next(e for e in read_datasplit(root / "datasplit.csv") if e.crop_name == crop)
-    geometry = Catalog.from_dir(root).train[int(crop[4:])].labels[classes[0]]
-    grid = Grid(translation_nm=geometry.translation_nm, shape_vox=geometry.shape_vox,
-                voxel_size_nm=geometry.voxel_size_nm)
-    target, _ = CropSource.open(entry, classes, boundaries=False).read_targets(grid, use_all=False)
-    return grid, {c: target[k].astype(np.float32) for k, c in enumerate(classes)}
 
 
 def good_and_bad_members(root: Path, tmp_path: Path, *, noisy: bool = False) -> tuple[Path, Path]:

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from test_ensemble import crop_truth, write_store
+from crafted import crop_truth
+from test_ensemble import write_store
 
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import guard

@@ -8,11 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crafted import crop_truth
 
-from cellseg.data.crops import Catalog
-from cellseg.data.grid import Grid
-from cellseg.data.split import read_datasplit
-from cellseg.data.targets import CropSource
 from cellseg.infer.store import PredictionStore
 from cellseg.report.plan import CropPlan
 from cellseg.report.results import Layout
@@ -31,22 +28,12 @@ def test_a_stage_stays_on_only_where_it_scores_strictly_higher():
     assert switched_off(switch) == ["b", "c"] and switch["c"] == {"before": 0.5, "after": 0.4, "on": False}
 
 
-def _truth(root: Path, crop: str) -> tuple[Grid, dict[str, np.ndarray]]:
-    """The crop's labels as 0/1 probabilities on its annotation grid."""
-    entry = next(e for e in read_datasplit(root / "datasplit.csv") if e.crop_name == crop)
-    geometry = Catalog.from_dir(root).train[int(crop[4:])].labels[CLASSES[0]]
-    grid = Grid(translation_nm=geometry.translation_nm, shape_vox=geometry.shape_vox,
-                voxel_size_nm=geometry.voxel_size_nm)
-    target, _ = CropSource.open(entry, CLASSES, boundaries=False).read_targets(grid, use_all=False)
-    return grid, {c: target[k].astype(np.float32) for k, c in enumerate(CLASSES)}
-
-
 def _store(path: Path, root: Path, make) -> PredictionStore:
     """A probability store of every crop: class → make(class, truth probabilities)."""
     store = PredictionStore.create(path, kind="probabilities", channels=CLASSES, instance_channels=("mito",),
                                    provenance={"data_root": str(root)})
     for crop in CROPS:
-        grid, truth = _truth(root, crop)
+        grid, truth = crop_truth(root, crop, CLASSES)
         store.write_crop(crop, grid, {c: make(c, p) for c, p in truth.items()})
     return store
 

@@ -5,8 +5,10 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.classes import get_class
-from cellseg.data.crops import format_vector
-from cellseg.data.split import SplitEntry, write_datasplit
+from cellseg.data.crops import Catalog, format_vector
+from cellseg.data.grid import Grid
+from cellseg.data.split import SplitEntry, read_datasplit, write_datasplit
+from cellseg.data.targets import CropSource
 from cellseg.data.write import write_multiscale
 
 EM_VS, LABEL_VS = (4.0, 4.0, 4.0), (8.0, 8.0, 8.0)
@@ -63,3 +65,13 @@ def write_root(root: Path, *, with_all: bool = True, black_slab: bool = True) ->
                                 classes=tuple(sorted(name for crop, name, *_ in rows if crop == n)))
                      for n, split in ((1, "train"), (2, "validate"))], root / "datasplit.csv")
     return root
+
+
+def crop_truth(root: Path, crop: str, classes: tuple[str, ...]) -> tuple[Grid, dict[str, np.ndarray]]:
+    """A training crop's labels as 0/1 float32 probabilities on the crop's own annotation grid."""
+    entry = next(e for e in read_datasplit(root / "datasplit.csv") if e.crop_name == crop)
+    geometry = Catalog.from_dir(root).train[int(crop[4:])].labels[classes[0]]
+    grid = Grid(translation_nm=geometry.translation_nm, shape_vox=geometry.shape_vox,
+                voxel_size_nm=geometry.voxel_size_nm)
+    target, _ = CropSource.open(entry, classes, boundaries=False).read_targets(grid, use_all=False)
+    return grid, {c: target[k].astype(np.float32) for k, c in enumerate(classes)}
