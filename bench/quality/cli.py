@@ -49,7 +49,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "(default: OUT/../quality_work)")
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny preset, the smoke unet_3d and unet_2d")
     p.add_argument("--fresh", action="store_true", help="setup: delete an earlier plan's work folder and start over")
-    p.add_argument("--architectures", help=f"comma-separated (default: {','.join(ARCHITECTURES)})")
+    p.add_argument("--architectures", help=f"comma-separated (default: {','.join(ARCHITECTURES)}); ARCH+NAME "
+                   "is a second job of ARCH's config, changed by --set ARCH+NAME:KEY=VALUE (recipes side by side)")
     p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 4)")
     p.add_argument("--val-every-min", type=float, help="validation period in training minutes (default: the configs')")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ARCH:]KEY=VALUE",

@@ -23,6 +23,7 @@ SMOKE = REPO / "configs" / "smoke"  # --quick: tiny models, 6 classes, CPU
 ARCHITECTURES = ("resnet_3d", "unet_3d", "swin_3d", "vit_3d", "swin_2d", "unet_2d", "resnet_2d", "vit_2d")
 QUICK_ARCHITECTURES = ("unet_3d", "unet_2d")
 PLAN_FILE = "plan.json"
+VARIANT_SEP = "+"  # "unet_3d+sgd": a second job of unet_3d's config, changed by `--set unet_3d+sgd:KEY=VALUE`
 MIN_VALIDATIONS = 3  # a curve needs this many points to show a trend and a plateau (last two compared)
 # Keys that decide which crops train, validate and tune: equal in every job, or the runs are not comparable and
 # the report's tuning crops would be someone's validation crops and someone else's training crops.
@@ -39,7 +40,7 @@ class Settings:
 
     Attributes:
         quick: CPU smoke mode (tiny preset, the smoke configs of `QUICK_ARCHITECTURES`).
-        architectures: the jobs, in launch order within each kind (3D, 2D).
+        architectures: the jobs, in launch order within each kind (3D, 2D); "arch+name" is a variant of arch.
         preset, seed, synth_workers: the synthetic data.
         budget_min, val_every_min: None: each config's own; else set for every job.
         sets: extra `[arch:]key=value` overrides (e.g. `unet_3d:optim.name=sgd`).
@@ -76,7 +77,8 @@ class Job:
     """One architecture's training job.
 
     Attributes:
-        arch: the architecture (registry name).
+        arch: the job's name: an architecture (registry name), or a variant of one ("unet_3d+sgd": the same
+            config, the variant's `--set` overrides on top) for comparing recipes side by side.
         config: its YAML file.
         overrides: `key=value` pairs after the config (data root, run directory, budget, `--set`s).
         cfg: the resolved config (what `cellseg train` will run, loader workers aside).
@@ -122,9 +124,13 @@ def make_jobs(settings: Settings, work: Path) -> list[Job]:
     folder, common = (SMOKE, QUICK_OVERRIDES) if settings.quick else (QUALITY, ())
     timing = [f"train.time_budget_min={settings.budget_min}"] if settings.budget_min is not None else []
     timing += [f"train.val_every_min={settings.val_every_min}"] if settings.val_every_min is not None else []
+    repeated = sorted({a for a in settings.architectures if settings.architectures.count(a) > 1})
+    if repeated:
+        raise ValueError(f"jobs named more than once: {repeated} (a second job of one config is a variant, "
+                         f"e.g. {repeated[0]}{VARIANT_SEP}sgd)")
     jobs = []
     for arch in settings.architectures:
-        config = folder / f"{arch}.yaml"
+        config = folder / f"{arch.partition(VARIANT_SEP)[0]}.yaml"
         overrides = (f"data.root={work / 'data'}", f"run_dir={work / 'runs' / arch}", *common, *timing,
                      *(["train.device=cpu"] if settings.device == "cpu" else []),
                      *_sets_for(arch, settings.sets, settings.architectures))

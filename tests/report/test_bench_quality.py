@@ -61,6 +61,8 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
     (["--set", "unet_2d:data.classes=[mito]"], "differ in data.classes"),
     (["--set", "vit_9d:optim.lr=1"], "'vit_9d' is not one of the jobs"),
     (["--cores", "1,99"], "a 2d job needs 99 cores"),
+    (["--architectures", "unet_3d,unet_2d,unet_3d"], "jobs named more than once: ['unet_3d']"),
+    (["--architectures", "unet_3d,unet_4d+sgd"], "unet_4d+sgd"),
 ])
 def test_bad_input_fails_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                          message: str) -> None:
@@ -129,6 +131,19 @@ def test_scheduler_stops_jobs_at_the_deadline_and_the_next_step_resumes_them(tmp
     events = schedule.read_schedule(tmp_path)
     assert [e["arch"] for e in events if e["event"] == "start"] == ["unet_3d", "unet_2d", "unet_3d", "resnet_3d"]
     assert [e["arch"] for e in events if e["event"] == "sigterm"] == ["unet_3d"]
+
+
+def test_a_variant_is_a_second_job_of_the_same_config(tmp_path: Path) -> None:
+    """"unet_3d+b2" runs unet_3d's config in its own run directory, with only its own `--set`s on top."""
+    plan = load("bench.quality.plan")
+    settings = plan.Settings(quick=True, architectures=("unet_3d", "unet_3d+b2", "unet_2d"), device="cpu",
+                             sets=("unet_3d+b2:train.batch_size=3", "unet_3d:optim.lr=0.5"),
+                             budget_min=0.15, val_every_min=0.05)
+    base, variant, _ = plan.make_jobs(settings, tmp_path)
+    assert variant.config == base.config and variant.kind == "3d"
+    assert variant.run_dir == tmp_path / "runs" / "unet_3d+b2" != base.run_dir
+    assert variant.cfg.train.batch_size == 3 != base.cfg.train.batch_size
+    assert base.cfg.optim.lr == 0.5 != variant.cfg.optim.lr
 
 
 def test_plateau_rule() -> None:
