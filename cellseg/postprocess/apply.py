@@ -38,7 +38,8 @@ from cellseg.data.write import DEFAULT_CHUNK
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability
-from cellseg.postprocess.native import SLAB_VOXELS, decode_coarse, iter_decode, segment_class, slab_planes
+from cellseg.postprocess.native import (SLAB_VOXELS, decode_coarse, finish_on_grid, iter_decode, piece_limit,
+                                        segment_class, slab_planes)
 from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,9 @@ def _segment_one(pred: PredictionStore, crop: str, name: str, writer: CropWriter
         coarse = decode_coarse(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params.get(name),
                                device=device)
     del prob, boundary
+    if instance and piece_limit(source, target):  # step 5 of `native` needs the whole crop
+        writer.write(name, finish_on_grid(coarse, source, target))
+        return coarse.num_objects
     for z0, slab in iter_decode(coarse, source, target, planes=_planes(target)):
         writer.write(name, slab, offset=(z0, 0, 0))
     return coarse.num_objects if instance else None
@@ -254,9 +258,11 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     classes = list(grids)
     writer = seg.crop_writer(crop, most_common(list(grids.values())), channels=classes, grids=grids)
     slab = max((math.prod(g.shape_vox[1:]) * _planes(g) for g in grids.values() if g != source), default=0)
+    whole = max((math.prod(g.shape_vox) for c, g in grids.items() if is_instance(c) and piece_limit(source, g)),
+                default=0)
     edits = any(params.get(c).hierarchy for c in classes)
     hierarchy = _Hierarchy(pred, crop, classes, params) if edits else None
-    threads = workers or class_workers(math.prod(source.shape_vox), slab, hierarchy=edits)
+    threads = workers or class_workers(math.prod(source.shape_vox), slab, whole, hierarchy=edits)
     counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device,
                                                    hierarchy=hierarchy), classes, threads)
     objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
@@ -277,12 +283,14 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
 # A hierarchy option adds the edited copy, one partner's probability and a temporary (float32 each).
 MODEL_BYTES_PER_VOXEL = 12
 SLAB_BYTES_PER_VOXEL = 8
+PIECE_BYTES_PER_VOXEL = 17  # a whole instance class on its target grid: ids, the slab planes, pieces, a mask
 HIERARCHY_BYTES_PER_VOXEL = 12
 
 
-def class_workers(voxels: int, slab_voxels: int = 0, *, hierarchy: bool = False) -> int:
+def class_workers(voxels: int, slab_voxels: int = 0, whole_voxels: int = 0, *, hierarchy: bool = False) -> int:
     """Threads `postprocess_store` gives a crop of `voxels` (model grid) decoded in slabs of `slab_voxels` target
-    voxels: the cores (at most 8), fewer when their classes in flight would pass `CLASS_MEMORY_BYTES`."""
+    voxels, or whole (`whole_voxels`: an instance class on a finer grid, `native` step 5): the cores (at most 8),
+    fewer when their classes in flight would pass `CLASS_MEMORY_BYTES`."""
     per_voxel = MODEL_BYTES_PER_VOXEL + HIERARCHY_BYTES_PER_VOXEL * hierarchy
-    per_class = per_voxel * voxels + SLAB_BYTES_PER_VOXEL * slab_voxels
+    per_class = per_voxel * voxels + max(SLAB_BYTES_PER_VOXEL * slab_voxels, PIECE_BYTES_PER_VOXEL * whole_voxels)
     return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, per_class)))

@@ -27,6 +27,14 @@ The rule (`decode_coarse`, then `refine` per z-slab of T):
    every interpolation there exceeds t) cannot vanish; only the others are checked, by refining the target
    planes they span once.
 
+5. Instance classes on a grid finer than the source: a piece of an id (its 26-connected target voxels) smaller
+   than one source voxel's volume in target voxels (`piece_limit`: 8 from 8 to 4 nm) is dropped when the id has
+   a larger piece (`drop_small_pieces`). Both eras' evaluators relabel a prediction by 26-connected components of
+   equal ids, so such a piece, where the interpolated probability rises just above t beside its object, would
+   count as an object of its own: a false positive with a worst-case Hausdorff entry in 2026
+   (`bench/native_grids/fragments.py`, docs/quality.md). Larger pieces stay: they are mostly objects the source
+   decoding had merged and the finer grid separates.
+
 Why this is the right rule:
 - *With the post-ops off, a semantic class is exactly `lin(p) > t`.* `lin(p)(x)` is a convex combination
   of the 8 taps, so it exceeds t only if a tap does; every tap is n(x) or one of its 26 neighbours, so G
@@ -37,7 +45,8 @@ Why this is the right rule:
 - *Objects are never merged, never lost and never split into several ids:* every target voxel takes the
   single id of G at one source voxel, and G only carries ids of L, each grown into plain background only;
   objects that the source decoding separated (also touching ones) keep their own ids and the boundary
-  between them stays where the source decoding put it, a source voxel wide; step 4 keeps every object.
+  between them stays where the source decoding put it, a source voxel wide; step 4 keeps every object, and
+  step 5 drops only pieces of ids that keep a larger one.
   What the refinement changes is each object's outer surface, which now follows the interpolated
   probability with sub-voxel precision (smooth instead of a staircase), and a voxel a post-op removed
   stays removed.
@@ -51,8 +60,10 @@ the target, its result (1 byte a voxel for a mask, 4 for ids) and the source pla
 target's (y, x) grid (float32 probability, uint32 ids, bool: 9 bytes per voxel of such a plane, about 9/r
 bytes per slab voxel for a z-upsampling factor r); z is interpolated one target plane at a time. A slab of
 `slab_planes` planes (default: `SLAB_VOXELS` voxels, whole planes) bounds it, whatever the size of the
-target grid: about 0.45 GB for ids at 2 nm from 8 nm. The refinement runs on the CPU (numpy); the source
-decoding on any device.
+target grid: about 0.45 GB for ids at 2 nm from 8 nm. Step 5 holds an instance class's whole target grid
+once (`finish_on_grid`: its ids, the pieces' labels and a mask, about 9 bytes a voxel plus the refinement's
+planes: 4.6 GB for a 800³ crop at 2 nm). The refinement runs on the CPU (numpy); the source decoding on any
+device.
 """
 
 from __future__ import annotations
@@ -338,9 +349,10 @@ def keep_every_object(coarse: CoarseDecoding, maps: Sequence[AxisMap], *, planes
 
 def iter_decode(coarse: CoarseDecoding, source: Grid, target: Grid, *, planes: int | None = None
                 ) -> Iterator[tuple[int, np.ndarray]]:
-    """(first plane, slab) pairs covering the target grid in z order; concatenated, they equal the one-shot
-    `decode_on_grid` voxel for voxel (step 4 is decided before the first slab, and every voxel is computed by
-    the same operations either way)."""
+    """(first plane, slab) pairs covering the target grid in z order: steps 3-4 of the module docstring. For a
+    semantic class, concatenated, they equal the one-shot `decode_on_grid` voxel for voxel (step 4 is decided
+    before the first slab, and every voxel is computed by the same operations either way); for an instance
+    class, after `drop_small_pieces(..., piece_limit(source, target))` of the whole (step 5 needs every slab)."""
     if coarse.prob.shape != tuple(source.shape_vox):
         raise ValueError(f"probability shape {coarse.prob.shape} differs from the source grid's {source.shape_vox}")
     maps = axis_maps(source, target)
@@ -348,6 +360,42 @@ def iter_decode(coarse: CoarseDecoding, source: Grid, target: Grid, *, planes: i
     coarse = keep_every_object(coarse, maps, planes=planes)
     for z0 in range(0, target.shape_vox[0], planes):
         yield z0, refine(coarse, maps, z0, min(z0 + planes, target.shape_vox[0]))
+
+
+def piece_limit(source: Grid, target: Grid) -> int:
+    """Step 5's size limit in target voxels: one source voxel's volume (rounded down), 0 (no step 5) unless the
+    target is finer than the source by at least a factor 2 in volume."""
+    ratio = np.prod(np.asarray(source.voxel_size_nm) / np.asarray(target.voxel_size_nm))
+    return int(ratio) if ratio >= 2 else 0
+
+
+def drop_small_pieces(ids: np.ndarray, min_voxels: int) -> np.ndarray:
+    """Step 5: `ids` (uint32, z, y, x) without the 26-connected pieces smaller than `min_voxels` of ids that
+    have a larger piece (in place; returned). An id's largest piece always stays (ties: the first in raster
+    order), so no object is lost."""
+    import cc3d
+
+    if min_voxels <= 1 or not ids.any():
+        return ids
+    pieces = cc3d.connected_components(ids, connectivity=26)
+    sizes = np.bincount(pieces.ravel())
+    owner = np.zeros(sizes.size, ids.dtype)
+    owner[pieces.ravel()] = ids.ravel()
+    order = np.lexsort((-sizes[1:], owner[1:])) + 1  # pieces by id, the largest of each id first
+    first = np.ones(order.size, bool)
+    first[1:] = owner[order[1:]] != owner[order[:-1]]
+    drop = np.zeros(sizes.size, bool)
+    drop[order] = ~first & (sizes[order] < min_voxels)
+    if drop.any():
+        ids[drop[pieces]] = 0
+    return ids
+
+
+def finish_on_grid(coarse: CoarseDecoding, source: Grid, target: Grid) -> np.ndarray:
+    """Steps 3-5 of the module docstring in one piece: the decoded class on `target`."""
+    maps = axis_maps(source, target)
+    out = refine(keep_every_object(coarse, maps), maps)
+    return drop_small_pieces(out, piece_limit(source, target)) if coarse.instance else out
 
 
 def decode_on_grid(class_name: str, prob: np.ndarray, boundary: np.ndarray | None = None, *, source: Grid,
@@ -362,5 +410,4 @@ def decode_on_grid(class_name: str, prob: np.ndarray, boundary: np.ndarray | Non
     """
     coarse = decode_coarse(class_name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params,
                            device=device)
-    maps = axis_maps(source, target)
-    return refine(keep_every_object(coarse, maps), maps)
+    return finish_on_grid(coarse, source, target)

@@ -11,7 +11,9 @@ from cellseg.postprocess.native import (
     axis_maps,
     decode_coarse,
     decode_on_grid,
+    drop_small_pieces,
     iter_decode,
+    piece_limit,
     keep_every_object,
     linear_probability,
     plain_params,
@@ -109,7 +111,10 @@ def test_slabs_equal_the_one_shot_result_and_never_merge_ids(index):
     for planes in (1, 7, 64):
         slabs = list(iter_decode(coarse, source, target, planes=planes))
         assert [z for z, _ in slabs] == list(range(0, 61, planes))
-        assert np.array_equal(np.concatenate([s for _, s in slabs]), whole)
+        joined = np.concatenate([s for _, s in slabs])
+        if coarse.instance:  # step 5 works on the whole crop
+            joined = drop_small_pieces(joined, piece_limit(source, target))
+        assert np.array_equal(joined, whole)
     if name == "mito":  # every id comes from the source decoding, each at its own source voxels
         ids = segment_class(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params)
         maps = axis_maps(source, target)
@@ -159,3 +164,32 @@ def test_an_object_the_interpolation_would_lose_keeps_its_nearest_upsampled_voxe
     assert np.array_equal(np.concatenate([s for _, s in iter_decode(coarse, source, target, planes=3)]), ids)
     prob[2, 2, 2] = 0.45  # not an object at all: nothing to keep
     assert decode_on_grid("mito", prob, source=source, target=target, params=params).max() == 1
+
+
+def test_small_pieces_of_an_id_are_dropped_when_it_keeps_a_larger_one():
+    """Step 5: a piece under the limit goes only when its id has a larger piece; an id's only piece, however
+    small, and pieces at or above the limit stay."""
+    ids = np.zeros((12, 12, 12), np.uint32)
+    ids[0:4, 0:4, 0:4] = 1  # id 1: 64 voxels and a detached voxel
+    ids[8, 8, 8] = 1
+    ids[0:2, 8:10, 0:2] = 2  # id 2: two pieces of 8 voxels
+    ids[6:8, 8:10, 0:2] = 2
+    ids[10, 0, 10] = 3  # id 3: one voxel, alone
+    ids[5, 5, 11] = ids[7, 5, 11] = 4  # id 4: two single voxels: the first in raster order stays
+    out = drop_small_pieces(ids.copy(), 8)
+    assert out[8, 8, 8] == 0 and (out[0:4, 0:4, 0:4] == 1).all()
+    assert (out == 2).sum() == 16 and out[10, 0, 10] == 3
+    assert out[5, 5, 11] == 4 and out[7, 5, 11] == 0
+    assert set(np.unique(out)) == set(np.unique(ids))  # no object lost
+    assert np.array_equal(drop_small_pieces(ids.copy(), 1), ids)
+
+
+def test_piece_limit_is_one_source_voxel_on_finer_grids_only():
+    def grid(vs):
+        return Grid.of(translation_nm=(0, 0, 0), shape_vox=(4, 4, 4), voxel_size_nm=vs)
+
+    assert piece_limit(grid((8, 8, 8)), grid((4, 4, 4))) == 8
+    assert piece_limit(grid((8, 8, 8)), grid((2, 2, 2))) == 64
+    assert piece_limit(grid((8, 8, 8)), grid((1.74, 2, 2))) == 73  # 4.6 x 4 x 4, rounded down
+    assert piece_limit(grid((8, 8, 8)), grid((8, 8, 8))) == 0
+    assert piece_limit(grid((8, 8, 8)), grid((16, 16, 16))) == 0
