@@ -38,8 +38,15 @@ from cellseg.data.write import DEFAULT_CHUNK
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability
-from cellseg.postprocess.native import (SLAB_VOXELS, decode_coarse, finish_on_grid, iter_decode, piece_limit,
-                                        segment_class, slab_planes)
+from cellseg.postprocess.native import (
+    SLAB_VOXELS,
+    decode_coarse,
+    finish_on_grid,
+    iter_decode,
+    piece_limit,
+    segment_class,
+    slab_planes,
+)
 from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
