@@ -12,9 +12,9 @@ additive Gaussian noise of each `--noise` level, clipped to [0, 1]), decoded wit
 (threshold 0.5, no boundary channel) three ways:
 
 - `model_grid`: decoded on 8 nm, nearest-upsampled to 4 nm (the staircase);
-- `annotation_grid`: `decode_on_grid` onto 4 nm;
-- `annotation_grid_despeckled`: the same, with every piece of an id smaller than one source voxel (8 target
-  voxels) dropped when the id has a larger piece: a candidate fix, measured here before it goes anywhere else.
+- `annotation_grid_pieces`: refined onto 4 nm without step 5 of `cellseg.postprocess.native` (every piece kept);
+- `annotation_grid`: `decode_on_grid` onto 4 nm: every piece of an id smaller than one source voxel (8 target
+  voxels) dropped when the id has a larger piece (step 5).
 
 Per crop and way: ids, 26-connected pieces, the pieces that split off (size, truth objects they touch), and the
 2026 per-crop instance counts and combined score `sqrt(F1 x normalised Hausdorff)` (`cellseg.eval`).
@@ -37,8 +37,7 @@ EDGE_VOX = 96  # target grid edge (4 nm voxels): 384 nm, room for about 50 spher
 RADIUS_VOX = (2.5, 7.0)  # sphere radii in 4 nm voxels: 10-28 nm, vesicle-like
 SPHERE_TRIES = 60  # spheres drawn per crop; those overlapping an earlier one are skipped
 BLUR_VOX = 0.7  # sigma of the blur on the 8 nm grid: a model's soft edges
-SPECK_VOX = 8  # one source voxel in target voxels (2 x 2 x 2)
-WAYS = ("model_grid", "annotation_grid", "annotation_grid_despeckled")
+WAYS = ("model_grid", "annotation_grid_pieces", "annotation_grid")
 
 
 def spheres(edge: int, rng: np.random.Generator) -> np.ndarray:
@@ -65,25 +64,6 @@ def probability(truth: np.ndarray, noise: float, rng: np.random.Generator) -> np
     return np.clip(prob, 0.0, 1.0).astype(np.float32)
 
 
-def despeckle(ids: np.ndarray, min_voxels: int) -> np.ndarray:
-    """`ids` without the pieces (26-connected) smaller than `min_voxels` of ids that have a larger piece."""
-    import cc3d
-
-    pieces = cc3d.connected_components(ids, connectivity=26)
-    sizes = np.bincount(pieces.ravel())
-    owner = np.zeros(sizes.size, np.int64)
-    owner[pieces.ravel()] = ids.ravel()
-    largest: dict[int, int] = {}
-    for piece in range(1, sizes.size):
-        best = largest.get(int(owner[piece]))
-        if best is None or sizes[piece] > sizes[best]:
-            largest[int(owner[piece])] = piece
-    drop = np.zeros(sizes.size, bool)
-    for piece in range(1, sizes.size):
-        drop[piece] = sizes[piece] < min_voxels and largest[int(owner[piece])] != piece
-    return np.where(drop[pieces], 0, ids).astype(ids.dtype)
-
-
 def split_pieces(ids: np.ndarray, truth: np.ndarray) -> list[dict[str, Any]]:
     """The ids made of several pieces: piece sizes (voxels) and the truth objects each piece touches."""
     import cc3d
@@ -105,7 +85,14 @@ def measure(truth: np.ndarray, prob: np.ndarray) -> dict[str, dict[str, Any]]:
     from cellseg.data.grid import Grid
     from cellseg.eval.crop_score import score_class
     from cellseg.eval.eras import get_era
-    from cellseg.postprocess.native import decode_on_grid, segment_class
+    from cellseg.postprocess.native import (
+        axis_maps,
+        decode_coarse,
+        decode_on_grid,
+        keep_every_object,
+        refine,
+        segment_class,
+    )
     from cellseg.postprocess.params import InstanceParams
 
     edge = truth.shape[0]
@@ -113,9 +100,11 @@ def measure(truth: np.ndarray, prob: np.ndarray) -> dict[str, dict[str, Any]]:
     target = Grid.of(translation_nm=(2, 2, 2), shape_vox=(edge,) * 3, voxel_size_nm=(4, 4, 4))
     params = InstanceParams(threshold=0.5, use_boundary=False)
     coarse = segment_class("ves", prob, None, voxel_size_nm=source.voxel_size_nm, params=params)
-    native = decode_on_grid("ves", prob, None, source=source, target=target, params=params)
-    preds = {"model_grid": coarse.repeat(2, 0).repeat(2, 1).repeat(2, 2), "annotation_grid": native,
-             "annotation_grid_despeckled": despeckle(native, SPECK_VOX)}
+    maps = axis_maps(source, target)
+    pieces = refine(keep_every_object(decode_coarse("ves", prob, None, voxel_size_nm=source.voxel_size_nm,
+                                                    params=params), maps), maps)
+    preds = {"model_grid": coarse.repeat(2, 0).repeat(2, 1).repeat(2, 2), "annotation_grid_pieces": pieces,
+             "annotation_grid": decode_on_grid("ves", prob, None, source=source, target=target, params=params)}
     era, out = get_era("2026"), {}
     for way, pred in preds.items():
         s = score_class(pred, truth, label="ves", era=era, voxel_size_nm=target.voxel_size_nm)
@@ -125,7 +114,7 @@ def measure(truth: np.ndarray, prob: np.ndarray) -> dict[str, dict[str, Any]]:
                     "pieces": int(cc3d.connected_components(pred, connectivity=26).max()),
                     "tp": int(s["tp"]), "fp": int(s["fp"]), "fn": int(s["fn"]), "f1": round(f1, 6),
                     "normalized_hausdorff": round(hd, 6), "combined": round(math.sqrt(f1 * hd), 6),
-                    "split": split_pieces(pred, truth) if way == "annotation_grid" else None}
+                    "split": split_pieces(pred, truth) if way == "annotation_grid_pieces" else None}
     return out
 
 
@@ -164,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"seed {seed} noise {noise:g}: " + ", ".join(
                 f"{w} {rows[-1]['ways'][w]['combined']:.4f}" for w in WAYS), flush=True)
     doc_json = {"benchmark": "bench/native_grids/fragments.py", "size_vox": args.size, "voxel_size_nm": [4, 4, 4],
-                "source_voxel_size_nm": [8, 8, 8], "speck_voxels": SPECK_VOX, "rows": rows,
+                "source_voxel_size_nm": [8, 8, 8], "rows": rows,
                 "seconds": round(time.perf_counter() - start, 1), "date": time.strftime("%Y-%m-%d")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc_json, indent=1) + "\n")

@@ -74,30 +74,14 @@ def test_decode_cost_small_run(tmp_path: Path, monkeypatch) -> None:
     assert set(doc["decoder"]) == {"semantic", "instance"}
 
 
-def test_despeckle_drops_only_small_extra_pieces_of_an_id() -> None:
-    """A piece smaller than the limit goes when its id has a larger one; a small id alone and a large extra piece
-    stay."""
-    import numpy as np
-
-    despeckle = load("native_grids.fragments").despeckle
-    ids = np.zeros((12, 12, 12), np.uint32)
-    ids[0:4, 0:4, 0:4] = 1  # id 1: 64 voxels ...
-    ids[8, 8, 8] = 1  # ... and a detached voxel: dropped
-    ids[0:2, 8:10, 0:2] = 2  # id 2: 8 voxels ...
-    ids[6:8, 8:10, 0:2] = 2  # ... and a detached piece of 8: both stay (not under the limit of 8)
-    ids[10, 0, 10] = 3  # id 3: one voxel alone: stays
-    out = despeckle(ids, 8)
-    assert out[8, 8, 8] == 0 and (out[0:4, 0:4, 0:4] == 1).all()
-    assert (out == 2).sum() == 16 and out[10, 0, 10] == 3 and out.dtype == ids.dtype
-
-
 def test_fragments_run_writes_the_three_ways(tmp_path: Path) -> None:
     out = tmp_path / "frag"
     assert load("native_grids.fragments").main(["--size", "32", "--seeds", "0", "--noise", "0.1",
                                                 "--out", str(out)]) == 0
     doc = json.loads(out.with_suffix(".json").read_text())
     ways = doc["rows"][0]["ways"]
-    assert set(ways) == {"model_grid", "annotation_grid", "annotation_grid_despeckled"}
+    assert set(ways) == {"model_grid", "annotation_grid_pieces", "annotation_grid"}
     assert ways["model_grid"]["pieces"] == ways["model_grid"]["ids"]  # nearest upsampling never splits an id
+    assert ways["annotation_grid"]["pieces"] <= ways["annotation_grid_pieces"]["pieces"]
     assert all(0.0 <= w["combined"] <= 1.0 for w in ways.values())
     assert "| mean |" in out.with_suffix(".md").read_text()
