@@ -73,13 +73,19 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
     config = (SMOKE if quick else EXPERIMENTS) / f"{name}.yaml"
     cfg = load_run_config(config, [f"data.root={root}", f"run_dir={run_dir}", f"train.max_steps={warmup + steps + 1}",
                                    *QUIET, *overrides])
+    imports_s = time.time() - PROCESS_START  # the interpreter, torch and cellseg, the config
     trainer = Trainer(cfg)
     s = trainer.s
     device = s.dist.device
     batches = trainer._batches(StopRequest())
-    trainer.train_step([next(batches)])
+    fetch_start = time.perf_counter()
+    first = next(batches)
+    step_start = time.perf_counter()
+    trainer.train_step([first])
     _sync(device)
     first_step_s = time.time() - PROCESS_START
+    startup = {"imports": round(imports_s, 2), **s.startup_s, "first batch": round(step_start - fetch_start, 2),
+               "first step": round(time.perf_counter() - step_start, 2)}  # the rest: run files, checks
     for _ in range(warmup):
         trainer.train_step([next(batches)])
     _sync(device)
@@ -103,7 +109,7 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
            "patch_shape_vox": list(cfg.data.patch_shape_vox), "channels": cfg.data.num_target_channels,
            "precision": s.precision, "compiled": bool(s.meta.get("compile", {}).get("compiled")),
            "resident": s.meta.get("resident_data", cfg.data.resident),
-           "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s,
+           "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s, "startup_s": startup,
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
     if s.peak_tflops:
@@ -128,6 +134,11 @@ def markdown(env: dict, rows: list[dict]) -> str:
                      f"{r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
                      f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
                      f"{'-' if warm is None else f'{warm:.1f}'} | {r['rss_gib_start']:.2f} → {r['rss_gib_end']:.2f} |")
+    lines += ["", "Time to the first step, cold, by phase (s; `cellseg.train.setup.Phases`, then the first batch and the "
+              "first step, where torch.compile compiles):", ""]
+    for r in rows:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in r.get("startup_s", {}).items())
+        lines.append(f"- {r['name']}: {r['first_step_s']:.1f} = {parts or 'not recorded'}")
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,16 @@ from typing import Any
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux `/proc`: imports included), None where that is unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 3)  # field 22: start, in clock ticks
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class RunLog:

@@ -13,6 +13,9 @@ import json
 import logging
 import math
 import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,7 @@ class Setup:
     lock: RunLock | None = None  # held by rank 0 until `close`
     resumed_from: Path | None = None  # the checkpoint the run continues from
     clock: TrainClock = field(default_factory=TrainClock)  # training seconds (budget and time schedule)
+    startup_s: dict[str, float] = field(default_factory=dict)  # set-up phase → seconds (`Phases`), in order
 
     def close(self) -> None:
         """Release the run directory."""
@@ -230,6 +234,23 @@ def _resume_wanted(resume: bool | str, ckpt_dir: Path) -> bool:
     return bool(resume) or runtime.restart_count() > 0
 
 
+class Phases:
+    """Wall seconds of the set-up's phases, in order (`Setup.startup_s`, meta.json's `startup_s`): where the time
+    before the first step goes. Lazy work (torch.compile compiles at the first forward) shows in the trainer's
+    first step, not here."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
 def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
     """Assemble a training job (module docstring); resumes from the run's newest intact checkpoint if asked.
 
@@ -238,20 +259,24 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
     Raises:
         FileExistsError: another training holds `run_dir`, or it holds a run and `resume` is not given.
     """
-    tc = cfg.train
-    d = runtime.init_distributed(tc.device)
-    runtime.configure_backends(tf32=tc.tf32, cudnn_benchmark=tc.cudnn_benchmark)
-    precision = runtime.resolve_precision(tc.precision, d.device)
+    tc, phase = cfg.train, Phases()
+    with phase("devices"):
+        d = runtime.init_distributed(tc.device)
+        runtime.configure_backends(tf32=tc.tf32, cudnn_benchmark=tc.cudnn_benchmark)
+        precision = runtime.resolve_precision(tc.precision, d.device)
     seed_everything(tc.seed + d.rank)
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     spatial_dims = 2 if cfg.data.is_2d else 3
     fmt = runtime.memory_format(spatial_dims, tc.channels_last and d.device.type == "cuda")
-    model = _make_model(cfg, d.device, fmt)
-    batch = _batch_size(cfg, model, d, precision, fmt)
+    with phase("model"):
+        model = _make_model(cfg, d.device, fmt)
+    with phase("batch size"):
+        batch = _batch_size(cfg, model, d, precision, fmt)
     lock = _claim(run_dir, d)
     try:
-        return _assemble(cfg, d, precision, model, batch, fmt, lock=lock, resume=_resume_wanted(resume, ckpt_dir))
+        return _assemble(cfg, d, precision, model, batch, fmt, lock=lock, resume=_resume_wanted(resume, ckpt_dir),
+                         phase=phase)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -259,17 +284,19 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
 
 
 def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, model: torch.nn.Module, batch: int,
-              fmt: torch.memory_format, *, lock: RunLock | None, resume: bool) -> Setup:
+              fmt: torch.memory_format, *, lock: RunLock | None, resume: bool, phase: Phases) -> Setup:
     """The rest of `build_setup`, holding the run directory's lock."""
     tc, run_dir = cfg.train, Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
-    room = _gpu_room(cfg, model, d, precision, fmt, batch)
+    with phase("batch size"):
+        room = _gpu_room(cfg, model, d, precision, fmt, batch)
     runtime.barrier(d)
-    data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
-                            world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
-                            gpu_room_bytes=room)
+    with phase("data"):
+        data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
+                                world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
+                                gpu_room_bytes=room)
     weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
               [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
     criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
@@ -299,16 +326,20 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     if d.is_main and ckpt_dir.is_dir():
         s.keeper.remove_partial_files()
     if resume:
-        ckpt, s.resumed_from = load_latest(ckpt_dir, map_location=d.device)
-        s.load_state(ckpt)
+        with phase("resume"):
+            ckpt, s.resumed_from = load_latest(ckpt_dir, map_location=d.device)
+            s.load_state(ckpt)
         override = run_dir / MICRO_BATCH_FILE
         if override.is_file():
             s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
         log.info("resumed %s at step %d from %s", run_dir, s.state.step, s.resumed_from.name)
-    compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt, batch=s.state.micro_batch)
-    s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
-                                                           batch=s.state.micro_batch)
+    with phase("compile"):  # "auto" times eager against compiled here; "on" compiles at the first step
+        compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
+                                                  batch=s.state.micro_batch)
+        s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
+                                                               batch=s.state.micro_batch)
     s.net = runtime.wrap_ddp(compiled, d)
+    s.startup_s = meta["startup_s"] = phase.seconds
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
     if d.is_main:
         _write_run_files(cfg, run_dir, meta)

@@ -36,7 +36,7 @@ from cellseg.train.batch import free_memory, shrink
 from cellseg.train.checkpoint import rng_state, set_rng_state
 from cellseg.train.clock import crossed
 from cellseg.train.guard import NonFiniteGuard
-from cellseg.train.logs import RunLog
+from cellseg.train.logs import RunLog, process_age_s
 from cellseg.train.setup import Setup, build_setup
 from cellseg.train.stop import StopRequest, TrainingStopped
 from cellseg.train.validate import run_validation, validation_sets
@@ -164,7 +164,12 @@ class Trainer:
                 while s.state.step < tc.max_steps and clock.shared_s < budget_s:
                     if self._stop_requested(stop):
                         self._stop(stop, run_log)
-                    loss, grad_norm = self.train_step(self._next_batches(batches, stop, run_log))
+                    first, fetch_start = not clock.running, time.perf_counter()  # running from the first step on
+                    step_batches = self._next_batches(batches, stop, run_log)
+                    step_start = time.perf_counter()
+                    loss, grad_norm = self.train_step(step_batches)
+                    if first:
+                        self._record_startup(run_log, step_start - fetch_start, step_start)
                     clock.start()  # from the end of the job's first step: compilation and set-up are not charged
                     if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
                         loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
@@ -214,6 +219,21 @@ class Trainer:
             torch.cuda.synchronize(self.s.dist.device)
         with self.s.clock.paused():
             yield
+
+    def _record_startup(self, run_log: RunLog, batch_s: float, step_start: float) -> None:
+        """Where the time before the first optimizer step went (metrics.jsonl record "startup", and the log):
+        the set-up's phases (`cellseg.train.setup.Phases`), the first batch, the first step (lazy compilation)."""
+        if self.s.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.s.dist.device)
+        now = time.perf_counter()
+        values = {"setup": dict(self.s.startup_s), "first_batch": round(batch_s, 3),
+                  "first_step": round(now - step_start, 3), "job_to_first_step": round(now - self._job_start, 3),
+                  "process_to_first_step": process_age_s()}
+        run_log.record(self.s.state.step, values, prefix="startup")
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.s.startup_s.items())
+        total = values["process_to_first_step"] or values["job_to_first_step"]
+        log.info("first step %.1f s after the start (set-up: %s; first batch %.1f; first step %.1f s)", total, parts,
+                 batch_s, values["first_step"])
 
     def _stamp(self) -> dict[str, float]:
         """Minutes stamped on every metrics.jsonl record: the training clock, and wall time since the job began."""

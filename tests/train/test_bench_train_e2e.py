@@ -18,4 +18,8 @@ def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_
     [row] = json.loads((tmp_path / "train_e2e.json").read_text())["rows"]
     assert row["name"] == "unet_3d" and row["e2e_samples_per_s"] > 0 and row["in_memory_samples_per_s"] > 0
     assert 0 < row["first_step_s"] < 300 and row["first_step_warm_s"] is not None
-    assert "| unet_3d | 2 |" in (tmp_path / "train_e2e.md").read_text()
+    md = (tmp_path / "train_e2e.md").read_text()
+    assert "| unet_3d | 2 |" in md and "- unet_3d: " in md
+    phases = row["startup_s"]  # where the time before the first step went
+    assert list(phases)[:3] == ["imports", "devices", "model"] and list(phases)[-2:] == ["first batch", "first step"]
+    assert sum(phases.values()) <= row["first_step_s"] + 0.1

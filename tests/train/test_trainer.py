@@ -40,6 +40,14 @@ def test_loss_falls(tiny_synth_root, tmp_path):
                  "checkpoints/best.pt", "tensorboard"):
         assert (tmp_path / "run" / name).exists(), name
     assert load_run_config(tmp_path / "run" / "config.yaml") == cfg  # the resolved config round-trips
+    # Where the time before the first step went: one "startup" record, the set-up's phases in meta.json too.
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (startup,) = [r["startup"] for r in records if "startup" in r]
+    assert list(startup["setup"]) == ["devices", "model", "batch size", "data", "compile"]
+    assert all(v >= 0 for v in startup["setup"].values()) and startup["first_step"] > 0
+    assert startup["job_to_first_step"] >= sum(startup["setup"].values()) + startup["first_step"]
+    assert startup["process_to_first_step"] >= startup["job_to_first_step"]  # imports and config loading too
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["startup_s"] == startup["setup"]
 
 
 def test_resume_continues_exactly(tiny_synth_root, tmp_path):
