@@ -113,24 +113,7 @@ def check(settings: Settings, work: Path) -> list[Job]:
           f"each, validated every {tc.val_every_min:g}; {settings.concurrent['3d']} 3D + {settings.concurrent['2d']} "
           f"2D at a time on {settings.cores['3d']} / {settings.cores['2d']} cores: {waves} wave(s) of "
           f"{tc.time_budget_min:g} min + set-up, compilation and validation each")
-    _warn_small_gpu(settings)
     return jobs
-
-
-SMALL_GPU_GIB = 100  # below this (an H100's 79.6 GiB) the default first wave nearly filled the card
-
-
-def _warn_small_gpu(settings: Settings) -> None:
-    """One line when two 3D jobs will share a GPU with less memory than the schedule was made for (an H200)."""
-    if settings.device == "cpu" or settings.concurrent["3d"] < 2:
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        if total < SMALL_GPU_GIB:
-            print(f"note: {torch.cuda.get_device_name(0)} has {total:.1f} GiB; the default first wave (2 3D + 2 2D "
-                  "jobs) peaked at 78.4 GiB on an H100 of 79.6: consider --concurrent 1,2", file=sys.stderr)
 
 
 def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -> int:
