@@ -5,7 +5,8 @@
 #   OUT=OUT bash bench/gpu/quality.sh train    # first wave: resnet_3d, unet_3d, swin_2d, unet_2d (<= 9.5 min)
 #   OUT=OUT bash bench/gpu/quality.sh train    # second wave: swin_3d, vit_3d, resnet_2d, vit_2d; exit 75: again
 #   OUT=OUT bash bench/gpu/quality.sh report   # cellseg report over the 8 runs + the result files (<= 9.5 min)
-# Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd).
+# Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd;
+# --gpus 2 on a two-GPU machine runs both waves in the first `train`).
 # WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
 # starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
 # GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).

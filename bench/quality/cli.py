@@ -57,6 +57,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a config override for every job or one architecture, e.g. unet_3d:optim.name=sgd")
     p.add_argument("--concurrent", default=None, metavar="N3D,N2D", help="3D and 2D jobs at a time (default 2,2)")
     p.add_argument("--cores", default=None, metavar="C3D,C2D", help="CPU cores per 3D and 2D job (default 3,5)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs to spread the jobs over, each with its own N3D,N2D slots and an equal share of the "
+                        "cores (default 1; 2 runs the two waves at once)")
     p.add_argument("--synth-workers", type=int, default=None, help="processes generating the data (default 16)")
     p.add_argument("--device", choices=("auto", "cpu"), default=None, help="default auto (--quick: cpu)")
     p.add_argument("--step-limit-min", type=float, default=9.5,
@@ -92,7 +95,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     budget_min=args.budget_min if args.budget_min is not None else (0.15 if quick else None),
                     val_every_min=args.val_every_min if args.val_every_min is not None else (0.05 if quick else None),
                     sets=tuple(args.sets), concurrent=_pair(args.concurrent, ones if quick else {"3d": 2, "2d": 2}),
-                    cores=_pair(args.cores, ones if quick else {"3d": 3, "2d": 5}),
+                    cores=_pair(args.cores, ones if quick else {"3d": 3, "2d": 5}), gpus=1 if args.gpus is None else args.gpus,
                     device=args.device or ("cpu" if quick else "auto"))
 
 
@@ -103,15 +106,25 @@ def check(settings: Settings, work: Path) -> list[Job]:
     """Resolve and check the jobs (bad input fails here, before any GPU time), and the machine's cores."""
     jobs = make_jobs(settings, work)
     available = len(os.sched_getaffinity(0))
+    if settings.gpus < 1:
+        raise ValueError(f"--gpus {settings.gpus}: at least 1")
+    if settings.gpus > 1 and settings.device != "cpu":
+        import torch
+
+        if torch.cuda.device_count() < settings.gpus:
+            raise ValueError(f"--gpus {settings.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
+    share = available // settings.gpus
     for kind, cores in settings.cores.items():
-        if cores < 1 or cores > available:
-            raise ValueError(f"--cores: a {kind} job needs {cores} cores, this machine has {available}")
+        if cores < 1 or cores > share:
+            raise ValueError(f"--cores: a {kind} job needs {cores} cores, this machine has {available}"
+                             + (f" ({share} per GPU)" if settings.gpus > 1 else ""))
     tc = jobs[0].cfg.train
     kinds = {k: sum(j.kind == k for j in jobs) for k in ("3d", "2d")}
-    waves = max(math.ceil(n / max(settings.concurrent[k], 1)) for k, n in kinds.items())
+    waves = max(math.ceil(n / max(settings.concurrent[k] * settings.gpus, 1)) for k, n in kinds.items())
     print(f"plan: {len(jobs)} jobs ({kinds['3d']} 3D, {kinds['2d']} 2D), {tc.time_budget_min:g} training minutes "
           f"each, validated every {tc.val_every_min:g}; {settings.concurrent['3d']} 3D + {settings.concurrent['2d']} "
-          f"2D at a time on {settings.cores['3d']} / {settings.cores['2d']} cores: {waves} wave(s) of "
+          f"2D at a time on each of {settings.gpus} GPU(s), on {settings.cores['3d']} / {settings.cores['2d']} "
+          f"cores: {waves} wave(s) of "
           f"{tc.time_budget_min:g} min + set-up, compilation and validation each")
     return jobs
 

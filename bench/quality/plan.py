@@ -44,8 +44,10 @@ class Settings:
         preset, seed, synth_workers: the synthetic data.
         budget_min, val_every_min: None: each config's own; else set for every job.
         sets: extra `[arch:]key=value` overrides (e.g. `unet_3d:optim.name=sgd`).
-        concurrent, cores: jobs of each kind ("3d", "2d") at a time, and CPU cores each gets (1 training process
-            + cores − 1 loader workers).
+        concurrent, cores: jobs of each kind ("3d", "2d") at a time on each GPU, and CPU cores each gets (1
+            training process + cores − 1 loader workers).
+        gpus: GPUs the jobs spread over (each with its own `concurrent` slots and an equal share of the cores):
+            with 2, the two waves of the default plan run at once, each on a GPU of its own.
         device: "auto" (CUDA when present) or "cpu".
     """
 
@@ -59,6 +61,7 @@ class Settings:
     sets: tuple[str, ...] = ()
     concurrent: Mapping[str, int] = field(default_factory=lambda: {"3d": 2, "2d": 2})
     cores: Mapping[str, int] = field(default_factory=lambda: {"3d": 3, "2d": 5})
+    gpus: int = 1
     device: str = "auto"
 
     def to_json(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Running the training jobs on one GPU within one step's time limit.
 
-Schedule: at most `concurrent["3d"]` 3D and `concurrent["2d"]` 2D jobs at a time (default 2 + 2), each pinned to
-its own CPU cores (`taskset`; default 3 cores for a 3D job, 5 for a 2D job: 16 in all) with `cores − 1` loader
+Schedule: at most `concurrent["3d"]` 3D and `concurrent["2d"]` 2D jobs at a time on each GPU (default 2 + 2, one
+GPU; with `gpus` > 1 each GPU has these slots, an equal share of the cores, and its jobs see only it through
+`CUDA_VISIBLE_DEVICES`: the waves of one GPU run side by side), each pinned to its own CPU cores (`taskset`; default 3 cores for a 3D job, 5 for a 2D job: 16 in all) with `cores − 1` loader
 workers. The 3D models are bound by GPU compute and need few patches per second; the 2D models are bound by
 their loaders (tens of thousands of slices a minute) and leave the GPU mostly idle: a pair of each keeps the GPU
 busy and gives the CPU cores to the jobs that use them. Jobs start in plan order within each kind, the heaviest
@@ -47,6 +48,7 @@ class Running:
     job: Job
     proc: subprocess.Popen
     cpus: list[int]
+    gpu: int  # index into the GPUs the scheduler spreads over
     started: float
     log: Any  # the open log file
     stopping: float | None = None  # when SIGTERM was sent
@@ -70,8 +72,12 @@ class Scheduler:
     grace_s: float = 45.0
     min_start_s: float = 180.0
     command: Callable[[Job, int], list[str]] = field(default_factory=lambda: train_command)
-    free: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
     outcomes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cores, n = sorted(os.sched_getaffinity(0)), self.settings.gpus
+        share = len(cores) // n
+        self.free = [cores[g * share:(g + 1) * share] for g in range(n)]  # each GPU's free cores
 
     def run(self) -> dict[str, str]:
         """Run until every job is done, failed this step, or stopped at the deadline."""
@@ -102,16 +108,18 @@ class Scheduler:
             return queue
         left = []
         for job in queue:
-            busy = sum(r.job.kind == job.kind for r in running)
             cores = self.settings.cores[job.kind]
-            if busy < self.settings.concurrent[job.kind] and len(self.free) >= cores:
-                running.append(self._start(job, self.free[:cores]))
-                del self.free[:cores]
+            for gpu, free in enumerate(self.free):
+                busy = sum(r.job.kind == job.kind and r.gpu == gpu for r in running)
+                if busy < self.settings.concurrent[job.kind] and len(free) >= cores:
+                    running.append(self._start(job, free[:cores], gpu))
+                    del free[:cores]
+                    break
             else:
                 left.append(job)
         return left
 
-    def _start(self, job: Job, cpus: list[int]) -> Running:
+    def _start(self, job: Job, cpus: list[int], gpu: int) -> Running:
         log_path = self.work / "logs" / f"{job.arch}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = log_path.open("a")
@@ -119,11 +127,14 @@ class Scheduler:
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
         env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "PYTHONUNBUFFERED": "1"}
+        if self.settings.gpus > 1:  # the job sees its own GPU only (as cuda:0)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if len(visible) > gpu and visible[gpu] else str(gpu)
         # A session of its own: the stop signal reaches the job's loader workers too, never this process.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path.cwd(),
                                 start_new_session=True)
-        self._event("start", job, cpus=cpus, pid=proc.pid)
-        return Running(job=job, proc=proc, cpus=cpus, started=time.monotonic(), log=log)
+        self._event("start", job, cpus=cpus, gpu=gpu, pid=proc.pid)
+        return Running(job=job, proc=proc, cpus=cpus, gpu=gpu, started=time.monotonic(), log=log)
 
     def _reap(self, r: Running) -> bool:
         """True (and the job's cores freed) when the job has exited."""
@@ -135,7 +146,7 @@ class Scheduler:
             else:
                 return False
         r.log.close()
-        self.free = sorted(self.free + r.cpus)
+        self.free[r.gpu] = sorted(self.free[r.gpu] + r.cpus)
         if code == 0 and job_done(r.job):
             outcome = "done"
         elif code == EXIT_RESUMABLE or (r.stopping is not None and code != 0):  # checkpointed, or killed after SIGTERM

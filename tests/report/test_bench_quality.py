@@ -61,6 +61,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
     (["--set", "unet_2d:data.classes=[mito]"], "differ in data.classes"),
     (["--set", "vit_9d:optim.lr=1"], "'vit_9d' is not one of the jobs"),
     (["--cores", "1,99"], "a 2d job needs 99 cores"),
+    (["--gpus", "0"], "--gpus 0: at least 1"),
     (["--architectures", "unet_3d,unet_2d,unet_3d"], "jobs named more than once: ['unet_3d']"),
     (["--architectures", "unet_3d,unet_4d+sgd"], "unet_4d+sgd"),
 ])
@@ -131,6 +132,40 @@ def test_scheduler_stops_jobs_at_the_deadline_and_the_next_step_resumes_them(tmp
     events = schedule.read_schedule(tmp_path)
     assert [e["arch"] for e in events if e["event"] == "start"] == ["unet_3d", "unet_2d", "unet_3d", "resnet_3d"]
     assert [e["arch"] for e in events if e["event"] == "sigterm"] == ["unet_3d"]
+
+
+FAKE_GPU_JOB = """
+import os, pathlib, sys, time
+run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True)
+(run / "gpu").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+time.sleep(float(sys.argv[2]))
+(run / "result.json").write_text("{}")
+"""
+
+
+def test_two_gpus_run_their_slots_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 2 GPUs each has its own slots and half the cores; a job sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan, schedule = load("bench.quality.plan"), load("bench.quality.schedule")
+    settings = plan.Settings(quick=True, architectures=("unet_3d", "resnet_3d", "unet_2d"), preset="tiny",
+                             concurrent={"3d": 1, "2d": 1}, cores={"3d": 1, "2d": 1}, gpus=2, device="cpu",
+                             budget_min=0.15, val_every_min=0.05)
+    jobs = plan.make_jobs(settings, tmp_path)
+    script = tmp_path / "fake_gpu_job.py"
+    script.write_text(FAKE_GPU_JOB)
+
+    def fake(job, workers: int) -> list[str]:
+        return [sys.executable, str(script), str(job.run_dir), "1.5" if job.kind == "3d" else "0.2"]
+
+    sched = schedule.Scheduler(jobs=jobs, settings=settings, work=tmp_path, deadline=time.monotonic() + 60,
+                               grace_s=10.0, min_start_s=0.5, command=fake)
+    assert len(sched.free) == 2 and all(len(cores) >= 1 for cores in sched.free)
+    assert sched.run() == {"unet_3d": "done", "resnet_3d": "done", "unet_2d": "done"}
+    starts = [e for e in schedule.read_schedule(tmp_path) if e["event"] == "start"]
+    assert [(e["arch"], e["gpu"]) for e in starts][:2] == [("unet_3d", 0), ("resnet_3d", 1)]  # one per GPU at once
+    for job in jobs:
+        gpu = next(e["gpu"] for e in starts if e["arch"] == job.arch)
+        assert (job.run_dir / "gpu").read_text() == str(gpu)
 
 
 def test_a_variant_is_a_second_job_of_the_same_config(tmp_path: Path) -> None:
