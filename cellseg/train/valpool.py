@@ -18,6 +18,7 @@ exits on its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -43,6 +44,7 @@ from cellseg.postprocess.params import InstanceParams, SemanticParams
 
 log = logging.getLogger(__name__)
 PARENT_POLL_S = 1.0  # how often a worker checks that its training process is still there
+_CROPS: dict[CropSource, CropSource] = {}  # in a worker: the crops of its tasks (`_score_in_worker`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +73,14 @@ def score_task(task: ClassTask) -> dict[str, Any] | None:
     pred = np.where(inside, pred, 0).astype(pred.dtype) if is_instance(task.name) else pred & inside
     s = score_class(pred, truth, label=task.name, era=get_era(task.metric), voxel_size_nm=task.target.voxel_size_nm)
     return {**s, "num_voxels": int(inside.sum()), "voxel_size": list(task.target.voxel_size_nm)}
+
+
+def _score_in_worker(task: ClassTask) -> dict[str, Any] | None:
+    """`score_task` in a worker, with the first copy of the task's crop that the worker saw (an equal crop: the
+    same crop opened for the same classes), whose arrays stay open for its other classes and later validations
+    (a crop unpickled anew would open them again); tensorstore's chunk cache is one per process, so the crops
+    kept add little memory."""
+    return score_task(dataclasses.replace(task, crop=_CROPS.setdefault(task.crop, task.crop)))
 
 
 class ValidationPool:
@@ -125,7 +135,7 @@ class ValidationPool:
             except Exception as err:  # as a worker's error would be: raised by `result()`
                 future.set_exception(err)
             return future
-        return (self._executor or self._start()).submit(score_task, task)
+        return (self._executor or self._start()).submit(_score_in_worker, task)
 
     def close(self) -> None:
         """Cancel the tasks not started, wait for the running ones and end the workers (idempotent)."""
