@@ -108,13 +108,7 @@ class ValidationPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def started(self) -> bool:
-        """True while worker processes are running."""
-        return self._executor is not None
-
     def _start(self) -> ProcessPoolExecutor:
-        started = time.perf_counter()
         with self._shield():
             executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_init_worker, initargs=(self._worker_init, os.getpid()))
@@ -123,7 +117,7 @@ class ValidationPool:
             for _ in range(self.workers):
                 executor.submit(os.getpid)
         self._executor = executor
-        log.info("validation: %d worker processes started (%.2f s)", self.workers, time.perf_counter() - started)
+        log.info("validation: %d worker processes started", self.workers)
         return executor
 
     def submit(self, task: ClassTask) -> Future[dict[str, Any] | None]:
