@@ -323,6 +323,10 @@ class ValidationConfig:
             probabilities linearly resampled onto it and decoded there) or "model" (the training voxel size:
             cheaper when labels are much finer than the model's grid, not what the leaderboard measures).
         report_crops: also score the report crops and log them apart (`val.report`); they never rank.
+        workers: processes that decode and score the classes (`cellseg.train.valpool`) while the training
+            process predicts the next crop on the GPU; null: `loader.num_workers` (the loader's cores are idle
+            during validation); at most the number of (crop, class) pairs; 0: in the training process. The
+            scores are the same for every value.
     """
 
     metric: str = "2026"
@@ -332,9 +336,14 @@ class ValidationConfig:
     max_crops: int | None = None
     grid: Literal["annotation", "model"] = "annotation"
     report_crops: bool = False
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         _check(0 <= self.overlap < 1, "val.overlap must be in [0, 1)")
+        _check(self.workers is None or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
+                                        and self.workers >= 0),
+               f"val.workers={self.workers!r} must be an integer >= 0 (0: in the training process) or null "
+               "(loader.num_workers)")
         _check(0 < self.threshold < 1, "val.threshold must be in (0, 1)")
 
 

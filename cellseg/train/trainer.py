@@ -39,7 +39,8 @@ from cellseg.train.guard import NonFiniteGuard
 from cellseg.train.logs import RunLog, process_age_s
 from cellseg.train.setup import Setup, build_setup
 from cellseg.train.stop import StopRequest, TrainingStopped
-from cellseg.train.validate import run_validation, validation_sets
+from cellseg.train.validate import run_validation, validation_sets, validation_workers
+from cellseg.train.valpool import ValidationPool
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
@@ -71,10 +72,17 @@ class Trainer:
         # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
         resumed = self.s.resumed_from
         self._saved_step = self.s.state.step if resumed is not None and resumed.name == "last.pt" else -1
+        self.val_pool: ValidationPool | None = None  # the validation workers of `fit` (started at its first validation)
 
     def close(self) -> None:
-        """Release the run directory (its lock)."""
+        """End the validation workers, if any, and release the run directory (its lock)."""
+        self._close_val_pool()
         self.s.close()
+
+    def _close_val_pool(self) -> None:
+        pool, self.val_pool = self.val_pool, None
+        if pool is not None:
+            pool.close()
 
     # -- data -------------------------------------------------------------------------------------------
     def _batches(self, stop: StopRequest) -> Iterator[Batch]:
@@ -156,6 +164,9 @@ class Trainer:
         run_log = RunLog(s.run_dir, enabled=s.dist.is_main, start_step=s.state.step, stamp=self._stamp,
                          total_steps=tc.max_steps if tc.time_budget_min is None else None)  # a budget: steps unknown
         stop = self.stop or StopRequest()
+        if s.dist.is_main and s.data.val_crops:  # the ranks that validate; workers start at the first validation
+            self.val_pool = ValidationPool(validation_workers(self.cfg, s.data.val_crops),
+                                           worker_init=stop.worker_init_fn, shield=stop.shield_workers)
         batches, last = self._batches(stop), {}
         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
         loss_sum = torch.zeros((), device=s.dist.device)
@@ -191,11 +202,14 @@ class Trainer:
                         with self._off_the_clock():
                             self._checkpoint()
         finally:
-            batches.close()
-            stop.release_workers()
-            if self.stop is None:
-                stop.restore()
-            run_log.close()
+            try:
+                self._close_val_pool()  # on every way out: the end, an error, a stop signal
+            finally:
+                batches.close()
+                stop.release_workers()
+                if self.stop is None:
+                    stop.restore()
+                run_log.close()
         return last
 
     def _tick(self) -> None:
@@ -300,7 +314,8 @@ class Trainer:
         self.guard.check()
         if s.dist.is_main and s.data.val_crops:
             model = s.eval_model()
-            result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision)
+            result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision,
+                                    pool=self.val_pool)
             run_log.record(s.state.step, result, prefix="val")
             log.info("step %d validation (%s metric, %d tuning crops, %s grid, %.1f s): overall %.4f (%d skipped) | "
                      "ranked by %s %.4f | %s", s.state.step, result["metric"], len(result["crops"]["tuning"]),

@@ -13,6 +13,11 @@ of the era (`cellseg.eval.crop_score`), only inside the annotated voxels; Hausdo
 by the label's voxel size. `val.grid: model` decodes and scores on the model's grid instead (cheaper when
 labels are much finer than the model, not what the leaderboard measures).
 
+The GPU part stays in the training process; the decoding and scoring of each (crop, class) runs in the
+`val.workers` processes of a `cellseg.train.valpool.ValidationPool` (by default as many as the loader's, idle
+meanwhile), which the training run starts at its first validation and keeps for the others: while they work
+on a crop, the next one is predicted. Every value of `val.workers` gives the same scores.
+
 What ranks checkpoints (`best.pt`) is a decision, so (`cellseg.eval.decision`):
 - only the *tuning* validation crops count (`SplitEntry.role`); the *report* crops are scored apart when
   `val.report_crops` is set and never rank;
@@ -27,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -37,18 +43,17 @@ from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
 from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
-from cellseg.eval.crop_score import score_class
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
-from cellseg.eval.truth import read_class_truth
 from cellseg.infer.engine import predict_volume
 from cellseg.infer.plan import crop_grid
-from cellseg.postprocess.native import decode_on_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
+from cellseg.train.valpool import ClassTask, ValidationPool, gather, score_task
 
 log = logging.getLogger(__name__)
 CropScores = dict[str, dict[str, dict[str, Any]]]
+CROPS_AHEAD = 2  # crops predicted while the validation workers have not yet scored them all
 
 
 def validation_sets(crops: Sequence[CropSource], max_crops: int | None = None
@@ -67,46 +72,79 @@ def validation_sets(crops: Sequence[CropSource], max_crops: int | None = None
     return tuning[:max_crops], report[:max_crops]
 
 
-def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`), each
-    class decoded and scored on its annotation grid (`val.grid`: "annotation") or on `grid` ("model")."""
-    era, th = get_era(cfg.val.metric), cfg.val.threshold
+def validation_workers(cfg: RunConfig, crops: Sequence[CropSource]) -> int:
+    """Worker processes of `val.workers` (null: `loader.num_workers`), at most one per (crop, class) scored."""
+    tuning, report = validation_sets(crops, cfg.val.max_crops)
+    tasks = sum(len(c.classes) for c in [*tuning, *(report if cfg.val.report_crops else [])])
+    return min(cfg.loader.num_workers if cfg.val.workers is None else cfg.val.workers, tasks)
+
+
+def class_tasks(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> list[ClassTask]:
+    """The decoding and scoring of every class of `crop` annotated there (`probs`: (C, z, y, x) on `grid`), each
+    on its annotation grid (`val.grid`: "annotation") or on `grid` ("model"), in class order."""
+    th = cfg.val.threshold
     boundary_of = {c: len(cfg.data.classes) + j for j, c in enumerate(cfg.data.boundary_classes)}
-    scores = {}
+    tasks = []
     for k, name in enumerate(crop.classes):
         target = grid if cfg.val.grid == "model" else annotation_grid(crop, name)
-        read = None if target is None else read_class_truth(crop, name, target)
-        if target is None or read is None:
+        if target is None:
             continue  # not annotated here: nothing to score against
-        truth, inside = read
-        boundary = probs[boundary_of[name]] if name in boundary_of else None
         params = InstanceParams(threshold=th, boundary_threshold=th) if is_instance(name) else SemanticParams(
             threshold=th)
-        pred = decode_on_grid(name, probs[k], boundary, source=grid, target=target, params=params)
-        pred = np.where(inside, pred, 0).astype(pred.dtype) if is_instance(name) else pred & inside
-        s = score_class(pred, truth, label=name, era=era, voxel_size_nm=target.voxel_size_nm)
-        scores[name] = {**s, "num_voxels": int(inside.sum()), "voxel_size": list(target.voxel_size_nm)}
+        tasks.append(ClassTask(crop=crop, name=name, prob=probs[k],
+                               boundary=probs[boundary_of[name]] if name in boundary_of else None,
+                               source=grid, target=target, params=params, metric=cfg.val.metric))
+    return tasks
+
+
+def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`), each
+    class decoded and scored on its annotation grid (`val.grid`: "annotation") or on `grid` ("model"), in this
+    process (`cellseg.train.valpool.score_task`)."""
+    scores = {}
+    for task in class_tasks(crop, probs, grid, cfg):
+        s = score_task(task)
+        if s is not None:
+            scores[task.name] = s
     return scores
 
 
 def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
-                precision: runtime.Precision) -> CropScores:
-    """Predict every crop (the model in eval mode, as the caller set it) and score it (`score_crop`)."""
-    crop_scores = {}
-    for crop in crops:
-        grid = crop_grid(crop, cfg.data.voxel_size_nm)
-        probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
-                               num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
-                               overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
-                               channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
-        crop_scores[crop.name] = score_crop(crop, probs, grid, cfg)
+                precision: runtime.Precision, pool: ValidationPool) -> CropScores:
+    """Predict every crop (the model in eval mode, as the caller set it) and score its classes in `pool`.
+
+    With worker processes, the next crop is predicted while the workers decode and score the classes of the
+    ones before; at most `CROPS_AHEAD` crops wait for their scores (each holds its classes' probabilities).
+    """
+    crop_scores: CropScores = {}
+    waiting: dict[str, dict[str, Future[dict[str, Any] | None]]] = {}
+    try:
+        for crop in crops:
+            grid = crop_grid(crop, cfg.data.voxel_size_nm)
+            probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
+                                   num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
+                                   overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
+                                   channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
+            waiting[crop.name] = {t.name: pool.submit(t) for t in class_tasks(crop, probs, grid, cfg)}
+            del probs
+            while len(waiting) > CROPS_AHEAD:
+                name = next(iter(waiting))
+                crop_scores[name] = gather(waiting.pop(name), name)
+        for name in list(waiting):
+            crop_scores[name] = gather(waiting.pop(name), name)
+    except BaseException:
+        for futures in waiting.values():  # a failed validation leaves nothing queued
+            for future in futures.values():
+                future.cancel()
+        raise
     return crop_scores
 
 
 @torch.inference_mode()
 def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,
-                   precision: runtime.Precision) -> dict[str, Any]:
-    """Predict and score the validation crops (module docstring).
+                   precision: runtime.Precision, pool: ValidationPool | None = None) -> dict[str, Any]:
+    """Predict and score the validation crops (module docstring), the classes in `pool` (a training run keeps
+    one for all its validations), else in a pool of `validation_workers` processes made for this call.
 
     Returns:
         The official scores of the tuning crops (`overall_score`, its parts, `class_scores`, `label_scores`,
@@ -123,12 +161,17 @@ def run_validation(model: torch.nn.Module, crops: Sequence[CropSource], cfg: Run
     start = time.perf_counter()
     was_training = model.training
     model.eval()
+    own_pool = pool is None
+    pool = ValidationPool(validation_workers(cfg, crops)) if pool is None else pool
     try:
-        crop_scores = score_crops(model, tuning, cfg, device=device, precision=precision)
-        report_scores = score_crops(model, report, cfg, device=device, precision=precision) \
-            if cfg.val.report_crops else {}
+        scored = score_crops(model, [*tuning, *(report if cfg.val.report_crops else [])], cfg, device=device,
+                             precision=precision, pool=pool)
     finally:
         model.train(was_training)
+        if own_pool:
+            pool.close()
+    crop_scores = {c.name: scored[c.name] for c in tuning}
+    report_scores = {c.name: scored[c.name] for c in report if c.name in scored}
     decision = decide(crop_scores, cfg.val.metric)
     if decision.ranking.reason:
         log.warning("checkpoints are ranked by %s, not the overall score: %s", decision.ranking.ranked_by,
