@@ -24,7 +24,7 @@ Layout of REPORT_DIR (intermediate stores are reused on a re-run with the same s
 interrupted report resumes; `--overwrite` starts over):
 
     report.md, report.json, *.png      the results
-    timings.json                       seconds per step so far (rewritten as each step ends)
+    timings.json                       seconds per step of every run so far (rewritten as each step ends)
     report_settings.json               what the stores depend on (runs, crops, data root, tuning era)
     truth.zarr                         the scored crops' truth in the evaluator's layout
     truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
@@ -62,19 +62,25 @@ from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
 # what --overwrite removes
-TIMINGS_FILE = "timings.json"  # the steps' seconds so far, rewritten after each step (report.json: all of them)
+TIMINGS_FILE = "timings.json"  # each run's seconds per step so far (`Timings`; report.json: the last run's)
 OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", TIMINGS_FILE, SETTINGS_FILE)
 FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
 TTA_TRANSFORMS = 8
 
 
 class Timings:
-    """Log a line when each step starts and record how long it took; with `path`, the rows so far are rewritten
-    there after each step (`timings.json`: what a report cut short had spent, per step)."""
+    """Log a line when each step starts and record how long it took; with `path`, every run's rows so far are
+    rewritten there after each step (`timings.json`: a list with one list of rows per run of the report, the
+    earlier ones of a resumed report kept: what a report cut short and resumed spent, per step)."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, resuming: bool = False) -> None:
         self.rows: list[dict[str, Any]] = []
         self.path = path
+        self.earlier: list[Any] = []
+        if path is not None and resuming and path.is_file():
+            with contextlib.suppress(ValueError):
+                earlier = json.loads(path.read_text())
+                self.earlier = earlier if isinstance(earlier, list) else []
 
     @contextlib.contextmanager
     def step(self, name: str, *, resumed: bool = False) -> Iterator[None]:
@@ -86,7 +92,7 @@ class Timings:
         self.rows.append({"step": name, "seconds": round(seconds, 2), "resumed": resumed})
         log.info("    %s: %.1f s", name, seconds)
         if self.path is not None:
-            _write_text(self.path, json.dumps(self.rows, indent=1) + "\n")
+            _write_text(self.path, json.dumps([*self.earlier, self.rows], indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- the directory
@@ -331,11 +337,12 @@ def run_report(opts: ReportOptions) -> Report:
     root = data_root_of(runs, opts.data_root)
     plan = plan_crops(runs, root, crops=opts.crops, tune_crops=opts.tune_crops, explicit_root=opts.data_root)
     layout = Layout(Path(opts.out))
-    prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint, tune_metric=opts.tuning_era,
-                                     overlap=opts.overlap), overwrite=opts.overwrite)
+    resuming = prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint,
+                                                tune_metric=opts.tuning_era, overlap=opts.overlap),
+                           overwrite=opts.overwrite)
     log.info("report on %d runs (%s); scored crops: %s; tuning crops: %s", len(runs),
              ", ".join(r.name for r in runs), ", ".join(plan.scored), ", ".join(plan.tuning))
-    timings = Timings(layout.root / TIMINGS_FILE)
+    timings = Timings(layout.root / TIMINGS_FILE, resuming=resuming)
     with timings.step("truth of the scored crops (evaluator layout)", resumed=layout.truth.is_dir()):
         truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
             layout.truth, plan.scored, runs[0].classes, root)
