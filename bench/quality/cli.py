@@ -222,7 +222,9 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     jobs = [j for j in jobs if j.arch not in missing]
     curves = [read_curve(j.run_dir, j.arch) for j in jobs]  # a run that never validated fails here
     tuning = decision_crops(jobs)
-    cmd = [sys.executable, "-m", "cellseg", "-q", "report", "--runs", *(str(j.run_dir) for j in jobs),
+    # INFO: the report's step lines ("==> step", "    step: N s") reach the log as they happen (no progress bars
+    # off a terminal); its seconds per step are in work/report/timings.json even when the step limit cuts it
+    cmd = [sys.executable, "-m", "cellseg", "report", "--runs", *(str(j.run_dir) for j in jobs),
            "--out", str(work / "report"), "--crops", "test", "--tune-crops", ",".join(tuning),
            "--device", settings.device]
     remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it

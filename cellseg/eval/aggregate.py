@@ -17,6 +17,7 @@ official order depends on which worker finishes first, so only the last bit of a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +49,7 @@ def combine_2025(crop_scores: CropScores) -> dict[str, Any]:
             score = crop_scores[crop].get(label)
             if score is None:
                 continue
-            volume = np.prod(score["voxel_size"]) * score["num_voxels"]
+            volume = math.prod(score["voxel_size"]) * score["num_voxels"]  # as np.prod: a*b*c in order, 10x faster
             for key in keys:
                 sums[key] += score[key] * volume
             total += volume

@@ -59,9 +59,13 @@ class Source:
         import zarr
 
         if self.kind == "zip":
-            stat = os.stat(self.path)
-            return zarr.storage.KVStore(_zip_mapping(self.path, stat.st_mtime_ns, stat.st_size))
+            return zarr.storage.KVStore(self._mapping())
         return zarr.storage.DirectoryStore(self.path)
+
+    def _mapping(self) -> ZipMapping:
+        """The zip's key → bytes view, shared by every read of this process (`_zip_mapping`)."""
+        stat = os.stat(self.path)
+        return _zip_mapping(self.path, stat.st_mtime_ns, stat.st_size)
 
     def exists(self, key: str) -> bool:
         """True when the file `key` exists."""
@@ -79,7 +83,7 @@ class Source:
             if self.kind == "zip":
                 if key not in self._name_set:
                     return None
-                raw = ZipMapping(self.path)[key]
+                raw = self._mapping()[key]  # a fresh ZipMapping would parse the member list per file
             else:
                 full = os.path.join(self.path, key)
                 if not os.path.isfile(full):

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -69,6 +70,7 @@ from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era, get_era
 from cellseg.eval.label_grid import annotation_grid
+from cellseg.eval.pool import map_bounded
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
@@ -87,6 +89,7 @@ TIE_TOLERANCE = 1e-9
 CROPS_FOR_FULL_TRUST = 8
 VOXELS_FOR_FULL_TRUST = 10_000
 SLAB_VOXELS = 2**21  # voxels mixed at once for all candidates: bounds the (candidates × voxels) buffer
+CLASS_THREADS = min(os.cpu_count() or 1, 8)  # classes of a crop scored at once (a few member volumes each)
 FOREGROUND_SUFFIX = "__foreground"  # an instance class's foreground IoU is aggregated under this label
 
 
@@ -247,12 +250,17 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
             log.info("%s: not used for fitting: %s", entry.crop_name, err)
             continue
         common, _ = ensemble_grid(stores, entry.crop_name, grid)
-        for name in source.classes:
+
+        def score(name: str, source: Any = source, common: Grid | None = common, crop: str = entry.crop_name) -> None:
             target_grid = common if options.score_grid == "ensemble" else annotation_grid(source, name)
             read = None if target_grid is None else read_class_truth(source, name, target_grid)
             if target_grid is not None and read is not None:
-                _score_class(stores, plan, entry.crop_name, name, target_grid, *read, tallies[name],
-                             options=options, device=device)
+                _score_class(stores, plan, crop, name, target_grid, *read, tallies[name], options=options,
+                             device=device)
+
+        # the classes of a crop in threads (reading and resampling the members release the GIL); each class's
+        # tally is written by one thread only, crop after crop, so the tallies do not depend on the threads
+        map_bounded(score, list(source.classes), max(1, min(len(source.classes), CLASS_THREADS)))
     return tallies
 
 

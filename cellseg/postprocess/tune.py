@@ -47,7 +47,7 @@ import numpy as np
 from cellseg.classes import is_instance
 from cellseg.data.grid import Grid, vec3
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import NoRequestedClass
+from cellseg.data.targets import CropSource, NoRequestedClass
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
@@ -240,16 +240,40 @@ def num_candidates(class_name: str, has_boundary: bool) -> int:
     return 1 + 2 * has_boundary + 2 * len(INSTANCE_THRESHOLDS) + len(SEED_FRACTIONS) + len(SIZE_FRACTIONS)
 
 
+class OpenCrops:
+    """The tuning crops opened once each for every class of a store (opening a crop reads the metadata of all
+    its label arrays: per class and crop it cost more than reading the truth)."""
+
+    def __init__(self, classes: Sequence[str]):
+        self.classes = tuple(classes)
+        self._open: dict[str, CropSource | None] = {}
+
+    def get(self, entry: SplitEntry, class_name: str) -> CropSource | None:
+        """The crop opened for (at least) `class_name`; None where it annotates none of the classes."""
+        if class_name not in self.classes:
+            return _open_or_none(entry, (class_name,))
+        if entry.crop_name not in self._open:
+            self._open[entry.crop_name] = _open_or_none(entry, self.classes)
+        return self._open[entry.crop_name]
+
+
+def _open_or_none(entry: SplitEntry, classes: Sequence[str]) -> CropSource | None:
+    try:
+        return open_crop(entry, classes)
+    except NoRequestedClass:
+        return None
+
+
 def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_name: str, *,
-                 grid: str = "annotation") -> list[Sample]:
+                 grid: str = "annotation", crops: OpenCrops | None = None) -> list[Sample]:
     """The class's samples over the tuning crops that annotate it: truth on its annotation grid (`grid`:
-    "annotation") or the store's ("model")."""
+    "annotation") or the store's ("model"); `crops`: the crops opened once for many classes (the samples are
+    the same)."""
     samples = []
     for entry in entries:
         source = store.grid(entry.crop_name)
-        try:
-            crop = open_crop(entry, (class_name,))
-        except NoRequestedClass:
+        crop = crops.get(entry, class_name) if crops else _open_or_none(entry, (class_name,))
+        if crop is None:
             continue
         target = source if grid == "model" else annotation_grid(crop, class_name)
         truth = None if target is None else read_class_truth(crop, class_name, target)
@@ -263,7 +287,8 @@ def load_samples(store: PredictionStore, entries: Sequence[SplitEntry], class_na
 
 def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen: dict[str, ClassParams],
                    scores: dict[str, dict[str, float | None]], *, era: str, device: str = "cpu",
-                   grid: str = "annotation", on_class: Callable[[], None] = lambda: None) -> None:
+                   grid: str = "annotation", on_class: Callable[[], None] = lambda: None,
+                   crops: OpenCrops | None = None) -> None:
     """Try each tuned class's hierarchy option (module docstring) and keep it where it wins, updating `chosen` and
     `scores` in place: "hierarchy_off_score" (the tuned score) and "hierarchy_on_score" for every class tried,
     "score" raised to the latter where the option is kept. A class whose partners the store lacks is not tried."""
@@ -292,7 +317,7 @@ def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen
         if name not in chosen or not partners(name, store.classes):
             continue
         option = option_for(name)
-        samples = [edit(name, s) for s in load_samples(store, entries, name, grid=grid)]
+        samples = [edit(name, s) for s in load_samples(store, entries, name, grid=grid, crops=crops)]
         candidate = dataclasses.replace(chosen[name], hierarchy=option)
         on, off = score_samples(name, samples, candidate, era=era, device=device), float(scores[name]["score"])  # type: ignore[arg-type]
         scores[name].update(hierarchy_off_score=off, hierarchy_on_score=on)
@@ -327,9 +352,10 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
     scores: dict[str, dict[str, float | None]] = {}
     total = sum(num_candidates(c, boundary_channel(c) in store.channels) for c in store.classes)
     total += sum(bool(partners(c, store.classes)) for c in store.classes) if hierarchy else 0
+    crops_open = OpenCrops(store.classes)
     with tqdm(total=total, desc="tune", unit="setting", disable=not progress) as bar:
         for name in store.classes:
-            samples = load_samples(store, entries, name, grid=grid)
+            samples = load_samples(store, entries, name, grid=grid, crops=crops_open)
             if not samples:
                 log.info("%s: annotated in none of the tuning crops; defaults kept", name)
                 bar.update(num_candidates(name, boundary_channel(name) in store.channels))
@@ -339,7 +365,7 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
                      _describe(chosen[name]), scores[name]["score"], scores[name]["default_score"])
         if hierarchy:
             tune_hierarchy(store, entries, chosen, scores, era=era, device=device, grid=grid,
-                           on_class=lambda: bar.update())
+                           on_class=lambda: bar.update(), crops=crops_open)
     return ParamSet(classes=chosen, scores=scores, era=era,
                     tuned_on={"store": str(store.path), "data_root": str(data_root),
                               "crops": [e.crop_name for e in entries], "metric": era, "combined": "decision mode",

@@ -16,7 +16,20 @@ Example:
     >>> report = run_report(ReportOptions(runs=("runs/unet_3d", "runs/resnet_3d"), out="report"))  # doctest: +SKIP
 """
 
-from cellseg.report.ablation import run_report
-from cellseg.report.results import Report, ReportOptions
+from typing import Any
 
 __all__ = ["Report", "ReportOptions", "run_report"]
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use: a process that needs only a light submodule (the bootstrap's
+    pool workers import `cellseg.report.bootstrap`) does not import torch and the whole report."""
+    if name == "run_report":
+        from cellseg.report.ablation import run_report
+
+        return run_report
+    if name in ("Report", "ReportOptions"):
+        from cellseg.report import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

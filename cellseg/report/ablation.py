@@ -24,6 +24,7 @@ Layout of REPORT_DIR (intermediate stores are reused on a re-run with the same s
 interrupted report resumes; `--overwrite` starts over):
 
     report.md, report.json, *.png      the results
+    timings.json                       seconds per step of every run so far (rewritten as each step ends)
     report_settings.json               what the stores depend on (runs, crops, data root, tuning era)
     truth.zarr                         the scored crops' truth in the evaluator's layout
     truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
@@ -50,7 +51,7 @@ from typing import Any
 from cellseg.eval.eras import Era
 from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
-from cellseg.report.bootstrap import stage_uncertainty
+from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.report.render import write_reports
@@ -61,16 +62,25 @@ from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
 # what --overwrite removes
-OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", SETTINGS_FILE)
+TIMINGS_FILE = "timings.json"  # each run's seconds per step so far (`Timings`; report.json: the last run's)
+OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", TIMINGS_FILE, SETTINGS_FILE)
 FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
 TTA_TRANSFORMS = 8
 
 
 class Timings:
-    """Log a line when each step starts and record how long it took."""
+    """Log a line when each step starts and record how long it took; with `path`, every run's rows so far are
+    rewritten there after each step (`timings.json`: a list with one list of rows per run of the report, the
+    earlier ones of a resumed report kept: what a report cut short and resumed spent, per step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None, *, resuming: bool = False) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.path = path
+        self.earlier: list[Any] = []
+        if path is not None and resuming and path.is_file():
+            with contextlib.suppress(ValueError):
+                earlier = json.loads(path.read_text())
+                self.earlier = earlier if isinstance(earlier, list) else []
 
     @contextlib.contextmanager
     def step(self, name: str, *, resumed: bool = False) -> Iterator[None]:
@@ -81,6 +91,8 @@ class Timings:
         seconds = time.perf_counter() - start
         self.rows.append({"step": name, "seconds": round(seconds, 2), "resumed": resumed})
         log.info("    %s: %.1f s", name, seconds)
+        if self.path is not None:
+            _write_text(self.path, json.dumps([*self.earlier, self.rows], indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- the directory
@@ -243,18 +255,21 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
                                  val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
                                  progress=opts.progress)
     truth = tuning_truth(layout, plan, runs, root)
-    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms; switch it off for the "
-                      "classes it does not help on the tuning crops",
+    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms",
                       resumed=any(layout.predictions(r, TTA_TRANSFORMS).exists() for r in runs)):
         tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
+    with timings.step("TTA: ensemble with stage 3's weights; switch TTA off for the classes it does not help on "
+                      "the tuning crops", resumed=layout.ensemble("weighted_tta8").exists()):
         with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weighted.path / WEIGHTS_FILE,
                                  progress=opts.progress)
         with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era,
                                           workers=opts.scoring_workers, progress=opts.progress)
     device = resolve(opts.device)
-    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric), apply, and switch "
-                      "it off for the classes it does not help", resumed=layout.params.exists()):
+    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric)",
+                      resumed=layout.params.exists()):
         params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress)
+    with timings.step(f"post-processing: apply to {n} crops; switch it off for the classes it does not help on "
+                      "the tuning crops", resumed=layout.postprocessed.exists()):
         segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
                                       progress=opts.progress)
         segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
@@ -289,20 +304,24 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
 
 
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
-                 root: Path) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
+                 root: Path, timings: Timings) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
     every era."""
-    singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
-               for r, p in zip(runs, stores.singles, strict=True)]
-    on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
+    eras = ", ".join(opts.eras)
+    with timings.step(f"scoring the {len(runs)} single models in {eras}"):
+        singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
+                   for r, p in zip(runs, stores.singles, strict=True)]
+    with timings.step(f"best single model: the {len(runs)} single models scored on the tuning crops"):
+        on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
     chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
     best, _ = best_single_stage(singles, opts.eras, chosen)
-    stages = [best,
-              _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
-              _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
-              _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
-              _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
-                     segmented=True)]
+    with timings.step(f"scoring stages 2-5 in {eras}"):
+        stages = [best,
+                  _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
+                  _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
+                  _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
+                  _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
+                         segmented=True)]
     return singles, stages, chosen
 
 
@@ -318,21 +337,21 @@ def run_report(opts: ReportOptions) -> Report:
     root = data_root_of(runs, opts.data_root)
     plan = plan_crops(runs, root, crops=opts.crops, tune_crops=opts.tune_crops, explicit_root=opts.data_root)
     layout = Layout(Path(opts.out))
-    prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint, tune_metric=opts.tuning_era,
-                                     overlap=opts.overlap), overwrite=opts.overwrite)
+    resuming = prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint,
+                                                tune_metric=opts.tuning_era, overlap=opts.overlap),
+                           overwrite=opts.overwrite)
     log.info("report on %d runs (%s); scored crops: %s; tuning crops: %s", len(runs),
              ", ".join(r.name for r in runs), ", ".join(plan.scored), ", ".join(plan.tuning))
-    timings = Timings()
+    timings = Timings(layout.root / TIMINGS_FILE, resuming=resuming)
     with timings.step("truth of the scored crops (evaluator layout)", resumed=layout.truth.is_dir()):
         truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
             layout.truth, plan.scored, runs[0].classes, root)
     stores = make_stores(runs, root, plan, layout, opts, timings)
-    with timings.step(f"scoring {len(runs) + 4} predictions in {', '.join(opts.eras)}"):
-        singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root)
+    singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root, timings)
     with timings.step("crop-bootstrap intervals"):
-        uncertainty = {era: {"stages": stage_uncertainty([s.scores[era].document for s in stages], era),
-                             "singles": stage_uncertainty([s.scores[era].document for s in singles], era)}
-                       for era in opts.eras}
+        uncertainty = uncertainties({name: {era: [s.scores[era].document for s in rows] for era in opts.eras}
+                                     for name, rows in (("stages", stages), ("singles", singles))},
+                                    workers=opts.scoring_workers)
     report = Report(options=opts, runs=runs, data_root=root, plan=plan, truth=truth, singles=singles,
                     best_single={era: c["run"] for era, c in chosen.items()}, best_single_choice=chosen,
                     stages=stages, timings=timings.rows,

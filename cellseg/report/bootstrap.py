@@ -64,21 +64,26 @@ def _numbers(scores: Mapping[str, Any]) -> dict[str, Any]:
     return {k: math.nan if v is None else v for k, v in scores.items()}
 
 
-def resampled(crop_scores: CropScores, crops: Sequence[str], picks: np.ndarray) -> dict[str, Any]:
-    """The per-crop scores of one draw: crop `crops[i]` once per pick, under a key of its own."""
-    return {f"{crops[i]}#{k}": {label: _numbers(s) for label, s in crop_scores[crops[i]].items()}
-            for k, i in enumerate(picks)}
-
-
 def part_draws(crop_scores: CropScores, era: Era, crops: Sequence[str], picks: np.ndarray) -> dict[str, np.ndarray]:
     """Part ("overall", "instance", "semantic") → its value in every draw."""
     rules = get_era(era)
+    # each crop's scores converted once; a draw refers to them (`combine` only reads its input)
+    numbers = [{label: _numbers(s) for label, s in crop_scores[crop].items()} for crop in crops]
     out = {part: np.empty(len(picks)) for part in PARTS}
     for d, row in enumerate(picks):
-        combined = rules.combine(resampled(crop_scores, crops, row))
+        combined = rules.combine({f"{crops[i]}#{k}": numbers[i] for k, i in enumerate(row)})
         for part in PARTS:
             out[part][d] = float(combined[KEYS[part]])
     return out
+
+
+def _intervals(samples: Sequence[Mapping[str, np.ndarray]], crops: Sequence[str], *, num: int, seed: int,
+               level: float) -> dict[str, Any]:
+    stages = [{part: interval(s[part], level) for part in PARTS} for s in samples]
+    changes: list[dict[str, Interval] | None] = [None]
+    for before, after in itertools.pairwise(samples):
+        changes.append({part: interval(after[part] - before[part], level) for part in PARTS})
+    return {"crops": list(crops), "draws": num, "seed": seed, "level": level, "stages": stages, "changes": changes}
 
 
 def stage_uncertainty(documents: Sequence[Mapping[str, Any]], era: Era, *, num: int = DRAWS, seed: int = SEED,
@@ -92,11 +97,36 @@ def stage_uncertainty(documents: Sequence[Mapping[str, Any]], era: Era, *, num: 
     crops = sorted(documents[0]["crop_scores"])
     picks = draws(crops, num, seed)
     samples = [part_draws(doc["crop_scores"], era, crops, picks) for doc in documents]
-    stages = [{part: interval(s[part], level) for part in PARTS} for s in samples]
-    changes: list[dict[str, Interval] | None] = [None]
-    for before, after in itertools.pairwise(samples):
-        changes.append({part: interval(after[part] - before[part], level) for part in PARTS})
-    return {"crops": crops, "draws": num, "seed": seed, "level": level, "stages": stages, "changes": changes}
+    return _intervals(samples, crops, num=num, seed=seed, level=level)
+
+
+def _part_draws_job(job: tuple[CropScores, Era, Sequence[str], np.ndarray]) -> dict[str, np.ndarray]:
+    return part_draws(*job)
+
+
+def uncertainties(groups: Mapping[str, Mapping[Era, Sequence[Mapping[str, Any]]]], *, workers: int = 1,
+                  num: int = DRAWS, seed: int = SEED, level: float = LEVEL) -> dict[Era, dict[str, Any]]:
+    """`stage_uncertainty` of several lists of documents in every era, the documents' draws spread over
+    `workers` processes (the intervals do not depend on it): `groups` is name → era → documents, e.g.
+    {"stages": ..., "singles": ...}; returns era → name → the `stage_uncertainty` result."""
+    from cellseg.eval.pool import map_bounded
+
+    jobs, where = [], []
+    for name, by_era in groups.items():
+        for era, documents in by_era.items():
+            crops = sorted(documents[0]["crop_scores"])
+            picks = draws(crops, num, seed)
+            for doc in documents:
+                jobs.append((doc["crop_scores"], era, crops, picks))
+                where.append((name, era))
+    results = map_bounded(_part_draws_job, jobs, max(1, min(workers, len(jobs))), processes=True)
+    out: dict[Era, dict[str, Any]] = {}
+    for name, by_era in groups.items():
+        for era in by_era:
+            samples = [r for r, w in zip(results, where, strict=True) if w == (name, era)]
+            crops = sorted(by_era[era][0]["crop_scores"])
+            out.setdefault(era, {})[name] = _intervals(samples, crops, num=num, seed=seed, level=level)
+    return out
 
 
 def within_noise(change: Interval) -> bool:

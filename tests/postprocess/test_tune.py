@@ -182,3 +182,31 @@ def test_samples_hold_the_truth_on_its_annotation_grid(tiny_synth_root, tmp_path
     assert native.truth.shape == tuple(label.shape_vox) and native.resampled
     (model,) = load_samples(store, entries, "er", grid="model")
     assert model.truth.shape == coarse.shape_vox and not model.resampled
+
+
+def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root, tmp_path):
+    from cellseg.data.crops import Catalog
+    from cellseg.data.grid import Grid
+    from cellseg.infer.store import PredictionStore
+    from cellseg.postprocess.tune import OpenCrops, load_samples, split_entry
+
+    classes = ["mito", "mito_mem", "er", "nuc", "mt", "ecs", "ld"]  # groups, atoms, instance, semantic
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=classes,
+                                   instance_channels=["mito", "nuc", "ld"])
+    catalog = Catalog.from_dir(tiny_synth_root)
+    rng = np.random.default_rng(0)
+    for crop_id in sorted(catalog.train):
+        store.write_crop(f"crop{crop_id}", grid, {c: rng.random(grid.shape_vox, np.float32) for c in classes})
+    entries = [split_entry(catalog, crop_id) for crop_id in sorted(catalog.train)]
+    opened = OpenCrops(classes)
+    found = 0
+    for name in classes:
+        alone, shared = load_samples(store, entries, name), load_samples(store, entries, name, crops=opened)
+        assert [s.crop for s in alone] == [s.crop for s in shared]
+        for a, b in zip(alone, shared, strict=True):
+            assert (a.source, a.target, a.voxel_size_nm) == (b.source, b.target, b.voxel_size_nm)
+            for field in ("prob", "truth", "inside"):
+                np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        found += len(alone)
+    assert found > len(classes)  # most classes are annotated in several crops
