@@ -133,3 +133,31 @@ def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def sigterm_driver(module: str, function: str, env_var: str, doc: str) -> str:
+    """A script running `cellseg ARGS` that sends SIGTERM to its own process group when `module.function` is
+    called for the Nth time (N from the environment variable `env_var`), then lets the call proceed."""
+    return f'''"""`cellseg ARGS`, sending SIGTERM to its own process group {doc}."""
+import os, signal, sys
+
+
+def main():
+    import {module} as target
+    from cellseg.cli import main as cli
+
+    real, count = target.{function}, [0]
+
+    def wrapped(*args, **kwargs):
+        count[0] += 1
+        if count[0] == int(os.environ["{env_var}"]):
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    target.{function} = wrapped
+    return cli(sys.argv[1:])
+
+
+if __name__ == "__main__":  # spawned workers import this file without running it
+    sys.exit(main())
+'''

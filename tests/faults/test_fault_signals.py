@@ -10,12 +10,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import textwrap
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from faultkit import REPO, finish, losses, start, wait_for
+from faultkit import REPO, finish, losses, sigterm_driver, start, wait_for
 
 from cellseg.runtime.checkpoint import load
 from cellseg.train.stop import EXIT_RESUMABLE
@@ -41,30 +40,7 @@ def reference(bench: ModuleType, tiny_synth_root: Path, tmp_path_factory: pytest
     return losses(run), seconds
 
 
-DRIVER = textwrap.dedent('''\
-    """`cellseg ARGS`, sending SIGTERM to its own process group as the Nth checkpoint write begins."""
-    import os, signal, sys
-
-
-    def main():
-        import cellseg.train.checkpoint as checkpoint
-        from cellseg.cli import main as cli
-
-        real, count = checkpoint.save_atomic, [0]
-
-        def save(obj, path):
-            count[0] += 1
-            if count[0] == int(os.environ["SIGTERM_AT_SAVE"]):
-                os.killpg(os.getpgid(0), signal.SIGTERM)
-            return real(obj, path)
-
-        checkpoint.save_atomic = save
-        return cli(sys.argv[1:])
-
-
-    if __name__ == "__main__":  # loader workers are spawned: they import this file without running it
-        sys.exit(main())
-''')
+DRIVER = sigterm_driver("cellseg.train.checkpoint", "save_atomic", "SIGTERM_AT_SAVE", "as the Nth checkpoint write begins")
 
 
 def test_sigterm_to_the_group_during_a_checkpoint(bench: ModuleType, reference: tuple[dict[int, float], float],

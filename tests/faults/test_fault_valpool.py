@@ -5,39 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 import time
 from pathlib import Path
 
-from faultkit import REPO, finish, start
+from faultkit import REPO, finish, sigterm_driver, start
 
 from cellseg.runtime.checkpoint import load
 from cellseg.train.stop import EXIT_RESUMABLE
 
-DRIVER = textwrap.dedent('''\
-    """`cellseg ARGS`, sending SIGTERM to its own process group as validation N waits for its workers."""
-    import os, signal, sys
-
-
-    def main():
-        import cellseg.train.validate as validate
-        from cellseg.cli import main as cli
-
-        real, count = validate.gather, [0]
-
-        def gather(futures, crop):
-            count[0] += 1
-            if count[0] == int(os.environ["SIGTERM_AT_GATHER"]):
-                os.killpg(os.getpgid(0), signal.SIGTERM)
-            return real(futures, crop)
-
-        validate.gather = gather
-        return cli(sys.argv[1:])
-
-
-    if __name__ == "__main__":  # workers are spawned: they import this file without running it
-        sys.exit(main())
-''')
+DRIVER = sigterm_driver("cellseg.train.validate", "gather", "SIGTERM_AT_GATHER", "as validation N waits for its workers")
 
 
 def _alive_in_group(pgid: int) -> list[str]:
