@@ -89,3 +89,10 @@ def test_ranking_falls_back_when_the_overall_score_is_undefined(crops):
     nothing = ranking_score({"label_scores": {}, "overall_score": math.nan, "overall_instance_score": math.nan,
                              "overall_semantic_score": math.nan})
     assert nothing.ranked_by == "mean_class_score" and math.isnan(nothing.score)
+
+
+def test_an_era_that_skips_crops_must_say_what_a_skipped_crop_counts_as():
+    from cellseg.eval.eras import ScoringEra
+
+    with pytest.raises(TypeError, match="does not define worst_case"):
+        type("SkippingEra", (ScoringEra,), {"skip_statuses": frozenset({"skipped"})})

@@ -69,6 +69,12 @@ class ScoringEra(abc.ABC):
     crop_columns: ClassVar[Mapping[str, tuple[str, ...]]]
     skip_statuses: ClassVar[frozenset[str]] = frozenset()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.skip_statuses and cls.worst_case is ScoringEra.worst_case:
+            raise TypeError(f"scoring era {cls.__name__} skips crops ({sorted(cls.skip_statuses)}) but does not "
+                            "define worst_case: decisions would have nothing to count a skipped crop as")
+
     def __repr__(self) -> str:
         return f"<scoring era {self.name!r}: {self.title}>"
 
@@ -119,8 +125,10 @@ class ScoringEra(abc.ABC):
 
     def worst_case(self, scores: Mapping[str, Any]) -> Scores:
         """What a skipped crop counts as in a decision: no match, every truth object missed and every
-        predicted object a false positive (only called where `is_skipped`; an era that skips must say)."""
-        raise NotImplementedError(f"era {self.name!r} skips crops but defines no worst case for them")
+        predicted object a false positive (only called where `is_skipped`). An era that skips crops defines
+        it (checked when its class is defined); one that skips none never has a crop to count, and this one
+        returns the scores as they are."""
+        return dict(scores)
 
     def combine_decision(self, crop_scores: CropScores) -> Scores:
         """`combine` with every skipped crop counted as its `worst_case`: the score cellseg ranks
