@@ -37,7 +37,7 @@ def default_budget() -> int:
     return int(DEFAULT_BUDGET_FRACTION * available_memory_bytes())
 
 
-def _one_thread_per_process() -> None:
+def one_thread_per_process() -> None:
     """Pool process initializer: Blosc's own threads off. Each process is one of `workers` parallel jobs, but
     numcodecs lets Blosc start min(8, cores) threads in a process's main thread: 64 threads on a 16-core host
     for 8 workers, over chunks of 256 KiB."""
@@ -92,7 +92,7 @@ def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *, done:
     running: dict[Future[Any], int] = {}
     used = 0
     new_pool = functools.partial(ProcessPoolExecutor, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_one_thread_per_process) if processes else ThreadPoolExecutor
+                                 initializer=one_thread_per_process) if processes else ThreadPoolExecutor
     pool = new_pool(max_workers=workers)
     try:
         while pending or running:

@@ -193,12 +193,18 @@ def _segment_one(pred: PredictionStore, crop: str, name: str, writer: CropWriter
         coarse = decode_coarse(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params.get(name),
                                device=device)
     del prob, boundary
-    if instance and piece_limit(source, target):  # step 5 of `native` needs the whole crop
+    if _decoded_whole(name, source, target):
         writer.write(name, finish_on_grid(coarse, source, target))
         return coarse.num_objects
     for z0, slab in iter_decode(coarse, source, target, planes=_planes(target)):
         writer.write(name, slab, offset=(z0, 0, 0))
     return coarse.num_objects if instance else None
+
+
+def _decoded_whole(name: str, source: Grid, target: Grid) -> bool:
+    """An instance class on a grid finer than its source is decoded in one piece, not in slabs: step 5 of
+    `cellseg.postprocess.native` looks at the pieces of each id over the whole crop."""
+    return is_instance(name) and piece_limit(source, target) > 0
 
 
 def _planes(target: Grid) -> int:
@@ -265,8 +271,7 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     classes = list(grids)
     writer = seg.crop_writer(crop, most_common(list(grids.values())), channels=classes, grids=grids)
     slab = max((math.prod(g.shape_vox[1:]) * _planes(g) for g in grids.values() if g != source), default=0)
-    whole = max((math.prod(g.shape_vox) for c, g in grids.items() if is_instance(c) and piece_limit(source, g)),
-                default=0)
+    whole = max((math.prod(g.shape_vox) for c, g in grids.items() if _decoded_whole(c, source, g)), default=0)
     edits = any(params.get(c).hierarchy for c in classes)
     hierarchy = _Hierarchy(pred, crop, classes, params) if edits else None
     threads = workers or class_workers(math.prod(source.shape_vox), slab, whole, hierarchy=edits)

@@ -45,7 +45,7 @@ from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
 from cellseg.eval.crop_score import score_class
 from cellseg.eval.eras import get_era
-from cellseg.eval.pool import _one_thread_per_process
+from cellseg.eval.pool import one_thread_per_process
 from cellseg.eval.truth import read_class_truth
 from cellseg.postprocess.native import decode_on_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
@@ -169,7 +169,7 @@ def _init_worker(worker_init: Callable[[int], None] | None, parent: int) -> None
     """In a worker: the signal rules of `worker_init`, Blosc on one thread, and an exit when `parent` is gone."""
     if worker_init is not None:
         worker_init(0)
-    _one_thread_per_process()
+    one_thread_per_process()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
 
 
