@@ -17,11 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "vesicles, microtubules, ...) into several OME-NGFF datasets with training crops, "
                     "manifests, a datasplit.csv and held-out test crops (ground_truth.zarr). "
                     "Deterministic for a seed. Presets: tiny (tests, seconds), small (CPU demo, ~1 min), "
-                    "medium (>= 1 Gvoxel, for GPU benchmarks; use --workers).",
+                    "medium (>= 1 Gvoxel, for GPU benchmarks; use --workers), quality (medium's EM with crops for "
+                    "an 8 nm ensemble and 8 test crops: the quality benchmark, bench/quality).",
     )
     parser.add_argument("--out", required=True, help="output data root (must be empty or absent)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--preset", default="small", choices=("tiny", "small", "medium"),
+    parser.add_argument("--preset", default="small", choices=("tiny", "small", "medium", "quality"),
                         help="size of the dataset (default small)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a non-empty --out: only a root made by `cellseg synth` and holding nothing else "

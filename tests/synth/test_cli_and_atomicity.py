@@ -9,7 +9,7 @@ import pytest
 
 from cellseg.cli import main
 from cellseg.synth import generate, noise, sdf
-from cellseg.synth.presets import CropSpec, DatasetSpec, Preset, SceneStyle
+from cellseg.synth.presets import PRESETS, CropSpec, DatasetSpec, Preset, SceneStyle
 
 MICRO = Preset(name="micro", style=SceneStyle(cell_diameter_u=60, organelle_scale=0.7), block_vox=48, datasets=(
     DatasetSpec(name="synth-micro", voxel_size_nm=(4.0, 4.0, 4.0), shape_vox=(48, 48, 48),
@@ -21,6 +21,13 @@ def test_refuses_a_non_empty_out(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["synth", "--out", str(tmp_path), "--preset", "tiny"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def test_the_command_offers_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["synth", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{" + ",".join(PRESETS) + "}" in text
 
 
 def test_micro_preset_into_an_empty_dir_and_overwrite(tmp_path: Path) -> None:
