@@ -44,7 +44,9 @@ class InferConfig:
             "all" (every output channel for every crop).
         block_vox: cut a crop into columns of at most this many voxels in y and x (2D over z, y and x: cubic
             blocks); null: as large as host and GPU memory allow.
-        compile: torch.compile the model: "auto" (CUDA only), "on" or "off"; a compiler error falls back to eager.
+        compile: torch.compile the model: "auto" (on CUDA, for a job of at least 20 Gvoxels of model input: tiles
+            × TTA transforms × tile voxels, where compiling repays its 10-60 s per model;
+            `cellseg.infer.run.AUTO_COMPILE_MIN_GVOX`), "on" or "off"; a compiler error falls back to eager.
         uint8: store round(255 p) as uint8 instead of float16.
         overwrite: replace the output store entirely (default: add the missing crops to it).
         data_root: data root to read from instead of the run's `data.root` (null: the run's).

@@ -53,7 +53,15 @@ from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.engine import Window, predict_slabs, require_em, to_host
 from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
 from cellseg.infer.plan import CropPlan, box_grid, pending_crops, predict_crops, scored_channels, shard_crops
-from cellseg.infer.run import ISOTROPY_RTOL, LoadedRun, load_run, run_provenance, run_transforms, run_window
+from cellseg.infer.run import (
+    ISOTROPY_RTOL,
+    LoadedRun,
+    job_gvox,
+    load_run,
+    run_provenance,
+    run_transforms,
+    run_window,
+)
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, count_tiles, fused_column_vox
@@ -79,9 +87,13 @@ class Member:
     window: Window
 
     @classmethod
-    def of(cls, run: LoadedRun, opts: InferConfig, precision: runtime.Precision) -> Member:
-        """The run with its window for `opts` (built once per run: it holds the compiled model)."""
-        return cls(run, run_window(run, opts, precision=precision, transforms=run_transforms(run, opts.tta)))
+    def of(cls, run: LoadedRun, opts: InferConfig, precision: runtime.Precision,
+           targets: Sequence[CropTarget] | None = None) -> Member:
+        """The run with its window for `opts` (built once per run: it holds the compiled model); `targets`, the
+        crops it will predict, size the job for `compile: auto` (`run.compile_decision`)."""
+        transforms = run_transforms(run, opts.tta)
+        gvox = None if targets is None else job_gvox(run, targets, overlap=opts.overlap, transforms=len(transforms))
+        return cls(run, run_window(run, opts, precision=precision, transforms=transforms, gvox=gvox))
 
 
 @dataclass(frozen=True)
@@ -262,8 +274,9 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         todo = pending_crops(lambda: open_store(out, plan.channels, plan.instance_channels, provenance, weights_doc,
                                                 overwrite=opts.overwrite), targets, out, d)
         store = PredictionStore.open(out)
-        members = [Member.of(r, opts, precision) for r in runs]
-        return predict_crops(shard_crops(todo, d.rank, d.world_size), lambda target, progress: predict_crop(
+        mine = shard_crops(todo, d.rank, d.world_size)
+        members = [Member.of(r, opts, precision, mine) for r in runs]
+        return predict_crops(mine, lambda target, progress: predict_crop(
             members, target, store, plan, chosen, opts, voxel_size=voxel_size, progress=progress, rank=d.rank),
             desc="predict-ensemble", opts=opts, d=d)
     finally:

@@ -36,7 +36,15 @@ from cellseg.data.grid import Grid
 from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.engine import Window, predict_slabs, predict_whole, require_em
 from cellseg.infer.plan import box_grid, pending_crops, plan_crop, predict_crops, scored_channels, shard_crops
-from cellseg.infer.run import LoadedRun, load_run, run_provenance, run_transforms, run_window, slice_axes
+from cellseg.infer.run import (
+    LoadedRun,
+    job_gvox,
+    load_run,
+    run_provenance,
+    run_transforms,
+    run_window,
+    slice_axes,
+)
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.store import PredictionStore, quantise
 from cellseg.infer.tiling import context_margin, count_tiles
@@ -86,7 +94,8 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferCon
         todo = pending_crops(lambda: open_store(out, run, provenance, overwrite=opts.overwrite), targets, out, d)
         store = PredictionStore.open(out)
         mine = shard_crops(todo, d.rank, d.world_size)
-        window = run_window(run, opts, precision=precision, transforms=tfms)
+        gvox = job_gvox(run, mine, overlap=opts.overlap, transforms=len(tfms), axes=axes)
+        window = run_window(run, opts, precision=precision, transforms=tfms, gvox=gvox)
         return predict_crops(mine, lambda target, progress: _predict_one(
             run, window, target, store, opts, axes=axes, rank=d.rank, progress=progress),
             desc="predict", opts=opts, d=d)

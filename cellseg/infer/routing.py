@@ -223,10 +223,12 @@ def predict_routed(routes: Sequence[RouteConfig], crops: str, out: str | Path, *
         runs = [load_run(p, opts.checkpoint, device=d.device, data_root=opts.data_root) for p in paths]
         precision = runtime.resolve_precision("auto", d.device)
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
-        members = {p: Member.of(r, opts, precision) for p, r in zip(paths, runs, strict=True)}
-        bands = load_bands(routes, members, allow_partial=allow_partial)
         targets = member_targets(runs, crops, opts.data_root)
         routed = route_crops(targets, crop_scales(targets, opts.data_root or runs[0].cfg.data.root), routes)
+        served = {p: [t for t in targets if p in {Path(m).resolve() for m in routes[routed[t.name]].members}]
+                  for p in paths}  # the crops each member predicts: the job size `compile: auto` decides by
+        members = {p: Member.of(r, opts, precision, served[p]) for p, r in zip(paths, runs, strict=True)}
+        bands = load_bands(routes, members, allow_partial=allow_partial)
         if d.is_main:
             warn_uncovered(targets, routed, bands)
         channels, instance = store_channels([b.plan for b in bands])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.grid import shape3
 from cellseg.infer import tta
 from cellseg.infer.engine import Window, tta_fold
+from cellseg.infer.selection import CropTarget
+from cellseg.infer.tiling import count_tiles
 from cellseg.models import build_model
 from cellseg.runtime.checkpoint import check_checkpoint_channels, check_finite_weights
 from cellseg.runtime.checkpoint import load as load_checkpoint
@@ -34,6 +37,14 @@ from cellseg.runtime.compile import CompiledModel
 
 log = logging.getLogger(__name__)
 ISOTROPY_RTOL = 0.01  # voxel sizes within 1% count as equal (slicing a 2D model across z, y and x)
+# `compile: "auto"` compiles a model only for a job of at least this many Gvoxels of model input (tiles × TTA
+# transforms × tile voxels, `job_gvox`), where compiling repays itself. Compiling a model for inference took
+# 9-59 s per model with a cold cache (one H100, the quality benchmark's report: 34.8 s resnet_3d, 9.4 unet_3d,
+# 58.7 swin_3d, 23.4 vit_3d, 45.8 swin_2d, 12.4 unet_2d, 16.4 resnet_2d, 27.5 vit_2d); the compiled forward saves
+# 1.0-5.1 s per Gvoxel of input on the 2D models and swin_3d, 0.3 on vit_3d and nothing on the 3D CNNs (one H200,
+# 256³ at TTA 8, docs/benchmarks.md "Inference vs MONAI"): compiling breaks even at 9-22 Gvoxels for the models it
+# helps. A job below that (a few validation or test crops, as `cellseg report` predicts) runs eagerly.
+AUTO_COMPILE_MIN_GVOX = 20.0
 
 
 @dataclass
@@ -153,17 +164,43 @@ def run_transforms(run: LoadedRun, n: int) -> list[tta.Transform]:
     return tta.transforms(run.spatial_dims, flip, n, transpose_axes=swap)
 
 
+def job_gvox(run: LoadedRun, targets: Sequence[CropTarget], *, overlap: float, transforms: int,
+             axes: Sequence[str] = ("z",)) -> float:
+    """Gvoxels of model input that predicting `targets` takes: tiles (context margin included, `count_tiles`)
+    × TTA transforms × tile voxels. The crops' shapes come from their boxes in nm at the run's voxel size."""
+    patch = shape3(run.cfg.data.patch_shape_vox)
+    voxel_nm = run.cfg.data.voxel_size_nm
+    shapes = [[max(1, round((b - a) / v)) for a, b, v in zip(t.start_nm, t.stop_nm, voxel_nm, strict=True)]
+              for t in targets]
+    tiles = sum(count_tiles(shape, patch, overlap, axes) for shape in shapes)
+    return tiles * transforms * math.prod(patch) / 1e9
+
+
+def compile_decision(run: LoadedRun, opts: InferConfig, *, gvox: float | None) -> bool:
+    """Whether the run's model is compiled: `opts.compile` "on"/"off" as given; "auto": on CUDA, for a job of
+    at least `AUTO_COMPILE_MIN_GVOX` Gvoxels of model input (`gvox`; None: size unknown, compiled)."""
+    if opts.compile != "auto":
+        return opts.compile == "on"
+    if run.device.type != "cuda":
+        return False
+    if gvox is None or gvox >= AUTO_COMPILE_MIN_GVOX:
+        return True
+    log.info("%s: predicting eagerly (compile auto): %.1f Gvoxels of model input, under the %g that repay compiling",
+             run.cfg.model.name, gvox, AUTO_COMPILE_MIN_GVOX)
+    return False
+
+
 def run_window(run: LoadedRun, opts: InferConfig, *, precision: runtime.Precision,
-               transforms: Sequence[tta.Transform]) -> Window:
+               transforms: Sequence[tta.Transform], gvox: float | None = None) -> Window:
     """The sliding window a run predicts with: its patch and EM pad value, `opts`' overlap and blend, tiles per
-    batch (`opts.batch_size`, else the run's own), the model under torch.compile (`opts.compile`; "auto": on
-    CUDA) and TTA passes per forward (`opts.tta_fold`, else `engine.tta_fold`).
+    batch (`opts.batch_size`, else the run's own), the model under torch.compile (`compile_decision`: "auto"
+    compiles on CUDA for a job of `gvox` ≥ `AUTO_COMPILE_MIN_GVOX` Gvoxels of model input) and TTA passes per
+    forward (`opts.tta_fold`, else `engine.tta_fold`).
 
     Build it once per run: the compiled model it holds keeps its graphs across crops.
     """
     batch = opts.batch_size or int(run.meta.get("batch_size") or run.cfg.val.batch_size)
-    compiled = CompiledModel(run.model) if opts.compile == "on" or (
-        opts.compile == "auto" and run.device.type == "cuda") else None
+    compiled = CompiledModel(run.model) if compile_decision(run, opts, gvox=gvox) else None
     patch = run.cfg.data.patch_shape_vox
     fold = opts.tta_fold or tta_fold(batch, patch, len(transforms), run.device)
     return Window(patch_vox=shape3(patch), device=run.device, precision=precision, overlap=opts.overlap,

@@ -70,6 +70,31 @@ def test_tta_folded_into_the_batch_gives_the_same_prediction(tiny_run, crop, tmp
         InferConfig(tta=8, tta_fold=3)
 
 
+@pytest.mark.parametrize("run_fixture", ["tiny_run", "tiny_run_2d"])
+def test_auto_compiles_only_a_job_large_enough_to_repay_it(run_fixture, request, tmp_path):
+    import dataclasses
+    import math
+
+    from cellseg.infer.run import AUTO_COMPILE_MIN_GVOX, compile_decision, job_gvox, load_run
+    from cellseg.infer.selection import select_targets
+
+    run_dir = request.getfixturevalue(run_fixture)
+    summaries = predict_run(run_dir, "test", tmp_path / "p.zarr", InferConfig(tta=2, overlap=0.5, progress=False))
+    run = load_run(run_dir, "best", device="cpu")
+    targets = select_targets("test", run.cfg, run.run_dir)
+    # the planned job is what the sliding window then ran: tiles × TTA transforms × tile voxels
+    ran = sum(s["tiles"] for s in summaries) * 2 * math.prod(run.cfg.data.patch_shape_vox) / 1e9
+    assert job_gvox(run, targets, overlap=0.5, transforms=2) == pytest.approx(ran, rel=1e-9)
+    on_gpu = dataclasses.replace(run, device=torch.device("cuda"))  # the decision reads only the device type
+    auto = InferConfig(compile="auto")
+    assert not compile_decision(on_gpu, auto, gvox=AUTO_COMPILE_MIN_GVOX / 10)  # a few crops: eager
+    assert compile_decision(on_gpu, auto, gvox=AUTO_COMPILE_MIN_GVOX)
+    assert compile_decision(on_gpu, auto, gvox=None)  # size unknown: compiled, as before
+    assert not compile_decision(run, auto, gvox=10 * AUTO_COMPILE_MIN_GVOX)  # CPU: never
+    assert compile_decision(run, InferConfig(compile="on"), gvox=0.0)
+    assert not compile_decision(on_gpu, InferConfig(compile="off"), gvox=10 * AUTO_COMPILE_MIN_GVOX)
+
+
 def test_tta_fold_policy():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert tta_fold(16, (1, 256, 256), 8, cuda) == 8  # 1 Mi voxels per pass: launch-bound, fold all 8
