@@ -11,7 +11,7 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,11 @@ class Curve:
         era: the validation metric's era.
         points: per validation: step, train_min (training clock), job_min (wall minutes since that job began),
             overall, instance, semantic.
+            val_s: the validation's wall seconds (the training clock pauses for it).
         steps: optimizer steps trained; samples_per_s: median logged training throughput.
+        startup: where the time before the first optimizer step went (metrics.jsonl's "startup" record:
+            set-up phases, first batch, first step with its lazy compilation, job and process time to it; empty
+            for a run that logged none).
     """
 
     arch: str
@@ -39,6 +43,7 @@ class Curve:
     points: list[dict[str, float]]
     steps: int
     samples_per_s: float
+    startup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def plateaued(self) -> bool | None:
@@ -60,7 +65,8 @@ class Curve:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"arch": self.arch, "era": self.era, "points": self.points, "steps": self.steps,
-                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued, "learning": self.learning}
+                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued, "learning": self.learning,
+                "startup": self.startup}
 
 
 def plateaued(scores: Sequence[float], tolerance: float = PLATEAU_TOLERANCE) -> bool | None:
@@ -96,6 +102,7 @@ def read_curve(run_dir: Path, arch: str) -> Curve:
         raise FileNotFoundError(f"{arch}: {path} is missing: the run never started")
     val: dict[int, dict[str, Any]] = {}
     train: dict[int, dict[str, Any]] = {}
+    startup: dict[str, Any] = {}
     for line in path.read_text().splitlines():
         if line.strip():
             entry = json.loads(line)
@@ -103,6 +110,8 @@ def read_curve(run_dir: Path, arch: str) -> Curve:
                 val[int(entry["step"])] = entry
             elif isinstance(entry.get("train"), dict):
                 train[int(entry["step"])] = entry["train"]
+            elif isinstance(entry.get("startup"), dict):
+                startup = entry["startup"]  # a resumed run logs its own start: the last one is this process's
     if not val:
         raise ValueError(f"{arch}: {path} holds no validation: the run never validated (no curve, no best.pt)")
     if any("train_min" not in e for e in val.values()):
@@ -111,12 +120,13 @@ def read_curve(run_dir: Path, arch: str) -> Curve:
     points = [{"step": step, "train_min": e["train_min"], "job_min": e.get("job_min", math.nan),
                "overall": _number(e["val"]["overall_score"]),
                "instance": _number(e["val"].get("overall_instance_score")),
-               "semantic": _number(e["val"].get("overall_semantic_score"))}
+               "semantic": _number(e["val"].get("overall_semantic_score")), "val_s": _number(e["val"].get("seconds"))}
               for step, e in sorted(val.items())]
     rates = [r["samples_per_s"] for r in train.values() if isinstance(r.get("samples_per_s"), int | float)]
     eras = {str(e["val"].get("metric")) for e in val.values()}
     return Curve(arch=arch, era=eras.pop() if len(eras) == 1 else "mixed", points=points,
-                 steps=max([*train, *val]), samples_per_s=statistics.median(rates) if rates else math.nan)
+                 steps=max([*train, *val]), samples_per_s=statistics.median(rates) if rates else math.nan,
+                 startup=startup)
 
 
 def curves_figure(curves: Sequence[Curve], *, budget_min: float) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ ERAS = ("2025", "2026")
 def fmt(value: Any) -> str:
     """A score with 4 decimals ("n/a" for a missing or NaN one)."""
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -94,6 +99,19 @@ def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
     return _table(["job", "start (min)", "end (min)", "cores", "outcome"], rows)
 
 
+def startup_table(curves: Sequence[Curve]) -> list[str]:
+    """Where each job's time went besides training: seconds to its first optimizer step (the set-up's phases, the
+    first step with its lazy compilation) and per validation (the training clock pauses for it)."""
+    rows = []
+    for c in curves:
+        up, setup = c.startup, c.startup.get("setup", {})
+        val = [p["val_s"] for p in c.points if not math.isnan(p.get("val_s", math.nan))]
+        total = up.get("process_to_first_step") or up.get("job_to_first_step")
+        rows.append([c.arch, _seconds(total), ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) or "—",
+                     _seconds(up.get("first_step")), _seconds(statistics.mean(val) if val else None)])
+    return _table(["job", "to first step (s)", "set-up phases (s)", "first step (s)", "per validation (s)"], rows)
+
+
 def timings_table(report: Mapping[str, Any]) -> list[str]:
     """`cellseg report`'s time per stage."""
     rows = [[t["step"], f"{t['seconds']:.1f}", "yes" if t.get("resumed") else ""] for t in report.get("timings", [])]
@@ -116,7 +134,9 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
              f"**Time to score** (validation overall score by minute of training clock; plateaued: the last two "
              f"within {100 * PLATEAU_TOLERANCE:g} %; not learning: no later validation "
              f"{100 * LEARNING_RISE:g} % above the first):", "", *curve_table(curves, s["val_every_min"]),
-             "![time to score](quality_curves.png)", ""]
+             "![time to score](quality_curves.png)", "",
+             "**Start-up and validation** (each job's process until its first optimizer step, and its validations):",
+             "", *startup_table(curves)]
     for era in reversed(ERAS):
         lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",
                   "", *class_table(report, era)]

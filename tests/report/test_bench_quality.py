@@ -43,12 +43,15 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert len(minutes) == 3 and minutes == sorted(minutes) and minutes[-1] >= 0.15  # 3 validations, the last at the budget
         assert all(p["job_min"] > p["train_min"] for p in curve["points"])  # set-up and validation are not charged
         assert curve["plateaued"] in (True, False) and curve["steps"] > 0
+        assert all(p["val_s"] > 0 for p in curve["points"])  # each validation's wall seconds
+        up = curve["startup"]  # where the time before the first step went, from the run's metrics.jsonl
+        assert "data" in up["setup"] and 0 < up["first_step"] <= up["job_to_first_step"]
     assert len(doc["ablation"]) == 5 and set(doc["singles"]) == {"unet_3d", "unet_2d"}
     assert doc["crops"]["tuning"] == ["crop2", "crop3"] and doc["crops"]["scored"] == ["crop501", "crop502"]
     assert {e["event"] for e in doc["schedule"]} == {"start", "exit"}
     md = (out / "quality.md").read_text()
     for heading in ("**Ablation**", "**Single models**", "**Time to score**", "**Per-class test scores, 2026 metric**",
-                    "**Schedule**", "**Report cost**"):
+                    "**Start-up and validation**", "**Schedule**", "**Report cost**"):
         assert heading in md
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
     # Every step is idempotent: a second `all` finds everything done and only rewrites the result files.
