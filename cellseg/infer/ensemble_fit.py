@@ -43,7 +43,9 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
 7. Boundary channels take their class's weights (the chosen ones of step 8).
 8. **Guard**: shrinkage (or a flat plateau's mean) must never leave the ensemble worse than one of its
    members on the tuning crops. The candidates uniform, shrunk w, unshrunk w_fit and each member alone are
-   scored on the same crops by the same path (w and w_fit in a second pass); the best is `chosen` and its
+   scored on the same crops by the same path (w and w_fit in a second pass, unless both are first-pass
+   candidates, as uniform is when nothing discriminates: then they keep the first-pass scores and the class's
+   members are not read again); the best is `chosen` and its
    weights are written. Ties (within 1e-9) go to the simplest, in the order uniform, shrunk, unshrunk, then
    the members alone (a single member only when it is strictly better than every mix keeping them all).
 9. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
@@ -86,6 +88,7 @@ GRID_MAX_POINTS = 40  # candidate budget per class (each is scored on every vali
 GRID_MAX_STEPS = 10  # never finer than 0.1
 SOFTMAX_TEMPERATURE = 0.05
 TIE_TOLERANCE = 1e-9
+WEIGHT_TOLERANCE = 1e-9  # weights this close to a first-pass candidate are that candidate (and take its weights)
 CROPS_FOR_FULL_TRUST = 8
 VOXELS_FOR_FULL_TRUST = 10_000
 SLAB_VOXELS = 2**21  # voxels mixed at once for all candidates: bounds the (candidates × voxels) buffer
@@ -322,6 +325,13 @@ def _fit_class(tally: Tally, options: FitOptions) -> dict[str, Any]:
             "scores": {"members": scores[:num].tolist(), "uniform": float(scores[num])}}
 
 
+def _candidate_row(candidates: np.ndarray, weights: np.ndarray) -> int | None:
+    """The index of the first-pass candidate equal to `weights` (to float rounding, 1e-9), else None. Its
+    first-pass score is the score of `weights`: the same mean thresholded on the same crops."""
+    rows = np.flatnonzero(np.all(np.abs(candidates - weights) <= WEIGHT_TOLERANCE, axis=1))
+    return int(rows[0]) if rows.size else None
+
+
 def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, members: Sequence[int]) -> dict[str, Any]:
     """Step 8: the best of uniform, shrunk, unshrunk and each member alone (ties to the simplest).
 
@@ -367,13 +377,22 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
                                                         for c in fittable}, grid=grid, options=options,
                                progress=progress)
     fits = {c: _fit_class(tallies[c], options) for c in fittable}
-    second = {c: np.stack([f["fitted_weights"], f["weights"]]) for c, f in fits.items() if f["scores"]}
+    second, known = {}, {}
+    for c, f in fits.items():
+        if f["scores"]:
+            rows = [_candidate_row(tallies[c].candidates, w) for w in (f["fitted_weights"], f["weights"])]
+            if None in rows:
+                second[c] = np.stack([f["fitted_weights"], f["weights"]])
+            else:  # both were scored in the first pass (e.g. uniform, when no member scores): no second read
+                f["fitted_weights"], f["weights"] = (tallies[c].candidates[r] for r in rows)
+                first = tallies[c].scores(options.metric)
+                known[c] = (float(first[rows[0]]), float(first[rows[1]]))
     final = score_candidates(stores, plan, entries, second, grid=grid, options=options, progress=progress)
     report_classes: dict[str, Any] = {c: {"method": note, "members": list(plan.members_of[c])}
                                       for c, note in notes.items()}
     for c, f in fits.items():
-        if c in final:
-            f.update(guard(f, *final[c].scores(options.metric), plan.members_of[c]))
+        if c in final or c in known:
+            f.update(guard(f, *(final[c].scores(options.metric) if c in final else known[c]), plan.members_of[c]))
         report_classes[c] = {"method": f["method"], "members": list(plan.members_of[c]),
                              "chosen": f.get("chosen", "uniform"), "weights": [float(v) for v in f["weights"]],
                              "fitted_weights": [float(v) for v in f["fitted_weights"]], "lambda": f["lambda"],

@@ -39,6 +39,21 @@ def test_shrinkage_that_would_lose_to_the_best_member_is_undone(tiny_synth_root,
         assert np.array_equal(result.store.read("crop2", c) > 0.5, t[c] > 0.5)
 
 
+def test_weights_scored_in_the_first_pass_keep_their_scores(tiny_synth_root, tmp_path):
+    """Three equal members: every candidate ties, the fit and its shrunk form are uniform, a first-pass candidate;
+    they keep its score and its exact weights (no second pass for the class)."""
+    classes = ("mito", "er")
+    truth = {crop: crop_truth(tiny_synth_root, crop, classes) for crop in ("crop1", "crop2", "crop3")}
+    provenance = {"data_root": str(tiny_synth_root)}
+    members = [write_store(tmp_path / f"m{k}.zarr", truth, channels=classes, provenance=provenance) for k in range(3)]
+    result = ensemble(members, tmp_path / "ens.zarr", weights="auto")
+    for c in classes:
+        fit = result.weights.report["classes"][c]
+        assert fit["chosen"] == "uniform" and fit["weights"] == fit["fitted_weights"] == [1 / 3] * 3
+        scores = fit["scores"]
+        assert scores["fitted"] == scores["shrunk"] == scores["uniform"] == scores["final"] == 1.0
+
+
 def fit(members, uniform, weights=(0.5, 0.5), fitted=(0.2, 0.8)):
     return {"weights": np.asarray(weights), "fitted_weights": np.asarray(fitted),
             "scores": {"members": list(members), "uniform": uniform}}
