@@ -1,0 +1,100 @@
+"""`cellseg report --predict-jobs`: the members predict in parallel processes into the same stores, bit for bit,
+a store left unfinished is completed, a failing member is named, and the option is checked.
+
+Both smoke runs predict both test crops of `tiny_synth_root` and the runs' tuning crop (no TTA, no overlap).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from cellseg.cli import main as cli
+from cellseg.config.inference import InferConfig
+from cellseg.infer.predict import predict_run
+from cellseg.infer.store import PredictionStore
+from cellseg.report import ReportOptions
+from cellseg.report.plan import check_runs, checkpoint_file, plan_crops
+from cellseg.report.predictions import predict_all, predict_jobs
+from cellseg.report.results import Layout
+
+
+def _options(runs, out: Path, jobs: int | str) -> ReportOptions:
+    return ReportOptions(runs=tuple(str(r) for r in runs), out=str(out), crops="test", tune_crops="val",
+                         overlap=0.0, device="cpu", progress=False, predict_jobs=jobs)
+
+
+def _arrays(store: Path) -> dict[str, np.ndarray]:
+    """Every array in a zarr store, by its path inside it."""
+    return {str(a.parent.relative_to(store)): zarr.open_array(str(a.parent), mode="r")[...]
+            for a in sorted(store.rglob(".zarray"))}
+
+
+def test_members_in_two_processes_write_the_same_stores_and_finish_a_partial_one(report_runs, tiny_synth_root,
+                                                                                tmp_path, caplog, capfd):
+    runs = check_runs(report_runs)
+    plan = plan_crops(runs, tiny_synth_root, crops="test", tune_crops="val")
+    assert len(plan.predicted) >= 3
+    one = predict_all(runs, Layout(tmp_path / "one"), plan, _options(report_runs, tmp_path / "one", 1), tta=1)
+
+    layout = Layout(tmp_path / "two")
+    partial = layout.predictions(runs[0], 1)  # as a stopped report leaves it: one crop of the first member done
+    partial.parent.mkdir(parents=True)
+    predict_run(runs[0].run_dir, plan.predicted[0], partial, InferConfig(tta=1, overlap=0.0, device="cpu",
+                                                                        progress=False))
+    capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="cellseg")
+    two = predict_all(runs, layout, plan, _options(report_runs, tmp_path / "two", 2), tta=1)
+
+    assert [p.name for p in two] == [p.name for p in one] == [f"{r.name}.zarr" for r in runs]
+    for a, b in zip(one, two, strict=True):
+        arrays_a, arrays_b = _arrays(a), _arrays(b)
+        assert sorted(arrays_a) == sorted(arrays_b) and len(arrays_a) >= len(plan.predicted)
+        for key, data in arrays_a.items():
+            assert data.dtype == arrays_b[key].dtype and np.array_equal(data, arrays_b[key]), (a.name, key)
+    assert "predicted 2 members (1 transforms) in 2 processes" in caplog.text
+    out, err = capfd.readouterr()  # the workers log at the report's level and print each crop's line
+    assert all(f"from {r.run_dir}" in err for r in runs), err
+    assert f"{partial}: 1 of {len(plan.predicted)} crops already complete, skipped" in out
+
+
+def test_a_failing_member_is_named_and_the_other_finishes(report_runs, tiny_synth_root, tmp_path):
+    broken = tmp_path / "broken_run"
+    shutil.copytree(report_runs[1], broken)
+    runs = check_runs([report_runs[0], broken])
+    plan = plan_crops(runs, tiny_synth_root, crops="test", tune_crops="val")
+    checkpoint_file(runs[1].run_dir, "best").write_bytes(b"not a checkpoint")
+    layout = Layout(tmp_path / "report")
+    with pytest.raises(Exception, match="member ") as err:
+        predict_all(runs, layout, plan, _options(report_runs, tmp_path / "report", 2), tta=1)
+    assert str(runs[1].run_dir) in str(err.value) and err.value.__cause__ is not None
+    assert not layout.predictions(runs[1], 1).exists()
+    # both members started at once: the healthy one was running when the other failed and finished its store
+    assert sorted(PredictionStore.open(layout.predictions(runs[0], 1)).completed()) == sorted(plan.predicted)
+
+
+def test_the_option_is_checked_and_listed(report_runs, tmp_path, capsys):
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=rf"--predict-jobs {bad}: must be ≥ 1"):
+            _options(report_runs, tmp_path, bad)
+    with pytest.raises(ValueError, match="--predict-jobs 'two': must be 'auto' or a number"):
+        _options(report_runs, tmp_path, "two")
+    assert predict_jobs("auto", 8, "cpu") == 1  # the cores are the bottleneck on the CPU
+    assert predict_jobs(4, 2, "cpu") == 2  # never more processes than members
+    assert _options(report_runs, tmp_path, "auto").predict_jobs == "auto"
+
+    with pytest.raises(SystemExit) as done:
+        cli(["report", "--help"])
+    assert done.value.code == 0 and "--predict-jobs N|auto" in capsys.readouterr().out
+    args = ["report", "--runs", *map(str, report_runs), "--out", str(tmp_path / "r"), "--device", "cpu"]
+    assert cli([*args, "--predict-jobs", "0"]) == 2
+    assert "--predict-jobs 0: must be ≥ 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        cli([*args, "--predict-jobs", "two"])
+    assert done.value.code == 2 and "--predict-jobs: 'two': must be 'auto'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
