@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
@@ -39,6 +40,7 @@ MAX_AUTO_JOBS = 4
 GIB_PER_JOB = 16
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the command line's (`cellseg.cli`)
 LOG_DATE_FORMAT = "%H:%M:%S"
+PARENT_POLL_S = 1.0  # how often a worker checks that the report's process is still there
 
 
 def predict_jobs(requested: int | str, members: int, device: str) -> int:
@@ -66,13 +68,22 @@ def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfi
                        data_root=opts.data_root, progress=progress)
 
 
-def _init_worker(level: int, threads: int) -> None:
+def _init_worker(level: int, threads: int, parent: int) -> None:
     """Worker initializer: log at the report's level (which member is loaded; `predict_run` prints each crop's
-    summary line itself) and use `threads` CPU threads, so the workers together use the cores once."""
+    summary line itself), use `threads` CPU threads, so the workers together use the cores once, and exit when
+    the report's process (`parent`) is gone (killed outright: nobody would collect the result, the worker would
+    wait for the next one forever, and the store it leaves resumes on the next run)."""
     import torch
 
     logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, force=True)
     torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
 
 
 def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> str:
@@ -107,7 +118,7 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
     threads = max(1, len(os.sched_getaffinity(0)) // jobs)
     level = logging.getLogger("cellseg").getEffectiveLevel()
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(level, threads))
+                               initializer=_init_worker, initargs=(level, threads, os.getpid()))
     try:
         futures: dict[Future[str], RunInfo] = {
             pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): run for run, out in members}
