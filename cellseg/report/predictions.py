@@ -32,10 +32,11 @@ if TYPE_CHECKING:
     from cellseg.config.inference import InferConfig
 
 log = logging.getLogger(__name__)
-# "auto" on CUDA: at most this many processes, and one per this many GiB of GPU memory. Each process holds its
-# own CUDA context (~0.5 GiB), its model and one batch of tiles (with TTA folded into the batch); 16 GiB each
-# leaves room for the largest of them, and more than 4 processes gain little when their model loading and
-# store writing already overlap the GPU work of the others.
+# "auto" on CUDA: one process per this many GiB of GPU memory, at most this many. Each process holds its own
+# CUDA context (~0.5 GiB), its model and one batch of tiles (with TTA folded into the batch): 16 GiB each leaves
+# room for the largest of them next to the others. The cap of 4 is a judgement, not a measurement: enough for
+# one member's loading and store writing to overlap the others' GPU work, few enough that the processes' host
+# memory and CPU threads stay modest.
 MAX_AUTO_JOBS = 4
 GIB_PER_JOB = 16
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the command line's (`cellseg.cli`)
@@ -158,6 +159,6 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
     else:
         _predict_in_processes(members, crops, infer_config(opts, tta, progress=False), jobs)
     where = "in this process" if jobs == 1 else f"in {jobs} processes"
-    log.info("predicted %d members (%d transforms) %s: %.1f s", len(runs), tta, where, time.perf_counter() - started)
+    log.info("predicted %d members (tta=%d) %s: %.1f s", len(runs), tta, where, time.perf_counter() - started)
     return [out.resolve() for _, out in members]
 

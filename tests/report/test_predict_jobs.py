@@ -75,7 +75,7 @@ def test_members_in_two_processes_write_the_same_stores_and_finish_a_partial_one
     two = predict_all(runs, layout, plan, _options(report_runs, tmp_path / "two", 2), tta=1)
 
     _assert_same_stores(one, two, len(plan.predicted))
-    assert "predicted 2 members (1 transforms) in 2 processes" in caplog.text
+    assert "predicted 2 members (tta=1) in 2 processes" in caplog.text
     out, err = capfd.readouterr()  # the workers log at the report's level and print each crop's line
     assert all(f"from {r.run_dir}" in err for r in runs), err
     assert f"{partial}: 1 of {len(plan.predicted)} crops already complete, skipped" in out
