@@ -64,9 +64,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="scored crops drawn as slice overlays (default 2)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="processes scoring (crop, label) pairs in parallel (default: the CPU cores, at most 16)")
+    parser.add_argument("--predict-jobs", type=_jobs, default="auto", metavar="N|auto",
+                        help="processes predicting the members (runs) at once, each into its own store (1: one "
+                             "after the other in the report's process; default auto: on CUDA min(runs, 4, GPU "
+                             "memory GiB // 16), on CPU 1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
+
+
+def _jobs(text: str) -> int | str:
+    """`--predict-jobs`: "auto" or a whole number (its range is checked by `ReportOptions`)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 'auto' or a number of processes ≥ 1") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
-                         workers=args.workers, overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
+                         workers=args.workers, predict_jobs=args.predict_jobs, overwrite=args.overwrite,
+                         progress=sys.stderr.isatty() and not args.quiet)
     report = run_report(opts)
     print(console(report))
     print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")

@@ -8,6 +8,7 @@
   written as a submission and scored by `cellseg.eval.evaluate`;
 - `decisions`: the best single model chosen on the tuning crops in decision mode; skipped counts;
 - `bootstrap`: 95 % crop-bootstrap intervals of every number, paired ones of every change;
+- `predictions`: every run's predictions of a stage, the runs in parallel processes (`--predict-jobs`);
 - `ablation`: `run_report`, the stages and the report directory (resumable);
 - `render` (report.md, report.json, the console table) and `figures` (PNGs through `cellseg.viz`).
 

@@ -2,9 +2,10 @@
 
 Stages (each keeps everything of the one before and changes one thing):
 
-1. best single model: each run predicts alone (`predict_run`, no TTA); in each era, the best of them by
-   its decision score on the tuning crops (`cellseg.report.decisions`; the eras may disagree on which run
-   is best), shown with its scores on the scored crops;
+1. best single model: each run predicts alone (`predict_run`, no TTA; the runs in parallel processes:
+   `cellseg.report.predictions`); in each era, the best of them by its decision score on the tuning crops
+   (`cellseg.report.decisions`; the eras may disagree on which run is best), shown with its scores on the
+   scored crops;
 2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
 4. + TTA: every run predicts with the 8 test-time transforms, combined with stage 3's weights (refitting
@@ -54,6 +55,7 @@ from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
+from cellseg.report.predictions import predict_all
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
 from cellseg.report.scoring import plain_segmentation, score_segmentation
@@ -145,23 +147,6 @@ def _write_text(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- stages
-
-
-def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int
-                ) -> list[Path]:
-    """Every run's predictions of every crop the report needs (a finished store is only checked)."""
-    from cellseg.config.inference import InferConfig
-    from cellseg.infer.predict import predict_run
-
-    stores = []
-    for run in runs:
-        out = layout.predictions(run, tta)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        popts = InferConfig(tta=tta, overlap=opts.overlap, checkpoint=opts.checkpoint, device=opts.device,
-                            data_root=opts.data_root, progress=opts.progress)
-        predict_run(run.run_dir, ",".join(plan.predicted), out, popts)
-        stores.append(out.resolve())
-    return stores
 
 
 def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> PredictionStore:

@@ -19,6 +19,21 @@ MAX_WORKERS = 16  # default scoring processes: the CPU cores, at most this
 SETTINGS_FILE = "report_settings.json"  # what the stores depend on; its presence marks a report directory
 
 
+def check_predict_jobs(value: int | str) -> None:
+    """Raise a clear error unless `value` is "auto" or an int ≥ 1 (`ReportOptions.predict_jobs`).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"--predict-jobs {value!r}: must be 'auto' or a number of processes ≥ 1")
+    if value < 1:
+        raise ValueError(f"--predict-jobs {value}: must be ≥ 1 (1 predicts the members one after the other in the "
+                         "report's process) or 'auto'")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReportOptions:
     """What `cellseg report` does (its command-line options).
@@ -35,6 +50,9 @@ class ReportOptions:
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
         workers: processes scoring (crop, label) pairs in parallel (None: the CPU cores, at most 16).
+        predict_jobs: processes predicting the members at once, each one member at a time (1: one after the
+            other in this process; "auto": on CUDA up to 4, one per 16 GiB of GPU memory, on CPU 1;
+            `cellseg.report.predictions`).
         overwrite: start over (delete the stores of an earlier report in `out`).
     """
 
@@ -50,6 +68,7 @@ class ReportOptions:
     device: str = "auto"
     slices: int = 2
     workers: int | None = None
+    predict_jobs: int | str = "auto"
     overwrite: bool = False
     progress: bool = True
 
@@ -64,6 +83,7 @@ class ReportOptions:
             raise ValueError(f"--slices {self.slices}: must be ≥ 0")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"--workers {self.workers}: must be ≥ 1")
+        check_predict_jobs(self.predict_jobs)
         if not 0.0 <= self.overlap < 1.0:
             raise ValueError(f"--overlap {self.overlap}: must be in [0, 1)")
 

@@ -1,0 +1,164 @@
+"""`predict_all`: every member's predictions of the crops a report needs, for one stage (no TTA, or 8 transforms).
+
+Each member (run) predicts into its own store (`Layout.predictions`), so the members are independent: with
+`predict_jobs` > 1 they run in that many spawned processes, each calling `predict_run` for one member at a
+time, and the stores hold what the one-after-the-other path writes. A member's time is mostly its own
+process's latency and CPU work (loading the model, reading EM, writing its store, compiling the model on
+CUDA) rather than GPU work on a report's small crops, so a few members overlap well on one GPU. With one job
+the members predict in this process, one after the other (no subprocess).
+
+A store left half-written (a worker killed, the report stopped) resumes on the next run: `predict_run` adds
+the missing crops to a store made with the same settings; nothing here deletes a store.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cellseg.report.plan import CropPlan, RunInfo
+from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
+
+if TYPE_CHECKING:
+    from cellseg.config.inference import InferConfig
+
+log = logging.getLogger(__name__)
+# "auto" on CUDA: one process per this many GiB of GPU memory, at most this many. Each process holds its own
+# CUDA context (~0.5 GiB), its model and one batch of tiles (with TTA folded into the batch): 16 GiB each leaves
+# room for the largest of them next to the others. The cap of 4 is a judgement, not a measurement: enough for
+# one member's loading and store writing to overlap the others' GPU work, few enough that the processes' host
+# memory and CPU threads stay modest.
+MAX_AUTO_JOBS = 4
+GIB_PER_JOB = 16
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the command line's (`cellseg.cli`)
+LOG_DATE_FORMAT = "%H:%M:%S"
+PARENT_POLL_S = 1.0  # how often a worker checks that the report's process is still there
+
+
+def predict_jobs(requested: int | str, members: int, device: str) -> int:
+    """Processes that predict the members: `requested`, or for "auto" on CUDA min(members, `MAX_AUTO_JOBS`, GPU
+    memory GiB // `GIB_PER_JOB`, at least 1) and on CPU 1 (the cores are the bottleneck there, and the
+    report's scoring processes share them); never more than `members`."""
+    check_predict_jobs(requested)
+    if requested != "auto":
+        return max(1, min(int(requested), members))
+    if device == "cpu":
+        return 1
+    import torch
+
+    if not torch.cuda.is_available():  # "auto" without a GPU; "cuda" without one fails in `predict_run`
+        return 1
+    gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 2**30
+    return max(1, min(members, MAX_AUTO_JOBS, gib // GIB_PER_JOB))
+
+
+def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfig:
+    """How every member predicts in a report stage."""
+    from cellseg.config.inference import InferConfig
+
+    return InferConfig(tta=tta, overlap=opts.overlap, checkpoint=opts.checkpoint, device=opts.device,
+                       data_root=opts.data_root, progress=progress)
+
+
+def _init_worker(level: int, threads: int, parent: int) -> None:
+    """Worker initializer: log at the report's level (which member is loaded; `predict_run` prints each crop's
+    summary line itself), use `threads` CPU threads, so the workers together use the cores once, and exit when
+    the report's process (`parent`) is gone (killed outright: nobody would collect the result, the worker would
+    wait for the next one forever, and the store it leaves resumes on the next run)."""
+    import torch
+
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, force=True)
+    torch.set_num_threads(threads)
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> str:
+    """One member's predictions, in a worker process."""
+    from cellseg.infer.predict import predict_run
+
+    try:
+        predict_run(run_dir, crops, out, opts)
+    finally:
+        sys.stdout.flush()  # the crop summary lines, before the report's next lines
+    return out
+
+
+def _member_error(run_dir: Path, err: BaseException) -> BaseException:
+    """`err` with the member's run directory in its message, of the same type when it can be made again (the
+    command line prints user errors in one line by their type)."""
+    if isinstance(err, BrokenProcessPool):
+        return RuntimeError(f"member {run_dir}: its prediction process ended abruptly (killed, out of memory?); "
+                            "run the report again to resume the stores it left")
+    message = f"member {run_dir}: {err}"
+    try:
+        return type(err)(message)
+    except Exception:  # an exception type with other constructor arguments
+        return RuntimeError(f"{type(err).__name__}: {message}")
+
+
+def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, popts: InferConfig, jobs: int
+                          ) -> None:
+    """Every member in `jobs` spawned processes; the first failing member (in member order among those failed
+    when the first failure is seen) is raised here with its run directory, the members not yet started are
+    cancelled and those running finish their stores."""
+    threads = max(1, len(os.sched_getaffinity(0)) // jobs)
+    level = logging.getLogger("cellseg").getEffectiveLevel()
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_init_worker, initargs=(level, threads, os.getpid()))
+    try:
+        futures: dict[Future[str], RunInfo] = {
+            pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): run for run, out in members}
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [(f, run) for f, run in futures.items() if f.done() and not f.cancelled() and f.exception()]
+        if failed:
+            for future in futures:
+                future.cancel()
+            # a worker that raised beats those whose pool broke because another worker died
+            future, run = min(failed, key=lambda fr: isinstance(fr[0].exception(), BrokenProcessPool))
+            err = future.exception()
+            raise _member_error(run.run_dir, err) from err
+    finally:  # also on Ctrl-C: no member starts after this
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int
+                ) -> list[Path]:
+    """Every run's predictions of every crop the report needs (a finished store is only checked), in
+    `opts.predict_jobs` processes (module docstring); the stores' paths, in the order of `runs`.
+
+    Raises:
+        Whatever a member's prediction raised (in processes: the same type where possible, its message
+        prefixed with the member's run directory).
+    """
+    members = [(run, layout.predictions(run, tta)) for run in runs]
+    for _, out in members:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    crops = ",".join(plan.predicted)
+    jobs = predict_jobs(opts.predict_jobs, len(runs), opts.device)
+    started = time.perf_counter()
+    if jobs == 1:
+        from cellseg.infer.predict import predict_run
+
+        for run, out in members:
+            predict_run(run.run_dir, crops, out, infer_config(opts, tta, progress=opts.progress))
+    else:
+        _predict_in_processes(members, crops, infer_config(opts, tta, progress=False), jobs)
+    where = "in this process" if jobs == 1 else f"in {jobs} processes"
+    log.info("predicted %d members (tta=%d) %s: %.1f s", len(runs), tta, where, time.perf_counter() - started)
+    return [out.resolve() for _, out in members]
+

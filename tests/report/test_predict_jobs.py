@@ -1,0 +1,180 @@
+"""`cellseg report --predict-jobs`: the members predict in parallel processes into the same stores, bit for bit,
+a store left unfinished is completed, a failing member is named, and the option is checked.
+
+Both smoke runs predict both test crops of `tiny_synth_root` and the runs' tuning crop (no TTA, no overlap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from cellseg.cli import main as cli
+from cellseg.config.inference import InferConfig
+from cellseg.infer.predict import predict_run
+from cellseg.infer.store import PredictionStore
+from cellseg.report import ReportOptions
+from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
+from cellseg.report.predictions import predict_all, predict_jobs
+from cellseg.report.results import Layout
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _options(runs, out: Path, jobs: int | str) -> ReportOptions:
+    return ReportOptions(runs=tuple(str(r) for r in runs), out=str(out), crops="test", tune_crops="val",
+                         overlap=0.0, device="cpu", progress=False, predict_jobs=jobs)
+
+
+def _arrays(store: Path) -> dict[str, np.ndarray]:
+    """Every array in a zarr store, by its path inside it."""
+    return {str(a.parent.relative_to(store)): zarr.open_array(str(a.parent), mode="r")[...]
+            for a in sorted(store.rglob(".zarray"))}
+
+
+@pytest.fixture(scope="module")
+def sequential(report_runs, tiny_synth_root, tmp_path_factory) -> tuple[list[RunInfo], CropPlan, list[Path]]:
+    """The runs, their crops and their stores predicted one after the other in this process (`--predict-jobs 1`)."""
+    runs = check_runs(report_runs)
+    plan = plan_crops(runs, tiny_synth_root, crops="test", tune_crops="val")
+    out = tmp_path_factory.mktemp("sequential")
+    return runs, plan, predict_all(runs, Layout(out), plan, _options(report_runs, out, 1), tta=1)
+
+
+def _assert_same_stores(expected: list[Path], got: list[Path], crops: int) -> None:
+    assert [p.name for p in got] == [p.name for p in expected]
+    for a, b in zip(expected, got, strict=True):
+        arrays_a, arrays_b = _arrays(a), _arrays(b)
+        assert sorted(arrays_a) == sorted(arrays_b) and len(arrays_a) >= crops
+        for key, data in arrays_a.items():
+            assert data.dtype == arrays_b[key].dtype and np.array_equal(data, arrays_b[key]), (a.name, key)
+
+
+def test_members_in_two_processes_write_the_same_stores_and_finish_a_partial_one(report_runs, sequential, tmp_path,
+                                                                                caplog, capfd):
+    runs, plan, one = sequential
+    assert len(plan.predicted) >= 3 and [p.name for p in one] == [f"{r.name}.zarr" for r in runs]
+    layout = Layout(tmp_path / "two")
+    partial = layout.predictions(runs[0], 1)  # as a stopped report leaves it: one crop of the first member done
+    partial.parent.mkdir(parents=True)
+    predict_run(runs[0].run_dir, plan.predicted[0], partial, InferConfig(tta=1, overlap=0.0, device="cpu",
+                                                                        progress=False))
+    capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="cellseg")
+    two = predict_all(runs, layout, plan, _options(report_runs, tmp_path / "two", 2), tta=1)
+
+    _assert_same_stores(one, two, len(plan.predicted))
+    assert "predicted 2 members (tta=1) in 2 processes" in caplog.text
+    out, err = capfd.readouterr()  # the workers log at the report's level and print each crop's line
+    assert all(f"from {r.run_dir}" in err for r in runs), err
+    assert f"{partial}: 1 of {len(plan.predicted)} crops already complete, skipped" in out
+
+
+REPORT_PROCESS = """
+import logging, sys
+from pathlib import Path
+from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.predictions import predict_all
+from cellseg.report.results import Layout, ReportOptions
+
+logging.basicConfig(level=logging.INFO)
+runs_dirs, root, out = sys.argv[1:3], Path(sys.argv[3]), Path(sys.argv[4])
+runs = check_runs(runs_dirs)
+plan = plan_crops(runs, root, crops="test", tune_crops="val")
+opts = ReportOptions(runs=tuple(runs_dirs), out=str(out), crops="test", tune_crops="val", overlap=0.0,
+                     device="cpu", progress=False, predict_jobs=2)
+predict_all(runs, Layout(out), plan, opts, tta=1)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is no zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_of_a_killed_report_exit_and_the_next_run_completes_the_stores(report_runs, sequential,
+                                                                              tiny_synth_root, tmp_path):
+    runs, plan, one = sequential
+    out, log = tmp_path / "report", tmp_path / "report.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    with log.open("w") as stderr:
+        report = subprocess.Popen([sys.executable, "-c", REPORT_PROCESS, *map(str, report_runs),
+                                   str(tiny_synth_root), str(out)], stderr=stderr, env=env)
+    deadline = time.monotonic() + 120
+    while "loaded " not in log.read_text() and report.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # until a worker has loaded its model
+    assert report.poll() is None, log.read_text()
+    children = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat") if _parent(p) == report.pid]
+    report.kill()  # as a step limit kills the report outright
+    report.wait()
+    assert children
+    try:
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in children)  # the workers noticed and left
+    finally:  # none left behind should they not have
+        for pid in filter(_alive, children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    again = predict_all(runs, Layout(out), plan, _options(report_runs, out, 1), tta=1)  # resumes what they left
+    _assert_same_stores(one, again, len(plan.predicted))
+
+
+def _parent(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_a_failing_member_is_named_and_the_other_finishes(report_runs, tiny_synth_root, tmp_path):
+    broken = tmp_path / "broken_run"
+    shutil.copytree(report_runs[1], broken)
+    runs = check_runs([report_runs[0], broken])
+    plan = plan_crops(runs, tiny_synth_root, crops="test", tune_crops="val")
+    checkpoint_file(runs[1].run_dir, "best").write_bytes(b"not a checkpoint")
+    layout = Layout(tmp_path / "report")
+    with pytest.raises(Exception, match="member ") as err:
+        predict_all(runs, layout, plan, _options(report_runs, tmp_path / "report", 2), tta=1)
+    assert str(runs[1].run_dir) in str(err.value) and err.value.__cause__ is not None
+    assert not layout.predictions(runs[1], 1).exists()
+    # both members started at once: the healthy one was running when the other failed and finished its store
+    assert sorted(PredictionStore.open(layout.predictions(runs[0], 1)).completed()) == sorted(plan.predicted)
+
+
+def test_the_option_is_checked_and_listed(report_runs, tmp_path, capsys):
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=rf"--predict-jobs {bad}: must be ≥ 1"):
+            _options(report_runs, tmp_path, bad)
+    with pytest.raises(ValueError, match="--predict-jobs 'two': must be 'auto' or a number"):
+        _options(report_runs, tmp_path, "two")
+    assert predict_jobs("auto", 8, "cpu") == 1  # the cores are the bottleneck on the CPU
+    assert predict_jobs(4, 2, "cpu") == 2  # never more processes than members
+    assert _options(report_runs, tmp_path, "auto").predict_jobs == "auto"
+
+    with pytest.raises(SystemExit) as done:
+        cli(["report", "--help"])
+    assert done.value.code == 0 and "--predict-jobs N|auto" in capsys.readouterr().out
+    args = ["report", "--runs", *map(str, report_runs), "--out", str(tmp_path / "r"), "--device", "cpu"]
+    assert cli([*args, "--predict-jobs", "0"]) == 2
+    assert "--predict-jobs 0: must be ≥ 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        cli([*args, "--predict-jobs", "two"])
+    assert done.value.code == 2 and "--predict-jobs: 'two': must be 'auto'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
