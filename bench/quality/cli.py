@@ -51,7 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="setup: delete an earlier plan's work folder and start over")
     p.add_argument("--architectures", help=f"comma-separated (default: {','.join(ARCHITECTURES)}); ARCH+NAME "
                    "is a second job of ARCH's config, changed by --set ARCH+NAME:KEY=VALUE (recipes side by side)")
-    p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 4)")
+    p.add_argument("--budget-min", type=float, help="training minutes per job (default: the configs', 3)")
     p.add_argument("--val-every-min", type=float, help="validation period in training minutes (default: the configs')")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="[ARCH:]KEY=VALUE",
                    help="a config override for every job or one architecture, e.g. unet_3d:optim.name=sgd")

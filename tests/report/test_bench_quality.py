@@ -228,4 +228,4 @@ def test_quality_configs_differ_from_the_experiments_only_where_documented(tmp_p
         differ = {k for k in quality.keys() | experiment.keys() if quality.get(k) != experiment.get(k)}
         documented = DOCUMENTED | RECIPE.get(job.arch, set())
         assert differ <= documented, f"{job.arch}: undocumented differences {sorted(differ - documented)}"
-        assert job.cfg.train.time_budget_min == 4.0 and job.cfg.optim.ema_decay is None
+        assert job.cfg.train.time_budget_min == 3.0 and job.cfg.optim.ema_decay is None
