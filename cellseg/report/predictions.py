@@ -2,7 +2,8 @@
 
 Each member (run) predicts into its own store (`Layout.predictions`), so the members are independent: with
 `predict_jobs` > 1 they run in that many spawned processes, each calling `predict_run` for one member at a
-time, and the stores hold what the one-after-the-other path writes. A member's time is mostly its own
+time, and the stores hold what the one-after-the-other path writes (to float rounding: a process's number of
+CPU threads, or cuDNN's choice of algorithm, can change the order of a sum). A member's time is mostly its own
 process's latency and CPU work (loading the model, reading EM, writing its store, compiling the model on
 CUDA) rather than GPU work on a report's small crops, so a few members overlap well on one GPU. With one job
 the members predict in this process, one after the other (no subprocess).
