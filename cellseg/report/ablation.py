@@ -168,8 +168,9 @@ def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> Predicti
 
 
 def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropPlan, *, era: Era, device: str,
-                 progress: bool) -> Any:
-    """Post-processing parameters tuned on the tuning crops (or read back from an earlier run)."""
+                 progress: bool, workers: int = 1) -> Any:
+    """Post-processing parameters tuned on the tuning crops (or read back from an earlier run); the instance
+    classes in `workers` processes (the report's scoring processes: `tune_store`)."""
     from cellseg.postprocess.params import ParamSet
     from cellseg.postprocess.tune import tune_store
 
@@ -180,7 +181,8 @@ def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropP
                              f"{era} on {list(plan.tuning)}; pass --overwrite")
         log.info("reusing %s", layout.params)
         return params
-    params = tune_store(store, root, crops=list(plan.tuning), era=era, device=device, progress=progress)
+    params = tune_store(store, root, crops=list(plan.tuning), era=era, device=device, progress=progress,
+                        workers=workers)
     params.save(layout.params)
     return params
 
@@ -252,7 +254,8 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
     device = resolve(opts.device)
     with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric)",
                       resumed=layout.params.exists()):
-        params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress)
+        params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress,
+                              workers=opts.scoring_workers)
     with timings.step(f"post-processing: apply to {n} crops; switch it off for the classes it does not help on "
                       "the tuning crops", resumed=layout.postprocessed.exists()):
         segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,

@@ -49,7 +49,8 @@ class ReportOptions:
         tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
-        workers: processes scoring (crop, label) pairs in parallel (None: the CPU cores, at most 16).
+        workers: processes scoring (crop, label) pairs, and tuning the instance classes' post-processing, in
+            parallel (None: the CPU cores, at most 16).
         predict_jobs: processes predicting the members at once, each one member at a time (1: one after the
             other in this process; "auto": on CUDA up to 4, one per 16 GiB of GPU memory, on CPU 1;
             `cellseg.report.predictions`).

@@ -210,3 +210,27 @@ def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root
                 np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
         found += len(alone)
     assert found > len(classes)  # most classes are annotated in several crops
+
+
+def test_instance_classes_tuned_in_processes_give_the_same_parameters(tiny_synth_root, tmp_path):
+    from cellseg.data.crops import Catalog
+    from cellseg.data.grid import Grid
+    from cellseg.infer.store import PredictionStore
+    from cellseg.postprocess.tune import tune_store
+
+    classes = ["mito", "nuc", "ld", "er", "ecs"]  # three instance classes go to the workers, two stay here
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
+    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=classes,
+                                   instance_channels=["mito", "nuc", "ld"])
+    catalog = Catalog.from_dir(tiny_synth_root)
+    rng = np.random.default_rng(1)
+    for crop_id in sorted(catalog.train):
+        store.write_crop(f"crop{crop_id}", grid, {c: rng.random(grid.shape_vox, np.float32) for c in classes})
+    crops = [str(c) for c in sorted(catalog.train)]
+    here = tune_store(store, tiny_synth_root, crops=crops, progress=False)
+    spread = tune_store(store, tiny_synth_root, crops=crops, progress=False, workers=2)
+    assert {"mito", "nuc", "ld"} <= set(here.classes)  # the instance classes were tuned (in the workers)
+    assert spread.classes == here.classes and spread.scores == here.scores
+    assert list(spread.classes) == [c for c in classes if c in here.classes]  # the store's class order
+    with pytest.raises(ValueError, match="tuning workers must be >= 1"):
+        tune_store(store, tiny_synth_root, crops=crops, progress=False, workers=0)
