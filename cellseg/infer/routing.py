@@ -225,7 +225,8 @@ def predict_routed(routes: Sequence[RouteConfig], crops: str, out: str | Path, *
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
         targets = member_targets(runs, crops, opts.data_root)
         routed = route_crops(targets, crop_scales(targets, opts.data_root or runs[0].cfg.data.root), routes)
-        served = {p: [t for t in targets if p in {Path(m).resolve() for m in routes[routed[t.name]].members}]
+        band_members = [{Path(m).resolve() for m in r.members} for r in routes]
+        served = {p: [t for t in targets if p in band_members[routed[t.name]]]
                   for p in paths}  # the crops each member predicts: the job size `compile: auto` decides by
         members = {p: Member.of(r, opts, precision, served[p]) for p, r in zip(paths, runs, strict=True)}
         bands = load_bands(routes, members, allow_partial=allow_partial)

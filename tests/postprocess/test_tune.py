@@ -184,20 +184,28 @@ def test_samples_hold_the_truth_on_its_annotation_grid(tiny_synth_root, tmp_path
     assert model.truth.shape == coarse.shape_vox and not model.resampled
 
 
-def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root, tmp_path):
+def _random_store(root, path, classes, *, seed):
+    """A probability store of uniform noise for `classes` (mito, nuc, ld as instances) on every training crop of
+    `root`, 6³ voxels at 8 nm; with the root's catalogue."""
     from cellseg.data.crops import Catalog
     from cellseg.data.grid import Grid
     from cellseg.infer.store import PredictionStore
+
+    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
+    store = PredictionStore.create(path, kind="probabilities", channels=classes,
+                                   instance_channels=[c for c in ("mito", "nuc", "ld") if c in classes])
+    catalog = Catalog.from_dir(root)
+    rng = np.random.default_rng(seed)
+    for crop_id in sorted(catalog.train):
+        store.write_crop(f"crop{crop_id}", grid, {c: rng.random(grid.shape_vox, np.float32) for c in classes})
+    return store, catalog
+
+
+def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root, tmp_path):
     from cellseg.postprocess.tune import OpenCrops, load_samples, split_entry
 
     classes = ["mito", "mito_mem", "er", "nuc", "mt", "ecs", "ld"]  # groups, atoms, instance, semantic
-    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
-    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=classes,
-                                   instance_channels=["mito", "nuc", "ld"])
-    catalog = Catalog.from_dir(tiny_synth_root)
-    rng = np.random.default_rng(0)
-    for crop_id in sorted(catalog.train):
-        store.write_crop(f"crop{crop_id}", grid, {c: rng.random(grid.shape_vox, np.float32) for c in classes})
+    store, catalog = _random_store(tiny_synth_root, tmp_path / "p.zarr", classes, seed=0)
     entries = [split_entry(catalog, crop_id) for crop_id in sorted(catalog.train)]
     opened = OpenCrops(classes)
     found = 0
@@ -213,19 +221,10 @@ def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root
 
 
 def test_instance_classes_tuned_in_processes_give_the_same_parameters(tiny_synth_root, tmp_path):
-    from cellseg.data.crops import Catalog
-    from cellseg.data.grid import Grid
-    from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.tune import tune_store
 
     classes = ["mito", "nuc", "ld", "er", "ecs"]  # three instance classes go to the workers, two stay here
-    grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
-    store = PredictionStore.create(tmp_path / "p.zarr", kind="probabilities", channels=classes,
-                                   instance_channels=["mito", "nuc", "ld"])
-    catalog = Catalog.from_dir(tiny_synth_root)
-    rng = np.random.default_rng(1)
-    for crop_id in sorted(catalog.train):
-        store.write_crop(f"crop{crop_id}", grid, {c: rng.random(grid.shape_vox, np.float32) for c in classes})
+    store, catalog = _random_store(tiny_synth_root, tmp_path / "p.zarr", classes, seed=1)
     crops = [str(c) for c in sorted(catalog.train)]
     here = tune_store(store, tiny_synth_root, crops=crops, progress=False)
     spread = tune_store(store, tiny_synth_root, crops=crops, progress=False, workers=2)
