@@ -50,16 +50,21 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore `rng_state()` (also the NumPy tuple of checkpoints written before it was a tensor)."""
+    """Restore `rng_state()` (also the NumPy tuple of checkpoints written before it was a tensor).
+
+    The states may arrive on the GPU (a checkpoint loaded with `map_location="cuda"`); the generators take
+    them from host memory, so every tensor is copied back first.
+    """
     random.setstate(state["python"])
     numpy_state = state["numpy"]
     if isinstance(numpy_state, dict):
-        numpy_state = (numpy_state["bit_generator"], numpy_state["key"].numpy().astype(np.uint32),
-                       numpy_state["pos"], numpy_state["has_gauss"], numpy_state["cached_gaussian"])
+        key = numpy_state["key"].cpu().numpy().astype(np.uint32)  # stored as int64: uint32 does not fit a tensor
+        numpy_state = (numpy_state["bit_generator"], key, numpy_state["pos"], numpy_state["has_gauss"],
+                       numpy_state["cached_gaussian"])
     np.random.set_state(numpy_state)  # noqa: NPY002 - see rng_state
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if torch.cuda.is_available() and state.get("cuda"):
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def check_finite_state(state: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from cellseg.cli import main
 from cellseg.data.grid import Grid
 from cellseg.infer.store import PredictionStore
 from cellseg.runtime.checkpoint import CheckpointError, check_checkpoint_channels, load, save_atomic
-from cellseg.train.checkpoint import set_rng_state
+from cellseg.train.checkpoint import rng_state, set_rng_state
 from cellseg.train.trainer import train
 
 
@@ -49,6 +49,19 @@ def test_checkpoints_with_numpy_rng_state_still_load(tmp_path: Path) -> None:
     ckpt = load(tmp_path / "old.pt")
     set_rng_state(ckpt["rng"])
     np.testing.assert_array_equal(np.random.random(4), expected)  # noqa: NPY002
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rng_state_loaded_onto_the_gpu_restores(tmp_path: Path) -> None:
+    # A resumed GPU run loads its checkpoint with map_location="cuda": the RNG states arrive as CUDA tensors.
+    torch.save({"rng": rng_state()}, tmp_path / "last.pt")
+    expected = (random.random(), np.random.random(3), torch.rand(3), torch.rand(3, device="cuda").cpu())  # noqa: NPY002
+    set_rng_state(load(tmp_path / "last.pt", map_location="cuda")["rng"])
+    got = (random.random(), np.random.random(3), torch.rand(3), torch.rand(3, device="cuda").cpu())  # noqa: NPY002
+    assert got[0] == expected[0]
+    np.testing.assert_array_equal(got[1], expected[1])
+    assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
 
 
 def test_class_order_is_checked(tmp_path: Path) -> None:
