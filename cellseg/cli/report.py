@@ -67,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "parallel (default: the CPU cores, at most 16)")
     parser.add_argument("--predict-jobs", type=_jobs, default="auto", metavar="N|auto",
                         help="processes predicting the members (runs) at once, each into its own store (1: one "
-                             "after the other in the report's process; default auto: on CUDA min(runs, 4, GPU "
-                             "memory GiB // 16), on CPU 1)")
+                             "after the other in the report's process; default auto: on CUDA min(runs, 4 per GPU, GPU "
+                             "memory GiB // 16 per GPU), spread over the GPUs; on CPU 1)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)

@@ -5,8 +5,9 @@ Each member (run) predicts into its own store (`Layout.predictions`), so the mem
 time, and the stores hold what the one-after-the-other path writes (to float rounding: a process's number of
 CPU threads, or cuDNN's choice of algorithm, can change the order of a sum). A member's time is mostly its own
 process's latency and CPU work (loading the model, reading EM, writing its store, compiling the model on
-CUDA) rather than GPU work on a report's small crops, so a few members overlap well on one GPU. With one job
-the members predict in this process, one after the other (no subprocess).
+CUDA) rather than GPU work on a report's small crops, so a few members overlap well on one GPU. On a machine
+with several GPUs the processes are spread over them (worker i sees GPU i mod n alone, through
+`CUDA_VISIBLE_DEVICES`). With one job the members predict in this process, one after the other (no subprocess).
 
 A store left half-written (a worker killed, the report stopped) resumes on the next run: `predict_run` adds
 the missing crops to a store made with the same settings; nothing here deletes a store.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.sharedctypes
 import os
 import sys
 import threading
@@ -45,21 +47,34 @@ LOG_DATE_FORMAT = "%H:%M:%S"
 PARENT_POLL_S = 1.0  # how often a worker checks that the report's process is still there
 
 
+def visible_gpus(device: str) -> list[str]:
+    """The GPUs the members' processes are spread over, as `CUDA_VISIBLE_DEVICES` entries (the ones this
+    process sees: its own `CUDA_VISIBLE_DEVICES` entries where set, else indices); none on the CPU."""
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    count = torch.cuda.device_count()
+    listed = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return listed[:count] if len(listed) >= count else [str(i) for i in range(count)]
+
+
 def predict_jobs(requested: int | str, members: int, device: str) -> int:
-    """Processes that predict the members: `requested`, or for "auto" on CUDA min(members, `MAX_AUTO_JOBS`, GPU
-    memory GiB // `GIB_PER_JOB`, at least 1) and on CPU 1 (the cores are the bottleneck there, and the
-    report's scoring processes share them); never more than `members`."""
+    """Processes that predict the members: `requested`, or for "auto" on CUDA min(members, `MAX_AUTO_JOBS` per
+    GPU, GPU memory GiB // `GIB_PER_JOB` per GPU, at least 1) and on CPU 1 (the cores are the bottleneck there,
+    and the report's scoring processes share them); never more than `members`."""
     check_predict_jobs(requested)
     if requested != "auto":
         return max(1, min(int(requested), members))
-    if device == "cpu":
+    gpus = visible_gpus(device)
+    if not gpus:  # the CPU, or "auto" without a GPU ("cuda" without one fails in `predict_run`)
         return 1
     import torch
 
-    if not torch.cuda.is_available():  # "auto" without a GPU; "cuda" without one fails in `predict_run`
-        return 1
     gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 2**30
-    return max(1, min(members, MAX_AUTO_JOBS, gib // GIB_PER_JOB))
+    return max(1, min(members, len(gpus) * MAX_AUTO_JOBS, len(gpus) * (gib // GIB_PER_JOB)))
 
 
 def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfig:
@@ -70,11 +85,18 @@ def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfi
                        data_root=opts.data_root, progress=progress)
 
 
-def _init_worker(level: int, threads: int, parent: int) -> None:
-    """Worker initializer: log at the report's level (which member is loaded; `predict_run` prints each crop's
-    summary line itself), use `threads` CPU threads, so the workers together use the cores once, and exit when
-    the report's process (`parent`) is gone (killed outright: nobody would collect the result, the worker would
-    wait for the next one forever, and the store it leaves resumes on the next run)."""
+def _init_worker(level: int, threads: int, parent: int, gpus: Sequence[str],
+                 started: multiprocessing.sharedctypes.Synchronized) -> None:
+    """Worker initializer: see one of `gpus` (round robin over the workers in the order they start: `started`
+    counts them; before torch touches CUDA), log at the report's level (which member is loaded; `predict_run`
+    prints each crop's summary line itself), use `threads` CPU threads, so the workers together use the cores
+    once, and exit when the report's process (`parent`) is gone (killed outright: nobody would collect the
+    result, the worker would wait for the next one forever, and the store it leaves resumes on the next run)."""
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     import torch
 
     logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, force=True)
@@ -119,8 +141,12 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
     cancelled and those running finish their stores."""
     threads = max(1, len(os.sched_getaffinity(0)) // jobs)
     level = logging.getLogger("cellseg").getEffectiveLevel()
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(level, threads, os.getpid()))
+    context = multiprocessing.get_context("spawn")
+    gpus = visible_gpus(popts.device)
+    if len(gpus) > 1:
+        log.info("predicting in %d processes over %d GPUs (%s)", jobs, len(gpus), ",".join(gpus))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
+                               initargs=(level, threads, os.getpid(), gpus, context.Value("i", 0)))
     try:
         futures: dict[Future[str], RunInfo] = {
             pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): run for run, out in members}

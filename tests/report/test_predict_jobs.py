@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
-from cellseg.report.predictions import predict_all, predict_jobs
+from cellseg.report.predictions import _init_worker, predict_all, predict_jobs, visible_gpus
 from cellseg.report.results import Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,3 +182,15 @@ def test_the_option_is_checked_and_listed(report_runs, tmp_path, capsys):
         cli([*args, "--predict-jobs", "two"])
     assert done.value.code == 2 and "--predict-jobs: 'two': must be 'auto'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_workers_are_spread_over_the_gpus_round_robin():
+    # Each new worker takes the next GPU of the list before torch touches CUDA (one task per worker, one worker
+    # at a time: the workers start in task order). On the CPU no GPU is listed and the variable is left alone.
+    context = multiprocessing.get_context("spawn")
+    started = context.Value("i", 0)
+    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1, initializer=_init_worker,
+                             initargs=(logging.WARNING, 1, os.getpid(), ["3", "5"], started)) as pool:
+        seen = [pool.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() for _ in range(3)]
+    assert seen == ["3", "5", "3"]
+    assert visible_gpus("cpu") == []
