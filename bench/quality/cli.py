@@ -35,6 +35,7 @@ STEPS = ("check", "setup", "train", "report")
 REPORT_FIGURES = {"overall.png": "quality_overall.png", "classes_2026.png": "quality_classes_2026.png",
                   "report.md": "quality_report.md"}  # cellseg report's files worth bringing back, renamed
 EXIT_BAD_INPUT = 2
+MIN_START_S = 150.0  # the least time before a train step's deadline at which a job is still started
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -195,8 +196,10 @@ def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *
     jobs = check(settings, work)
     grace_s = 45.0  # a stopped job checkpoints (a validation in flight finishes first)
     deadline = started + 60 * args.step_limit_min - grace_s - 15  # 15 s: this process's own status writing
+    # A job started with MIN_START_S left reaches its first step (67-146 s after its start on an H200 shared by
+    # four jobs) and trains until the deadline's checkpoint; the next `train` resumes it, so the slot is not idle.
     outcomes = Scheduler(jobs=jobs, settings=settings, work=work, deadline=deadline, grace_s=grace_s,
-                         min_start_s=30.0 if settings.quick else 180.0).run()
+                         min_start_s=30.0 if settings.quick else MIN_START_S).run()
     progress = {}
     for job in jobs:
         try:

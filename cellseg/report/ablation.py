@@ -52,13 +52,14 @@ from typing import Any
 from cellseg.eval.eras import Era
 from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
+from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.report.predictions import predict_all
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
-from cellseg.report.scoring import plain_segmentation, score_segmentation
+from cellseg.report.scoring import plain_segmentation, plain_segmentations, score_segmentation
 from cellseg.report.switches import switch_postprocess, switch_tta
 from cellseg.report.truth import build_truth, truth_labels
 
@@ -291,11 +292,28 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
     return out
 
 
+def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
+               ) -> list[tuple[Path, Path, Sequence[str]]]:
+    """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
+    jobs = [(p, layout.segmentation(f"single_{r.name}"), plan.scored) for r, p in zip(runs, stores.singles, strict=True)]
+    if set(plan.tuning) != set(plan.scored):  # `singles_on_tuning`
+        jobs += [(p, layout.segmentation(f"tuning_single_{r.name}"), plan.tuning)
+                 for r, p in zip(runs, stores.singles, strict=True)]
+    jobs += [(store.path, layout.segmentation(key), plan.scored)
+             for key, store in (("uniform", stores.uniform), ("weighted", stores.weighted), ("tta", stores.with_tta))]
+    return jobs
+
+
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
                  root: Path, timings: Timings) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
     every era."""
     eras = ", ".join(opts.eras)
+    plain = plain_jobs(runs, stores, layout, plan)
+    processes = max(1, opts.scoring_workers // MAX_CLASS_THREADS)
+    if processes > 1:
+        with timings.step(f"thresholding {len(plain)} predictions in {processes} processes"):
+            plain_segmentations(plain, processes)
     with timings.step(f"scoring the {len(runs)} single models in {eras}"):
         singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
                    for r, p in zip(runs, stores.singles, strict=True)]

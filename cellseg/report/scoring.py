@@ -77,6 +77,29 @@ def plain_segmentation(prob: PredictionStore, out: Path, crops: Sequence[str], *
     return seg
 
 
+def _plain_in_worker(prob: str, out: str, crops: Sequence[str]) -> str:
+    """One store's `plain_segmentation`, in a worker process."""
+    plain_segmentation(PredictionStore.open(Path(prob)), Path(out), crops)
+    return out
+
+
+def plain_segmentations(jobs: Sequence[tuple[Path, Path, Sequence[str]]], processes: int) -> None:
+    """`plain_segmentation` of several probability stores, (store, out, crops) each, in `processes` spawned
+    processes (one store at a time each; 1: nothing is done here and each store is segmented when it is
+    scored). A crop is segmented by up to `MAX_CLASS_THREADS` threads over its classes, a few of which are
+    slow: on a machine with more cores, stores side by side use them. The stores written are those of the
+    one-after-the-other path (each crop is the same computation; `plain_segmentation` keeps finished crops)."""
+    import concurrent.futures
+    import multiprocessing
+
+    if processes <= 1 or len(jobs) <= 1:
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context) as pool:
+        for future in [pool.submit(_plain_in_worker, str(p), str(o), list(c)) for p, o, c in jobs]:
+            future.result()
+
+
 @dataclass(frozen=True, kw_only=True)
 class EraScores:
     """One era's scores of one stage: the summary and the whole evaluation document.

@@ -1,6 +1,7 @@
 """`cellseg report --predict-jobs`: the members predict in parallel processes into the same stores (to float16
 rounding: a worker's CPU threads, cores // jobs, may sum a convolution in another order than this process's),
-a store left unfinished is completed, a failing member is named, and the option is checked.
+a store left unfinished is completed, a failing member is named, and the option is checked; the processes
+spread over the GPUs; the stores thresholded side by side equal those thresholded one by one.
 
 Both smoke runs predict both test crops of `tiny_synth_root` and the runs' tuning crop (no TTA, no overlap).
 """
@@ -31,6 +32,7 @@ from cellseg.report import ReportOptions
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
 from cellseg.report.predictions import _init_worker, predict_all, predict_jobs, visible_gpus
 from cellseg.report.results import Layout
+from cellseg.report.scoring import plain_segmentation, plain_segmentations
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -194,3 +196,18 @@ def test_workers_are_spread_over_the_gpus_round_robin():
         seen = [pool.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() for _ in range(3)]
     assert seen == ["3", "5", "3"]
     assert visible_gpus("cpu") == []
+
+
+def test_thresholding_in_processes_writes_the_stores_of_the_sequential_path(sequential, tmp_path):
+    # The report's plain segmentations of several stores side by side (`plain_segmentations`) equal each store
+    # segmented on its own, bit for bit (the same computation per crop, in another process).
+    _, plan, stores = sequential
+    jobs = [(p, tmp_path / "two" / p.name, plan.predicted) for p in stores]
+    plain_segmentations(jobs, processes=2)
+    for prob, out, crops in jobs:
+        alone = plain_segmentation(PredictionStore.open(prob), tmp_path / "one" / prob.name, crops)
+        assert sorted(PredictionStore.open(out).completed()) == sorted(crops)
+        arrays_one, arrays_two = _arrays(alone.path), _arrays(out)
+        assert sorted(arrays_one) == sorted(arrays_two) and arrays_one
+        for key, data in arrays_one.items():
+            np.testing.assert_array_equal(arrays_two[key], data, err_msg=f"{prob.name} {key}")

@@ -29,7 +29,9 @@ from cellseg.postprocess.native import (
     segment_class,
 )
 from cellseg.report import ReportOptions, run_report
+from cellseg.report.ablation import Stores, plain_jobs
 from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.results import Layout
 from cellseg.report.scoring import plain_segmentation
 
 STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
@@ -170,6 +172,24 @@ def test_plain_segmentation_joins_diagonal_neighbours(tmp_path):
     assert ids.dtype == np.uint32 and sorted(np.unique(ids).tolist()) == [0, 1, 2]
     assert ids[0, 0, 0] == ids[1, 1, 1] != ids[3, 3, 3]
     assert seg.read("crop7", "er").sum() == 3
+
+
+def test_the_thresholding_jobs_name_the_stores_the_scoring_wrote(report_dir, report_runs, tiny_synth_root):
+    # On a machine with 16 cores or more the report thresholds these stores side by side first (`plain_jobs`);
+    # here it thresholded each as it scored it: the jobs must name those very stores, from the same sources.
+    runs = check_runs(report_runs)
+    layout = Layout(report_dir)
+    stores = Stores(singles=[layout.predictions(r, 1) for r in runs],
+                    uniform=PredictionStore.open(layout.ensemble("uniform")),
+                    weighted=PredictionStore.open(layout.ensemble("weighted")),
+                    with_tta=PredictionStore.open(layout.ensemble("weighted_tta8_switched")),
+                    postprocessed=PredictionStore.open(layout.postprocessed), params=None, switches={})
+    plan = plan_crops(runs, tiny_synth_root, crops="501", tune_crops="val")
+    jobs = plain_jobs(runs, stores, layout, plan)
+    assert len(jobs) == 2 * len(runs) + 3
+    for prob, out, crops in jobs:
+        seg = PredictionStore.open(out)
+        assert seg.provenance["source"] == str(Path(prob).resolve()) and sorted(seg.completed()) == sorted(crops)
 
 
 def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
