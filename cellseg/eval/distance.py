@@ -9,10 +9,13 @@ box padded by the distance cap (2026: `scipy.ndimage.distance_transform_edt` twi
 same numbers as either of these restricted computations, which cellseg picks per object by cost:
 
 - *EDT* on the union of the two objects' bounding boxes: every voxel of A and of B lies inside it, and
-  an EDT measures the distance to the nearest feature voxel, so a larger box changes nothing. The
-  transform is the `edt` package's (float32, several times faster than scipy's); it only *locates* the
-  maximum: the voxels of A within `EDT_CANDIDATE_REL` of its float32 maximum get their exact distance
-  from the nearest voxel of B (a KD-tree of B's surface, as below), and the largest of those is `h(A→B)`;
+  an EDT measures the distance to the nearest feature voxel, so a larger box changes nothing. Small boxes
+  use scipy's EDT (float64: the 2026 value itself). From `EDT_PACKAGE_MIN_VOXELS` on, the transform is the
+  `edt` package's (float32, several times faster there), which only *locates* the maximum: with integer
+  voxel sizes the distance is the square root of an integer, recovered from the float32 value; otherwise
+  the voxels of A within `EDT_CANDIDATE_REL` of its float32 maximum get their exact distance from the
+  nearest voxel of B (a KD-tree of B's surface near them, as below), and when such near-ties cover much of
+  the box (a shifted object) scipy's EDT or the KD path computes that direction instead;
 - *KD*: only voxels of `A \\ B` can have a non-zero distance to B, and the nearest voxel of B to a point
   outside B is a *surface* voxel of B (one with a 6-neighbour outside B: stepping from an interior
   voxel towards the point along any axis where they differ gets strictly closer), so a KD-tree of B's
@@ -37,8 +40,8 @@ import numpy as np
 Formula = Literal["edt", "kd"]
 # Costs that pick the path per object (measured on the 2-core CPU machine, relative to each other):
 SCIPY_EDT_NS_PER_VOXEL = 60.0  # one scipy EDT (float64: the exact 2026 value itself)
-EDT_NS_PER_VOXEL = 40.0  # one float32 EDT (`edt` package) and its masks; its call costs ~0.3 ms more than scipy's:
-EDT_PACKAGE_MIN_VOXELS = 20_000  # below this box volume scipy's EDT is faster
+EDT_NS_PER_VOXEL = 40.0  # one float32 EDT (`edt` package) and its masks
+EDT_PACKAGE_MIN_VOXELS = 20_000  # below this box volume scipy's EDT is faster (the package's call costs ~0.3 ms)
 KD_NS_PER_POINT = 1500.0  # tree build + query, per surface or query point
 # A float32 EDT value is within a few float32 ulps (relative 1e-7) of the exact distance: every voxel whose exact
 # distance could be the maximum lies within this relative margin of the float32 maximum.
