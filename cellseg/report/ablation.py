@@ -276,6 +276,18 @@ def tuning_truth(layout: Layout, plan: CropPlan, runs: Sequence[RunInfo], root: 
     return layout.tuning_truth
 
 
+def single_key(run: RunInfo, *, tuning: bool = False) -> str:
+    """The key of a single model's thresholded segmentation and submission (on the tuning crops: `tuning`)."""
+    return f"{'tuning_' if tuning else ''}single_{run.name}"
+
+
+def ensemble_stages(stores: Stores) -> list[tuple[str, str, PredictionStore]]:
+    """Stages 2-4 as (key, title, probability store): scored as thresholded probabilities."""
+    return [("uniform", "2. uniform ensemble", stores.uniform),
+            ("weighted", "3. weighted ensemble (fitted weights)", stores.weighted),
+            ("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta)]
+
+
 def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
                       root: Path, scored: Sequence[StageResult]) -> list[StageResult]:
     """Every single model scored on the tuning crops (the scored results when the crops are the same)."""
@@ -284,7 +296,7 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
     truth = tuning_truth(layout, plan, runs, root)
     out = []
     for run, path in zip(runs, stores.singles, strict=True):
-        key = f"tuning_single_{run.name}"
+        key = single_key(run, tuning=True)
         seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
                                  progress=opts.progress)
         out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
@@ -295,13 +307,11 @@ def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, p
 def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
                ) -> list[tuple[Path, Path, Sequence[str]]]:
     """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
-    jobs = [(p, layout.segmentation(f"single_{r.name}"), plan.scored) for r, p in zip(runs, stores.singles, strict=True)]
+    singles = list(zip(runs, stores.singles, strict=True))
+    jobs = [(p, layout.segmentation(single_key(r)), plan.scored) for r, p in singles]
     if set(plan.tuning) != set(plan.scored):  # `singles_on_tuning`
-        jobs += [(p, layout.segmentation(f"tuning_single_{r.name}"), plan.tuning)
-                 for r, p in zip(runs, stores.singles, strict=True)]
-    jobs += [(store.path, layout.segmentation(key), plan.scored)
-             for key, store in (("uniform", stores.uniform), ("weighted", stores.weighted), ("tta", stores.with_tta))]
-    return jobs
+        jobs += [(p, layout.segmentation(single_key(r, tuning=True)), plan.tuning) for r, p in singles]
+    return jobs + [(store.path, layout.segmentation(key), plan.scored) for key, _, store in ensemble_stages(stores)]
 
 
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
@@ -315,17 +325,14 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
         with timings.step(f"thresholding {len(plain)} predictions in {processes} processes"):
             plain_segmentations(plain, processes)
     with timings.step(f"scoring the {len(runs)} single models in {eras}"):
-        singles = [_score(f"single_{r.name}", f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
+        singles = [_score(single_key(r), f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
                    for r, p in zip(runs, stores.singles, strict=True)]
     with timings.step(f"best single model: the {len(runs)} single models scored on the tuning crops"):
         on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
     chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
     best, _ = best_single_stage(singles, opts.eras, chosen)
     with timings.step(f"scoring stages 2-5 in {eras}"):
-        stages = [best,
-                  _score("uniform", "2. uniform ensemble", stores.uniform, layout, plan, opts),
-                  _score("weighted", "3. weighted ensemble (fitted weights)", stores.weighted, layout, plan, opts),
-                  _score("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta, layout, plan, opts),
+        stages = [best, *(_score(key, title, store, layout, plan, opts) for key, title, store in ensemble_stages(stores)),
                   _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
                          segmented=True)]
     return singles, stages, chosen

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import multiprocessing.sharedctypes
 import os
 import sys
 import threading
@@ -32,6 +31,8 @@ from cellseg.report.plan import CropPlan, RunInfo
 from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
 
 if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import Synchronized
+
     from cellseg.config.inference import InferConfig
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfi
 
 
 def _init_worker(level: int, threads: int, parent: int, gpus: Sequence[str],
-                 started: multiprocessing.sharedctypes.Synchronized) -> None:
+                 started: Synchronized) -> None:
     """Worker initializer: see one of `gpus` (round robin over the workers in the order they start: `started`
     counts them; before torch touches CUDA), log at the report's level (which member is loaded; `predict_run`
     prints each crop's summary line itself), use `threads` CPU threads, so the workers together use the cores
