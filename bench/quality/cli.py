@@ -66,6 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-limit-min", type=float, default=9.5,
                    help="wall minutes this invocation may take; training jobs are stopped (and resume in the next "
                         "train step) and the report is cut (and resumes) before it")
+    p.add_argument("--predict-jobs", metavar="N|auto",
+                   help="report: processes predicting the members (cellseg report --predict-jobs; default auto)")
     p.add_argument("--allow-missing", action="store_true",
                    help="report: leave out runs that did not finish their budget instead of failing")
     args = p.parse_args(argv)
@@ -182,9 +184,18 @@ def _warm_one(task: tuple[Any, Any]) -> None:
     warm_boundary_caches(open_crops([entry], data), data.voxel_size_nm)
 
 
-def _differences(a: Settings, b: Settings) -> str:
-    da, db = a.to_json(), b.to_json()
-    return "; ".join(f"{k}: then {da[k]!r}, now {db[k]!r}" for k in da if da[k] != db.get(k))
+# Settings a later step's command line sets only when its option is given (the others are the defaults)
+_OPTION_OF = {"quick": "quick", "architectures": "architectures", "budget_min": "budget_min",
+              "val_every_min": "val_every_min", "sets": "sets", "concurrent": "concurrent", "cores": "cores",
+              "gpus": "gpus", "synth_workers": "synth_workers", "device": "device"}
+
+
+def _differences(plan: Settings, asked: Settings, args: argparse.Namespace | None = None) -> str:
+    """The settings `asked` gives otherwise than `plan`; with `args`, only those whose option it gives (a later
+    step's command line leaves the others at their defaults)."""
+    da, db = plan.to_json(), asked.to_json()
+    keys = list(da) if args is None else [k for k, o in _OPTION_OF.items() if getattr(args, o) not in (None, False, [])]
+    return "; ".join(f"{k}: plan {da[k]!r}, given {db[k]!r}" for k in keys if da[k] != db.get(k))
 
 
 def _job_doc(job: Job) -> dict[str, Any]:
@@ -230,6 +241,8 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     cmd = [sys.executable, "-m", "cellseg", "report", "--runs", *(str(j.run_dir) for j in jobs),
            "--out", str(work / "report"), "--crops", "test", "--tune-crops", ",".join(tuning),
            "--device", settings.device]
+    if args.predict_jobs:
+        cmd += ["--predict-jobs", args.predict_jobs]
     remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it
     try:
         code = subprocess.run(cmd, timeout=max(remaining, 1)).returncode
@@ -306,9 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if step == "train" and not ready(work):
                 setup(load_plan(work) or asked, work, args.out, args)  # nothing there: start over cleanly
             settings = load_plan(work) or asked
-            if settings != asked:
-                print(f"using the settings of {work / PLAN_FILE} ({_differences(settings, asked)}); setup --fresh "
-                      "changes them", file=sys.stderr)
+            differences = _differences(settings, asked, args)
+            if differences:
+                print(f"using the settings of {work / PLAN_FILE} ({differences}); setup --fresh changes them",
+                      file=sys.stderr)
             run = train if step == "train" else report
             code = run(settings, work, args.out, args, started=started)
             if code:

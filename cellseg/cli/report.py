@@ -68,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--predict-jobs", type=_jobs, default="auto", metavar="N|auto",
                         help="processes predicting the members (runs) at once, each into its own store (1: one "
                              "after the other in the report's process; default auto: on CUDA min(runs, 4 per GPU, GPU "
-                             "memory GiB // 16 per GPU), spread over the GPUs; on CPU 1)")
+                             "memory GiB // 16 per GPU, with TTA // 32), spread over the GPUs; on CPU 1; a member "
+                             "out of GPU memory is predicted again alone on a GPU)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)

@@ -8,6 +8,8 @@ process's latency and CPU work (loading the model, reading EM, writing its store
 CUDA) rather than GPU work on a report's small crops, so a few members overlap well on one GPU. On a machine
 with several GPUs the processes are spread over them (worker i sees GPU i mod n alone, through
 `CUDA_VISIBLE_DEVICES`). With one job the members predict in this process, one after the other (no subprocess).
+A member that runs out of GPU memory beside the others is predicted again once they are done, one process per
+GPU and one TTA pass per forward; the others are not disturbed.
 
 A store left half-written (a worker killed, the report stopped) resumes on the next run: `predict_run` adds
 the missing crops to a store made with the same settings; nothing here deletes a store.
@@ -15,6 +17,8 @@ the missing crops to a store made with the same settings; nothing here deletes a
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import logging
 import multiprocessing
 import os
@@ -36,13 +40,16 @@ if TYPE_CHECKING:
     from cellseg.config.inference import InferConfig
 
 log = logging.getLogger(__name__)
-# "auto" on CUDA: one process per this many GiB of GPU memory, at most this many. Each process holds its own
-# CUDA context (~0.5 GiB), its model and one batch of tiles (with TTA folded into the batch): 16 GiB each leaves
-# room for the largest of them next to the others. The cap of 4 is a judgement, not a measurement: enough for
-# one member's loading and store writing to overlap the others' GPU work, few enough that the processes' host
-# memory and CPU threads stay modest.
+# "auto" on CUDA: one process per this many GiB of GPU memory, at most `MAX_AUTO_JOBS` per GPU. Each process holds
+# its own CUDA context (~0.5 GiB), its model and one batch of tiles, with TTA folded into the batch (`tta_fold`):
+# measured on 2x H100 (80 GB) with four 3D members per GPU and 8x TTA, a process held 13-25 GiB and swin_3d asked
+# for 12 GiB more at once (out of memory); without TTA 16 GiB each leaves room for the largest next to the others.
+# The cap of 4 is a judgement, not a measurement: enough for one member's loading and store writing to overlap
+# the others' GPU work, few enough that the processes' host memory and CPU threads stay modest. A member that runs
+# out of GPU memory anyway is predicted again afterwards, one process per GPU (`predict_all`).
 MAX_AUTO_JOBS = 4
 GIB_PER_JOB = 16
+GIB_PER_JOB_TTA = 32
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the command line's (`cellseg.cli`)
 LOG_DATE_FORMAT = "%H:%M:%S"
 PARENT_POLL_S = 1.0  # how often a worker checks that the report's process is still there
@@ -62,10 +69,10 @@ def visible_gpus(device: str) -> list[str]:
     return listed[:count] if len(listed) >= count else [str(i) for i in range(count)]
 
 
-def predict_jobs(requested: int | str, members: int, device: str) -> int:
+def predict_jobs(requested: int | str, members: int, device: str, *, tta: int = 1) -> int:
     """Processes that predict the members: `requested`, or for "auto" on CUDA min(members, `MAX_AUTO_JOBS` per
-    GPU, GPU memory GiB // `GIB_PER_JOB` per GPU, at least 1) and on CPU 1 (the cores are the bottleneck there,
-    and the report's scoring processes share them); never more than `members`."""
+    GPU, GPU memory GiB // `GIB_PER_JOB` (with TTA `GIB_PER_JOB_TTA`) per GPU, at least 1) and on CPU 1 (the
+    cores are the bottleneck there, and the report's scoring processes share them); never more than `members`."""
     check_predict_jobs(requested)
     if requested != "auto":
         return max(1, min(int(requested), members))
@@ -75,7 +82,13 @@ def predict_jobs(requested: int | str, members: int, device: str) -> int:
     import torch
 
     gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory // 2**30
-    return max(1, min(members, len(gpus) * MAX_AUTO_JOBS, len(gpus) * (gib // GIB_PER_JOB)))
+    return auto_jobs(members, len(gpus), gib, tta=tta)
+
+
+def auto_jobs(members: int, gpus: int, gib_per_gpu: int, *, tta: int) -> int:
+    """`predict_jobs`'s "auto" for `gpus` GPUs of `gib_per_gpu` GiB each."""
+    per_job = GIB_PER_JOB_TTA if tta > 1 else GIB_PER_JOB
+    return max(1, min(members, gpus * MAX_AUTO_JOBS, gpus * (gib_per_gpu // per_job)))
 
 
 def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfig:
@@ -112,14 +125,32 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> str:
-    """One member's predictions, in a worker process."""
+    """One member's predictions, in a worker process. Out of GPU memory, the worker first lets go of what the
+    attempt held (its frames, the allocator's cache), so that the members still running beside it get the room,
+    then raises a fresh `torch.OutOfMemoryError` with the same message."""
+    import torch
+
     from cellseg.infer.predict import predict_run
 
+    message = None
     try:
         predict_run(run_dir, crops, out, opts)
+    except torch.OutOfMemoryError as err:
+        message = str(err)
     finally:
         sys.stdout.flush()  # the crop summary lines, before the report's next lines
+    if message is not None:  # outside the handler: the traceback, and the tensors its frames hold, are gone
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise torch.OutOfMemoryError(message)
     return out
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError)
 
 
 def _member_error(run_dir: Path, err: BaseException) -> BaseException:
@@ -136,10 +167,11 @@ def _member_error(run_dir: Path, err: BaseException) -> BaseException:
 
 
 def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, popts: InferConfig, jobs: int
-                          ) -> None:
-    """Every member in `jobs` spawned processes; the first failing member (in member order among those failed
-    when the first failure is seen) is raised here with its run directory, the members not yet started are
-    cancelled and those running finish their stores."""
+                          ) -> list[tuple[RunInfo, Path]]:
+    """Every member in `jobs` spawned processes; returns the members that ran out of GPU memory (the others go
+    on). Any other failure: the first failing member (in member order among those failed when the first failure
+    is seen) is raised here with its run directory, the members not yet started are cancelled and those running
+    finish their stores."""
     threads = max(1, len(os.sched_getaffinity(0)) // jobs)
     level = logging.getLogger("cellseg").getEffectiveLevel()
     context = multiprocessing.get_context("spawn")
@@ -149,17 +181,24 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
                                initargs=(level, threads, os.getpid(), gpus, context.Value("i", 0)))
     try:
-        futures: dict[Future[str], RunInfo] = {
-            pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): run for run, out in members}
-        wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [(f, run) for f, run in futures.items() if f.done() and not f.cancelled() and f.exception()]
-        if failed:
-            for future in futures:
-                future.cancel()
-            # a worker that raised beats those whose pool broke because another worker died
-            future, run = min(failed, key=lambda fr: isinstance(fr[0].exception(), BrokenProcessPool))
-            err = future.exception()
-            raise _member_error(run.run_dir, err) from err
+        futures: dict[Future[str], tuple[RunInfo, Path]] = {
+            pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): (run, out)
+            for run, out in members}
+        order = {future: i for i, future in enumerate(futures)}  # member order
+        pending, short_of_memory = set(futures), []
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            failed = [f for f in done if not f.cancelled() and f.exception()]
+            short_of_memory += [f for f in failed if _out_of_memory(f.exception())]
+            failed = [f for f in failed if not _out_of_memory(f.exception())]
+            if failed:
+                for future in futures:
+                    future.cancel()
+                # a worker that raised beats those whose pool broke because another worker died
+                future = min(failed, key=lambda f: (isinstance(f.exception(), BrokenProcessPool), order[f]))
+                err = future.exception()
+                raise _member_error(futures[future][0].run_dir, err) from err
+        return [futures[f] for f in sorted(short_of_memory, key=order.get)]
     finally:  # also on Ctrl-C: no member starts after this
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -172,12 +211,13 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
     Raises:
         Whatever a member's prediction raised (in processes: the same type where possible, its message
         prefixed with the member's run directory).
+        RuntimeError: a member out of GPU memory even alone on a GPU.
     """
     members = [(run, layout.predictions(run, tta)) for run in runs]
     for _, out in members:
         out.parent.mkdir(parents=True, exist_ok=True)
     crops = ",".join(plan.predicted)
-    jobs = predict_jobs(opts.predict_jobs, len(runs), opts.device)
+    jobs = predict_jobs(opts.predict_jobs, len(runs), opts.device, tta=tta)
     started = time.perf_counter()
     if jobs == 1:
         from cellseg.infer.predict import predict_run
@@ -185,7 +225,17 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
         for run, out in members:
             predict_run(run.run_dir, crops, out, infer_config(opts, tta, progress=opts.progress))
     else:
-        _predict_in_processes(members, crops, infer_config(opts, tta, progress=False), jobs)
+        popts = infer_config(opts, tta, progress=False)
+        again = _predict_in_processes(members, crops, popts, jobs)
+        if again:  # alone on a GPU, one TTA pass per forward (the same predictions, to float rounding)
+            alone = max(1, len(visible_gpus(opts.device)))
+            log.warning("%s ran out of GPU memory beside the other members' processes: predicting again in %d "
+                        "process(es), one per GPU, one TTA pass per forward (resuming the store)",
+                        ", ".join(run.name for run, _ in again), alone)
+            again = _predict_in_processes(again, crops, dataclasses.replace(popts, tta_fold=1), alone)
+        if again:
+            raise RuntimeError(f"member {again[0][0].run_dir}: out of GPU memory even alone on a GPU with one TTA "
+                               "pass per forward; predict on a GPU with more memory")
     where = "in this process" if jobs == 1 else f"in {jobs} processes"
     log.info("predicted %d members (tta=%d) %s: %.1f s", len(runs), tta, where, time.perf_counter() - started)
     return [out.resolve() for _, out in members]

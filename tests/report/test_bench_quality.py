@@ -93,7 +93,7 @@ def test_report_without_a_plan_and_setup_with_other_settings_fail(quick: tuple[P
     assert main(["report", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "empty")]) == 2
     assert "nothing trained there" in capsys.readouterr().err
     assert main(["setup", "--quick", "--budget-min", "0.3", "--out", str(tmp_path / "o"), "--work", str(quick[1])]) == 2
-    assert "budget_min: then 0.15, now 0.3" in capsys.readouterr().err
+    assert "budget_min: plan 0.15, given 0.3" in capsys.readouterr().err
 
 
 FAKE_TRAIN = """
@@ -229,3 +229,15 @@ def test_quality_configs_differ_from_the_experiments_only_where_documented(tmp_p
         documented = DOCUMENTED | RECIPE.get(job.arch, set())
         assert differ <= documented, f"{job.arch}: undocumented differences {sorted(differ - documented)}"
         assert job.cfg.train.time_budget_min == 3.0 and job.cfg.optim.ema_decay is None
+
+
+def test_a_later_step_names_only_the_settings_its_command_line_gives() -> None:
+    # A step after setup uses the plan's settings; it names those its own options set otherwise (not the defaults
+    # of the options it leaves out, e.g. --gpus of a two-GPU plan).
+    cli = load("bench.quality.cli")
+    plan = cli.settings_from(cli.parse_args(["setup", "--gpus", "2", "--out", "o"]))
+    later = cli.parse_args(["train", "--out", "o"])
+    assert cli.settings_from(later) != plan and cli._differences(plan, cli.settings_from(later), later) == ""
+    given = cli.parse_args(["train", "--out", "o", "--budget-min", "5"])
+    assert cli._differences(plan, cli.settings_from(given), given) == "budget_min: plan None, given 5.0"
+    assert cli._differences(plan, cli.settings_from(later)) == "gpus: plan 2, given 1"  # setup compares all

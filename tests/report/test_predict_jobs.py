@@ -30,7 +30,7 @@ from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
-from cellseg.report.predictions import _init_worker, predict_all, predict_jobs, visible_gpus
+from cellseg.report.predictions import _init_worker, auto_jobs, predict_all, predict_jobs, visible_gpus
 from cellseg.report.results import Layout
 from cellseg.report.scoring import plain_segmentation, plain_segmentations
 
@@ -211,3 +211,64 @@ def test_thresholding_in_processes_writes_the_stores_of_the_sequential_path(sequ
         assert sorted(arrays_one) == sorted(arrays_two) and arrays_one
         for key, data in arrays_one.items():
             np.testing.assert_array_equal(arrays_two[key], data, err_msg=f"{prob.name} {key}")
+
+
+OUT_OF_MEMORY_ONCE = '''"""Fault injection for the spawned prediction workers (imported at their start-up, as `sitecustomize`): the
+member whose run directory is $CELLSEG_TEST_OOM_RUN writes its first crop, then runs out of GPU memory, once;
+every call records the TTA fold it was given in $CELLSEG_TEST_OOM_LOG."""
+import os
+import sys
+
+if os.environ.get("CELLSEG_TEST_OOM_RUN"):
+    sys.path.insert(0, {repo!r})
+    import torch
+
+    import cellseg.infer.predict as target
+
+    real = target.predict_run
+
+    def predict_run(run_dir, crops, out, opts=None):
+        log = os.environ["CELLSEG_TEST_OOM_LOG"]
+        first = not os.path.exists(log)
+        with open(log, "a") as f:
+            f.write(f"{{run_dir}} {{opts.tta_fold}}\\n")
+        if first and str(run_dir) == os.environ["CELLSEG_TEST_OOM_RUN"]:
+            real(run_dir, crops.split(",")[0], out, opts)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB (injected)")
+        return real(run_dir, crops, out, opts)
+
+    target.predict_run = predict_run
+'''
+
+
+def test_a_member_out_of_gpu_memory_is_predicted_again_alone(report_runs, sequential, tmp_path, monkeypatch,
+                                                             caplog):
+    # As on 2x H100 with four 3D members per GPU and 8x TTA: one member runs out of GPU memory after its first
+    # crop; the other finishes, then the first predicts again alone with one TTA pass per forward, resuming its
+    # store: the stores are those of the sequential path and the report goes on.
+    runs, plan, one = sequential
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(OUT_OF_MEMORY_ONCE.format(repo=str(REPO)))
+    calls = tmp_path / "calls.log"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("CELLSEG_TEST_OOM_RUN", str(runs[0].run_dir))
+    monkeypatch.setenv("CELLSEG_TEST_OOM_LOG", str(calls))
+    caplog.set_level(logging.INFO, logger="cellseg")
+    out = tmp_path / "report"
+    two = predict_all(runs, Layout(out), plan, _options(report_runs, out, 2), tta=1)
+
+    _assert_same_stores(one, two, len(plan.predicted))
+    attempts = calls.read_text().split("\n")[:-1]
+    assert sorted(attempts[:2]) == sorted(f"{r.run_dir} None" for r in runs)  # both at once, automatic fold
+    assert attempts[2:] == [f"{runs[0].run_dir} 1"]  # then the one out of memory, alone, one TTA pass per forward
+    assert f"{runs[0].name} ran out of GPU memory beside the other members' processes: predicting again in 1 " \
+           "process(es)" in caplog.text
+
+
+def test_auto_jobs_leave_room_for_tta():
+    assert auto_jobs(8, 2, 79, tta=1) == 8  # 2x H100 without TTA: 4 per GPU
+    assert auto_jobs(8, 2, 79, tta=8) == 4  # with 8x TTA: 2 per GPU (four ran out of memory)
+    assert auto_jobs(8, 1, 139, tta=8) == 4  # one H200: 4
+    assert auto_jobs(3, 2, 139, tta=8) == 3  # never more than the members
+    assert auto_jobs(8, 1, 24, tta=8) == 1  # at least one
