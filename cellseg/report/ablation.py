@@ -31,7 +31,8 @@ interrupted report resumes; `--overwrite` starts over):
     truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
     stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
     stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json,
-    stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip
+    stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
+    stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
     stores/ensemble_weighted_tta8_switched.zarr, stores/postprocessed_switched.zarr: stages 4 and 5 with
                                        classes switched off (only when some are)
 """
@@ -59,7 +60,7 @@ from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, pla
 from cellseg.report.predictions import predict_all
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
-from cellseg.report.scoring import plain_segmentation, plain_segmentations, score_segmentation
+from cellseg.report.scoring import ScoreJob, plain_segmentations, score_segmentations
 from cellseg.report.switches import switch_postprocess, switch_tta
 from cellseg.report.truth import build_truth, truth_labels
 
@@ -188,15 +189,6 @@ def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropP
     return params
 
 
-def _score(key: str, title: str, store: PredictionStore, layout: Layout, plan: CropPlan, opts: ReportOptions,
-           *, segmented: bool = False) -> StageResult:
-    seg = store if segmented else plain_segmentation(store, layout.segmentation(key), plan.scored,
-                                                     progress=opts.progress)
-    scores = score_segmentation(seg, layout.truth, layout.submission(key), opts.eras, workers=opts.scoring_workers,
-                                progress=opts.progress)
-    return StageResult(key=key, title=title, store=str(store.path), scores=scores)
-
-
 def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str], chosen: Mapping[str, Mapping[str, Any]]
                       ) -> tuple[StageResult, dict[str, str]]:
     """Stage 1: in each era the scores of the run `chosen` on the tuning crops (`decisions.choose_best`); and
@@ -288,22 +280,6 @@ def ensemble_stages(stores: Stores) -> list[tuple[str, str, PredictionStore]]:
             ("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta)]
 
 
-def singles_on_tuning(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
-                      root: Path, scored: Sequence[StageResult]) -> list[StageResult]:
-    """Every single model scored on the tuning crops (the scored results when the crops are the same)."""
-    if set(plan.tuning) == set(plan.scored):
-        return list(scored)
-    truth = tuning_truth(layout, plan, runs, root)
-    out = []
-    for run, path in zip(runs, stores.singles, strict=True):
-        key = single_key(run, tuning=True)
-        seg = plain_segmentation(PredictionStore.open(path), layout.segmentation(key), plan.tuning,
-                                 progress=opts.progress)
-        out.append(StageResult(key=key, title=run.name, store=str(path), scores=score_segmentation(
-            seg, truth, layout.submission(key), opts.eras, workers=opts.scoring_workers, progress=opts.progress)))
-    return out
-
-
 def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
                ) -> list[tuple[Path, Path, Sequence[str]]]:
     """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
@@ -317,25 +293,39 @@ def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: Cr
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
                  root: Path, timings: Timings) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
-    every era."""
+    every era; the single models also on the tuning crops, where the best of them is chosen."""
     eras = ", ".join(opts.eras)
     plain = plain_jobs(runs, stores, layout, plan)
     processes = max(1, opts.scoring_workers // MAX_CLASS_THREADS)
     if processes > 1:
         with timings.step(f"thresholding {len(plain)} predictions in {processes} processes"):
             plain_segmentations(plain, processes)
-    with timings.step(f"scoring the {len(runs)} single models in {eras}"):
-        singles = [_score(single_key(r), f"{r.name} ({r.model})", PredictionStore.open(p), layout, plan, opts)
-                   for r, p in zip(runs, stores.singles, strict=True)]
-    with timings.step(f"best single model: the {len(runs)} single models scored on the tuning crops"):
-        on_tuning = singles_on_tuning(runs, stores, layout, plan, opts, root, singles)
+    singles = list(zip(runs, stores.singles, strict=True))
+    jobs = {single_key(r): (f"{r.name} ({r.model})", ScoreJob(p, layout.truth, layout.submission(single_key(r)),
+                                                              layout.segmentation(single_key(r)), plan.scored))
+            for r, p in singles}
+    separate = set(plan.tuning) != set(plan.scored)  # else the single models' scores on the scored crops
+    if separate:
+        truth = tuning_truth(layout, plan, runs, root)
+        for r, p in singles:
+            key = single_key(r, tuning=True)
+            jobs[key] = (r.name, ScoreJob(p, truth, layout.submission(key), layout.segmentation(key), plan.tuning))
+    for key, title, store in ensemble_stages(stores):
+        jobs[key] = (title, ScoreJob(store.path, layout.truth, layout.submission(key), layout.segmentation(key),
+                                     plan.scored))
+    jobs["postprocess"] = ("5. + post-processing (tuned)",
+                           ScoreJob(stores.postprocessed.path, layout.truth, layout.submission("postprocess")))
+    with timings.step(f"scoring {len(jobs)} segmentations in {eras}"):
+        scores = score_segmentations([job for _, job in jobs.values()], opts.eras, workers=opts.scoring_workers,
+                                     progress=opts.progress)
+    results = {key: StageResult(key=key, title=title, store=str(job.seg), scores=s)
+               for (key, (title, job)), s in zip(jobs.items(), scores, strict=True)}
+    scored = [results[single_key(r)] for r in runs]
+    on_tuning = [results[single_key(r, tuning=True)] for r in runs] if separate else scored
     chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
-    best, _ = best_single_stage(singles, opts.eras, chosen)
-    with timings.step(f"scoring stages 2-5 in {eras}"):
-        stages = [best, *(_score(key, title, store, layout, plan, opts) for key, title, store in ensemble_stages(stores)),
-                  _score("postprocess", "5. + post-processing (tuned)", stores.postprocessed, layout, plan, opts,
-                         segmented=True)]
-    return singles, stages, chosen
+    best, _ = best_single_stage(scored, opts.eras, chosen)
+    stages = [best, *(results[key] for key, _, _ in ensemble_stages(stores)), results["postprocess"]]
+    return scored, stages, chosen
 
 
 def run_report(opts: ReportOptions) -> Report:

@@ -17,6 +17,7 @@ and `write_submission` then upsamples it by nearest neighbour.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,9 @@ from cellseg.postprocess.native import plain_params
 from cellseg.postprocess.params import ParamSet
 
 log = logging.getLogger(__name__)
+# `score_segmentations`: scoring processes per store when several stores are scored side by side (a store's
+# (crop, label) pairs are a few dozen, a handful of them slow: more processes per store mostly wait)
+SCORING_PROCESSES_PER_STORE = 4
 PLAIN_RULE = ("probability interpolated linearly onto the truth's grid > 0.5; instance classes: 26-connected "
               "components on the model's grid, refined on the truth's")
 
@@ -133,22 +137,89 @@ def era_scores(doc: Mapping[str, Any]) -> EraScores:
                      classes=classes, document=doc)
 
 
+def scores_file(submission: Path, era: Era) -> Path:
+    """Where `score_segmentation` keeps one era's evaluation of `submission` (a resumed report reads it back)."""
+    return submission.with_name(f"{submission.stem}.{era}.json")
+
+
+def _cached(submission: Path, eras: Sequence[Era]) -> dict[str, EraScores] | None:
+    """Every era's evaluation of `submission` written after it (by `score_segmentation`), else None."""
+    files = [scores_file(submission, era) for era in eras]
+    if not submission.is_file() or not all(f.is_file() for f in files):
+        return None
+    if min(f.stat().st_mtime for f in files) < submission.stat().st_mtime:
+        return None  # the submission was written again since
+    return {era: era_scores(json.loads(f.read_text())) for era, f in zip(eras, files, strict=True)}
+
+
 def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras: Sequence[Era], *,
-                       workers: int = 1, progress: bool = False) -> dict[str, EraScores]:
+                       workers: int = 1, memory_budget_bytes: int | None = None, progress: bool = False
+                       ) -> dict[str, EraScores]:
     """Write `seg` as a submission at the geometry of `truth` and evaluate it in every era (`workers` processes
-    scoring (crop, label) pairs; the scores do not depend on it).
+    scoring (crop, label) pairs within `memory_budget_bytes`; the scores do not depend on them). Each era's
+    evaluation is kept next to the submission (`scores_file`) and read back instead while it is newer than the
+    submission: a report that was cut resumes its scoring.
 
     Raises:
         ValueError: the segmentation lacks labels of the truth (they would score 0 silently).
     """
+    from cellseg.eval.report import write_json
+
+    cached = _cached(submission, eras)
+    if cached is not None:
+        log.info("%s: scores of %s read back from %s", seg.path.name, ", ".join(eras), submission.parent)
+        return cached
     crops = crops_from_truth(open_source(truth))
     report = write_submission(seg.path, crops, submission, overwrite=True, progress=progress)
     if report.missing:
         raise ValueError(f"{seg.path}: no prediction for {report.missing} of the truth {truth}")
     out = {}
     for era in eras:
-        evaluation = evaluate(submission, truth, metric=era, workers=workers, progress=progress)
+        evaluation = evaluate(submission, truth, metric=era, workers=workers, memory_budget_bytes=memory_budget_bytes,
+                              progress=progress)
+        write_json(evaluation, scores_file(submission, era))
         out[era] = era_scores(to_json(evaluation))
         log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f)", seg.path.name, era, out[era].overall,
                  out[era].instance, out[era].semantic)
     return out
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    """One segmentation to score: `seg` (a segmentation store, or a probability store thresholded first into
+    `plain` on `crops`) against `truth`, written as `submission`."""
+
+    seg: Path
+    truth: Path
+    submission: Path
+    plain: Path | None = None
+    crops: Sequence[str] = ()
+
+
+def _run_job(job: ScoreJob, eras: Sequence[Era], workers: int, budget: int | None, progress: bool
+             ) -> dict[str, EraScores]:
+    store = PredictionStore.open(job.seg)
+    if job.plain is not None:
+        store = plain_segmentation(store, job.plain, job.crops, progress=progress)
+    return score_segmentation(store, job.truth, job.submission, eras, workers=workers, memory_budget_bytes=budget,
+                              progress=progress)
+
+
+def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, progress: bool = False
+                        ) -> list[dict[str, EraScores]]:
+    """`score_segmentation` of every job, in job order: with `workers` ≥ 2 × `SCORING_PROCESSES_PER_STORE`,
+    several stores at a time (threads, each evaluating with its own `SCORING_PROCESSES_PER_STORE`-or-more
+    processes and an equal share of the memory budget). A store's scoring waits on its slowest (crop, label)
+    pairs (large instance classes) with most of its processes idle; stores side by side fill those gaps. The
+    scores are those of one store at a time (each evaluation is the same computation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cellseg.eval.pool import default_budget
+
+    at_once = max(1, min(len(jobs), workers // SCORING_PROCESSES_PER_STORE))
+    if at_once == 1:
+        return [_run_job(job, eras, workers, None, progress) for job in jobs]
+    each, budget = workers // at_once, default_budget() // at_once
+    with ThreadPoolExecutor(at_once, thread_name_prefix="score") as pool:
+        futures = [pool.submit(_run_job, job, eras, each, budget, False) for job in jobs]
+        return [f.result() for f in futures]

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from cellseg.report import ReportOptions, run_report
 from cellseg.report.ablation import Stores, plain_jobs
 from cellseg.report.plan import check_runs, plan_crops
 from cellseg.report.results import Layout
-from cellseg.report.scoring import plain_segmentation
+from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations, scores_file
 
 STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -197,6 +198,7 @@ def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
     written = store.stat().st_mtime_ns
     before = _doc(report_dir)["stages"]
     # One scoring process here, the default (the CPU cores) in the fixture: the scores do not depend on it.
+    rerun_started = time.time_ns()
     assert cli(["-q", "report", "--runs", *map(str, report_runs), "--out", str(report_dir), *FAST,
                 "--workers", "1"]) == 0
     printed = capsys.readouterr().out
@@ -205,6 +207,28 @@ def test_rerun_resumes_and_prints_the_table(report_dir, report_runs, capsys):
     doc = _doc(report_dir)
     assert [t["resumed"] for t in doc["timings"] if t["step"][0].isdigit()] == [True] * 5
     assert [s["scores"]["2026"]["overall"] for s in doc["stages"]] == [s["scores"]["2026"]["overall"] for s in before]
+    # the evaluations were read back, not computed again: each era's file is older than this run
+    submissions = report_dir / "stores" / "submissions"
+    for key in STAGE_KEYS:
+        for era in ("2025", "2026"):
+            assert scores_file(submissions / f"{key}.zip", era).stat().st_mtime_ns < rerun_started, (key, era)
+
+
+def test_stores_scored_side_by_side_score_as_one_at_a_time(report_dir, tmp_path):
+    # `score_segmentations` with 8 workers scores 2 stores at a time, 4 processes each: the same evaluations.
+    doc, layout = _doc(report_dir), Layout(report_dir)
+    keys = ["uniform", "weighted", "postprocess"]
+    jobs = [ScoreJob(layout.segmentation(k) if k != "postprocess" else Path(_stage(doc, k)["store"]), layout.truth,
+                     tmp_path / f"{k}.zip") for k in keys]
+    scores = score_segmentations(jobs, ["2025", "2026"], workers=8)
+    for key, got in zip(keys, scores, strict=True):
+        for era in ("2025", "2026"):
+            assert got[era].overall == _stage(doc, key)["scores"][era]["overall"], (key, era)
+            assert json.loads(scores_file(tmp_path / f"{key}.zip", era).read_text()) == got[era].document
+
+
+def _stage(doc: dict, key: str) -> dict:
+    return next(s for s in doc["stages"] if s["key"] == key)
 
 
 def test_other_settings_in_the_same_directory_need_overwrite(report_dir, report_runs):

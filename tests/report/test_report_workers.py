@@ -1,7 +1,8 @@
 """`cellseg report`'s numbers do not depend on `--workers`, and every run's timings are on disk as each step ends.
 
 One report on both test crops of `tiny_synth_root` (so that the bootstrap draws differ) scored with 2 processes,
-then scored again with 1 (the stores are reused: every evaluation, switch and interval is recomputed).
+then scored again with 1 (the stores are reused; the evaluations kept for resuming are removed first, so every
+evaluation, switch and interval is recomputed).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def test_scores_switches_and_intervals_do_not_depend_on_the_workers(report_runs,
     assert [t["step"] for t in steps] == [t["step"] for t in doc["timings"]]  # the figures too
     assert all(t["seconds"] >= 0 and not t["resumed"] for t in steps)
 
+    for evaluation in (out / "stores" / "submissions").glob("*.json"):  # else read back (resuming)
+        evaluation.unlink()
     run_report(_options(report_runs, out, workers=1))  # resumed: only the scoring and what follows run again
     redo = json.loads((out / "report.json").read_text())
     assert [t["resumed"] for t in redo["timings"] if t["step"][0].isdigit()] == [True] * 5
