@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -341,34 +341,42 @@ def _tune_in_worker(store_path: str, entries: Sequence[SplitEntry], name: str, e
     return tune_class(name, samples, era=era, device=device) if samples else None
 
 
+Tuned = tuple[ClassParams, dict[str, float | None]] | None  # a class's parameters and scores; None: no samples
+
+
 def _tune_classes(store: PredictionStore, entries: Sequence[SplitEntry], crops: OpenCrops, *, era: str,
-                  device: str, grid: str, workers: int, bar: Any
-                  ) -> dict[str, tuple[ClassParams, dict[str, float | None]] | None]:
+                  device: str, grid: str, workers: int, bar: Any, done: Mapping[str, Tuned],
+                  on_result: Callable[[str, Tuned], None]) -> dict[str, Tuned]:
     """Every class of the store tuned (None: annotated in no tuning crop), in this process or, with `workers` > 1,
     the instance classes (over a minute each on a crop set of the quality benchmark's size: the 2026 metric's
     Hausdorff distances of every candidate decoding) in that many spawned processes while this one tunes the
-    semantic classes (seconds each). Each class's tuning is independent of the others: the results are the same."""
-    def here(name: str) -> tuple[ClassParams, dict[str, float | None]] | None:
+    semantic classes (seconds each). Each class's tuning is independent of the others: the results are the same.
+    Classes in `done` are taken from it; `on_result` gets each class as its tuning ends."""
+    def here(name: str) -> Tuned:
         samples = load_samples(store, entries, name, grid=grid, crops=crops)
-        return tune_class(name, samples, era=era, device=device, on_score=lambda: bar.update()) if samples else None
+        result = tune_class(name, samples, era=era, device=device, on_score=lambda: bar.update()) if samples else None
+        on_result(name, result)
+        return result
 
-    costly = [c for c in store.classes if is_instance(c)] if workers > 1 else []
+    todo = [c for c in store.classes if c not in done]
+    costly = [c for c in todo if is_instance(c)] if workers > 1 else []
     if len(costly) < 2:
-        return {name: here(name) for name in store.classes}
+        return {name: done[name] if name in done else here(name) for name in store.classes}
     import concurrent.futures
     import multiprocessing
 
-    out: dict[str, tuple[ClassParams, dict[str, float | None]] | None] = {}
+    out: dict[str, Tuned] = dict(done)
     context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
     with concurrent.futures.ProcessPoolExecutor(min(workers, len(costly)), mp_context=context) as pool:
         futures = {pool.submit(_tune_in_worker, str(store.path), list(entries), c, era, device, grid): c
                    for c in costly}
-        for name in store.classes:
+        for name in todo:
             if name not in costly:
                 out[name] = here(name)
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             out[name] = future.result()
+            on_result(name, out[name])
             if out[name] is not None:  # tune_store counts a class without samples itself
                 bar.update(num_candidates(name, boundary_channel(name) in store.channels))
     return {name: out[name] for name in store.classes}
@@ -376,13 +384,17 @@ def _tune_classes(store: PredictionStore, entries: Sequence[SplitEntry], crops: 
 
 def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
                era: str = "2026", device: str = "cpu", grid: str = "annotation", hierarchy: bool = True,
-               progress: bool = True, workers: int = 1) -> ParamSet:
+               progress: bool = True, workers: int = 1, checkpoint: Path | None = None) -> ParamSet:
     """Tune every class of a probability store on its tuning crops with truth in `data_root` (module docstring),
     scored on each class's annotation grid (`grid`: "annotation") or the store's ("model"); then, with
     `hierarchy`, the hierarchy options (`tune_hierarchy`). `workers` > 1 tunes the instance classes in that many
     processes (`_tune_classes`; the same parameters).
 
     A class whose listed annotation has no array in any tuning crop keeps its defaults (and no score).
+
+    With `checkpoint`, every class's result is written there as it is tuned (a parameter file, atomically), and
+    the classes a file there already holds, tuned on the same store, crops, era and grid, are not tuned again:
+    a tuning that was cut resumes (the hierarchy options, tried last, are always tried).
 
     Raises:
         ValueError: bad crops (`find_crops`), a class no tuning crop annotates, an unknown `grid` (before any
@@ -401,8 +413,22 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
     crops_open = OpenCrops(store.classes)
     if workers < 1:
         raise ValueError(f"tuning workers must be >= 1, got {workers}")
+    identity = {"store": str(store.path), "crops": [e.crop_name for e in entries], "metric": era, "grid": grid}
+    done = _checkpointed(checkpoint, identity, store.classes)
+    partial = ParamSet(classes={n: r[0] for n, r in done.items() if r}, scores={n: r[1] for n, r in done.items() if r},
+                       era=era, tuned_on={**identity, "partial": True})
+
+    def keep(name: str, result: Tuned) -> None:
+        nonlocal partial
+        if checkpoint is not None and result is not None:
+            partial = ParamSet(classes={**partial.classes, name: result[0]}, scores={**partial.scores, name: result[1]},
+                               era=era, tuned_on=partial.tuned_on)
+            partial.save(checkpoint, overwrite=True)
+
     with tqdm(total=total, desc="tune", unit="setting", disable=not progress) as bar:
-        tuned = _tune_classes(store, entries, crops_open, era=era, device=device, grid=grid, workers=workers, bar=bar)
+        bar.update(sum(num_candidates(c, boundary_channel(c) in store.channels) for c in done))
+        tuned = _tune_classes(store, entries, crops_open, era=era, device=device, grid=grid, workers=workers, bar=bar,
+                              done=done, on_result=keep)
         for name, result in tuned.items():
             if result is None:
                 log.info("%s: annotated in none of the tuning crops; defaults kept", name)
@@ -421,6 +447,23 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
                               else "not tried",
                               "crops_chosen": "given" if crops else "the store's crops with truth, report crops "
                                                                      "of its runs left out"})
+
+
+def _checkpointed(path: Path | None, identity: Mapping[str, Any], classes: Sequence[str]) -> dict[str, Tuned]:
+    """The classes a `tune_store` checkpoint at `path` holds for the same `identity` (else none, with a notice)."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        params = ParamSet.load(path)
+    except ValueError as err:
+        log.warning("%s: not a usable tuning checkpoint (%s); tuning every class", path, err)
+        return {}
+    if any(params.tuned_on.get(k) != v for k, v in identity.items()) or params.era != identity["metric"]:
+        log.warning("%s: tuned on another store, crops, era or grid; tuning every class", path)
+        return {}
+    done = {n: (p, dict(params.scores.get(n, {}))) for n, p in params.classes.items() if n in classes}
+    log.info("%s: %d classes tuned before (%s), resuming", path, len(done), ", ".join(sorted(done)))
+    return done
 
 
 def _describe(params: ClassParams) -> str:

@@ -30,7 +30,8 @@ interrupted report resumes; `--overwrite` starts over):
     truth.zarr                         the scored crops' truth in the evaluator's layout
     truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
     stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
-    stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json,
+    stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json (while tuning:
+                                       postprocess_params.partial.json, the classes tuned so far),
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
     stores/ensemble_weighted_tta8_switched.zarr, stores/postprocessed_switched.zarr: stages 4 and 5 with
@@ -172,7 +173,8 @@ def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> Predicti
 def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropPlan, *, era: Era, device: str,
                  progress: bool, workers: int = 1) -> Any:
     """Post-processing parameters tuned on the tuning crops (or read back from an earlier run); the instance
-    classes in `workers` processes (the report's scoring processes: `tune_store`)."""
+    classes in `workers` processes (the report's scoring processes: `tune_store`), each class kept as it is
+    tuned, so that a report cut in the tuning resumes it."""
     from cellseg.postprocess.params import ParamSet
     from cellseg.postprocess.tune import tune_store
 
@@ -183,9 +185,11 @@ def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropP
                              f"{era} on {list(plan.tuning)}; pass --overwrite")
         log.info("reusing %s", layout.params)
         return params
+    partial = layout.params.with_name(f"{layout.params.stem}.partial.json")  # the classes tuned so far
     params = tune_store(store, root, crops=list(plan.tuning), era=era, device=device, progress=progress,
-                        workers=workers)
+                        workers=workers, checkpoint=partial)
     params.save(layout.params)
+    partial.unlink(missing_ok=True)
     return params
 
 

@@ -233,3 +233,37 @@ def test_instance_classes_tuned_in_processes_give_the_same_parameters(tiny_synth
     assert list(spread.classes) == [c for c in classes if c in here.classes]  # the store's class order
     with pytest.raises(ValueError, match="tuning workers must be >= 1"):
         tune_store(store, tiny_synth_root, crops=crops, progress=False, workers=0)
+
+
+def test_a_cut_tuning_resumes_from_its_checkpoint(tiny_synth_root, tmp_path, caplog):
+    # Every class is written to the checkpoint as it is tuned; a second tuning takes the classes found there (a
+    # class changed in the file comes back changed: it was not tuned again) and tunes the others; a checkpoint of
+    # other crops is ignored with a notice.
+    import dataclasses
+    import logging
+
+    from cellseg.postprocess.tune import tune_store
+
+    classes = ["mito", "nuc", "er", "ecs"]
+    store, catalog = _random_store(tiny_synth_root, tmp_path / "p.zarr", classes, seed=2)
+    crops = [str(c) for c in sorted(catalog.train)]
+    checkpoint = tmp_path / "params.partial.json"
+    full = tune_store(store, tiny_synth_root, crops=crops, progress=False, hierarchy=False, checkpoint=checkpoint)
+    saved = ParamSet.load(checkpoint)
+    assert saved.classes == full.classes and saved.scores == full.scores and saved.tuned_on["partial"] is True
+
+    cut = ParamSet(classes={"mito": dataclasses.replace(full.classes["mito"], threshold=0.35)},  # no candidate of the search
+                   scores={"mito": full.scores["mito"]}, era=saved.era, tuned_on=saved.tuned_on)
+    cut.save(checkpoint, overwrite=True)  # as a report cut after its first class leaves it
+    caplog.set_level(logging.INFO, logger="cellseg")
+    resumed = tune_store(store, tiny_synth_root, crops=crops, progress=False, hierarchy=False, checkpoint=checkpoint)
+    assert "1 classes tuned before (mito), resuming" in caplog.text
+    assert resumed.classes["mito"].threshold == 0.35  # taken from the checkpoint
+    assert {n: p for n, p in resumed.classes.items() if n != "mito"} == \
+           {n: p for n, p in full.classes.items() if n != "mito"}
+    assert set(ParamSet.load(checkpoint).classes) == set(full.classes)
+
+    other = tune_store(store, tiny_synth_root, crops=crops[:1], progress=False, hierarchy=False,
+                       checkpoint=checkpoint)
+    assert "tuned on another store, crops, era or grid; tuning every class" in caplog.text
+    assert ParamSet.load(checkpoint).tuned_on["crops"] == other.tuned_on["crops"]

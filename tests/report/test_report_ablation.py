@@ -85,6 +85,8 @@ def test_every_stage_is_scored_in_both_eras(report_dir, report_runs):
     tuning = [c for c in validation if doc["crops"]["roles"].get(c) == "tuning"]  # the runs' tuning crops only
     assert doc["crops"]["scored"] == ["crop501"] and doc["crops"]["tuning"] == tuning != []
     assert "not biased" in doc["bias"][0]  # tuned on a validation crop, scored on the test crops
+    stores = report_dir / "stores"  # the tuned parameters; the tuning's checkpoint is gone with the tuning done
+    assert (stores / "postprocess_params.json").is_file() and not (stores / "postprocess_params.partial.json").exists()
 
 
 def test_report_markdown_names_stages_eras_and_bias(report_dir):
