@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="scored crops drawn as slice overlays (default 2)")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="processes scoring (crop, label) pairs and tuning the instance classes' post-processing in "
-                             "parallel (default: the CPU cores, at most 16)")
+                             "parallel (default: the CPU cores this process may use, at most 32)")
     parser.add_argument("--predict-jobs", type=_jobs, default="auto", metavar="N|auto",
                         help="processes predicting the members (runs) at once, each into its own store (1: one "
                              "after the other in the report's process; default auto: on CUDA min(runs, 4 per GPU, GPU "

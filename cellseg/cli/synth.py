@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+
+from cellseg.eval.pool import usable_cores
 
 ORDER = 20
 
@@ -27,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a non-empty --out: only a root made by `cellseg synth` and holding nothing else "
                              "(never a run directory, a data root or other files)")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+    parser.add_argument("--workers", type=int, default=min(8, usable_cores()),
                         help="worker processes (default: CPU cores, at most 8)")
     parser.set_defaults(func=run)
 

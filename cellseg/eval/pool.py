@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -18,6 +19,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 DEFAULT_BUDGET_FRACTION = 0.8  # of the memory available when a pool starts
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity (a SLURM job's allocation, `taskset`), not the whole
+    machine's count (`os.cpu_count`) where the platform tells them apart."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # platforms without affinity (macOS)
+        return os.cpu_count() or 1
 
 
 def available_memory_bytes() -> int:

@@ -55,7 +55,7 @@ import numpy as np
 from cellseg.data import resample as grid
 from cellseg.data.crops import Catalog, Crop, Geometry
 from cellseg.data.write import sweep_stale, temp_sibling, with_path
-from cellseg.eval.pool import default_budget, map_bounded
+from cellseg.eval.pool import default_budget, map_bounded, usable_cores
 from cellseg.eval.rules import is_scored_as_instance
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def check_threshold(threshold: float) -> None:
 
 def default_workers() -> int:
     """Threads used by `write_submission` and `validate_submission` by default: the CPU cores, at most 8."""
-    return min(8, os.cpu_count() or 1)
+    return min(8, usable_cores())
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Mapping[int, Crop]:

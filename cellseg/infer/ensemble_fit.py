@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -72,7 +71,7 @@ from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era, get_era
 from cellseg.eval.label_grid import annotation_grid
-from cellseg.eval.pool import map_bounded
+from cellseg.eval.pool import map_bounded, usable_cores
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
@@ -92,7 +91,7 @@ WEIGHT_TOLERANCE = 1e-9  # weights this close to a first-pass candidate are that
 CROPS_FOR_FULL_TRUST = 8
 VOXELS_FOR_FULL_TRUST = 10_000
 SLAB_VOXELS = 2**21  # voxels mixed at once for all candidates: bounds the (candidates × voxels) buffer
-CLASS_THREADS = min(os.cpu_count() or 1, 8)  # classes of a crop scored at once (a few member volumes each)
+CLASS_THREADS = min(usable_cores(), 8)  # classes of a crop scored at once (a few member volumes each)
 FOREGROUND_SUFFIX = "__foreground"  # an instance class's foreground IoU is aggregated under this label
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from cellseg.data.crops import crop_sort_key
 from cellseg.data.grid import Grid
+from cellseg.eval.pool import usable_cores
 from cellseg.infer.store import BOUNDARY_SUFFIX, QUANTUM, PredictionStore, boundary_channel
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def parallel_channels(voxels: int, volumes_per_channel: int = 3) -> int:
     """Threads that may process channels of one crop at once: the CPUs, limited so that their float32 volumes
     (`volumes_per_channel` each) stay within `CHANNEL_MEMORY_BYTES` (numpy and zarr release the GIL)."""
     per_channel = max(1, voxels * 4 * volumes_per_channel)
-    return max(1, min(os.cpu_count() or 1, MAX_CHANNEL_THREADS, CHANNEL_MEMORY_BYTES // per_channel))
+    return max(1, min(usable_cores(), MAX_CHANNEL_THREADS, CHANNEL_MEMORY_BYTES // per_channel))
 
 
 def member_summary(stores: Sequence[PredictionStore]) -> list[dict[str, Any]]:

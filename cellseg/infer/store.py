@@ -44,6 +44,7 @@ from cellseg.data.write import (
     sweep_stale,
     with_path,
 )
+from cellseg.eval.pool import usable_cores
 
 Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")
@@ -340,7 +341,7 @@ class CropWriter:
 
     def write_all(self, arrays: Mapping[str, np.ndarray], offset: Sequence[int] = (0, 0, 0)) -> None:
         """`write` several channels' regions at the same offset, in parallel (compression releases the GIL)."""
-        with ThreadPoolExecutor(min(len(arrays), os.cpu_count() or 1, WRITE_THREADS) or 1) as pool:
+        with ThreadPoolExecutor(min(len(arrays), usable_cores(), WRITE_THREADS) or 1) as pool:
             list(pool.map(lambda item: self.write(item[0], item[1], offset), arrays.items()))
 
     def mark_done(self, unit: str) -> None:

@@ -35,6 +35,7 @@ from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
 from cellseg.data.grid import Grid
 from cellseg.data.write import DEFAULT_CHUNK
+from cellseg.eval.pool import usable_cores
 from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability
@@ -305,4 +306,4 @@ def class_workers(voxels: int, slab_voxels: int = 0, whole_voxels: int = 0, *, h
     fewer when their classes in flight would pass `CLASS_MEMORY_BYTES`."""
     per_voxel = MODEL_BYTES_PER_VOXEL + HIERARCHY_BYTES_PER_VOXEL * hierarchy
     per_class = per_voxel * voxels + max(SLAB_BYTES_PER_VOXEL * slab_voxels, PIECE_BYTES_PER_VOXEL * whole_voxels)
-    return max(1, min(os.cpu_count() or 1, MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, per_class)))
+    return max(1, min(usable_cores(), MAX_CLASS_THREADS, CLASS_MEMORY_BYTES // max(1, per_class)))

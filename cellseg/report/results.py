@@ -6,16 +6,19 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cellseg.eval.eras import ERAS, Era
+from cellseg.eval.pool import usable_cores
 from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
 from cellseg.report.scoring import EraScores
 
-MAX_WORKERS = 16  # default scoring processes: the CPU cores, at most this
+# Default scoring processes: the cores this process may use, at most this many. A 2x H100 host's 32 cores were half
+# idle in the report's CPU steps at 16; stores scored side by side (`score_segmentations`) and the instance
+# classes' tuning (one class per process, ~15 classes) use more.
+MAX_WORKERS = 32
 SETTINGS_FILE = "report_settings.json"  # what the stores depend on; its presence marks a report directory
 
 
@@ -50,7 +53,7 @@ class ReportOptions:
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
         workers: processes scoring (crop, label) pairs, and tuning the instance classes' post-processing, in
-            parallel (None: the CPU cores, at most 16).
+            parallel (None: the CPU cores this process may use, at most 32).
         predict_jobs: processes predicting the members at once, each one member at a time (1: one after the
             other in this process; "auto": on CUDA up to 4, one per 16 GiB of GPU memory, on CPU 1;
             `cellseg.report.predictions`).
@@ -91,7 +94,7 @@ class ReportOptions:
     @property
     def scoring_workers(self) -> int:
         """Processes scoring (crop, label) pairs: `workers`, else the CPU cores, at most `MAX_WORKERS`."""
-        return self.workers or min(os.cpu_count() or 1, MAX_WORKERS)
+        return self.workers or min(usable_cores(), MAX_WORKERS)
 
     @property
     def eras(self) -> tuple[Era, ...]:

@@ -147,3 +147,26 @@ def test_map_bounded_processes_survive_a_dead_worker():
     with pytest.raises(BrokenProcessPool):
         map_bounded(_square_unless_3, [1, 3], 2, processes=True)
 
+
+
+PINNED = """
+import os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as `taskset` or a SLURM allocation of one core
+from cellseg.eval.pool import usable_cores
+from cellseg.report.results import ReportOptions
+opts = ReportOptions(runs=("a", "b"), out="r")
+print(usable_cores(), opts.scoring_workers, os.cpu_count())
+"""
+
+
+def test_worker_counts_follow_the_cores_this_process_may_use():
+    # A job pinned to one core of a larger machine gets one scoring process, not one per core of the machine.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True, env=env, check=True).stdout
+    cores, workers, machine = map(int, out.split())
+    assert (cores, workers) == (1, 1) and machine >= 1
