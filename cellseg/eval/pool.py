@@ -47,10 +47,18 @@ def default_budget() -> int:
     return int(DEFAULT_BUDGET_FRACTION * available_memory_bytes())
 
 
+# Thread pools that numerical libraries start per process, one thread per core each (OpenBLAS at numpy's import):
+# idle, but about 28 processes x 32 threads on a 32-core GPU host failed to start more ("pthread_create failed").
+ONE_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def one_thread_per_process() -> None:
-    """Pool process initializer: Blosc's own threads off. Each process is one of `workers` parallel jobs, but
+    """Pool process initializer (spawned processes, before they import numpy): one thread for the BLAS and OpenMP
+    pools (`ONE_THREAD_ENV`) and Blosc's own threads off. Each process is one of `workers` parallel jobs, but
     numcodecs lets Blosc start min(8, cores) threads in a process's main thread: 64 threads on a 16-core host
     for 8 workers, over chunks of 256 KiB."""
+    for var in ONE_THREAD_ENV:
+        os.environ[var] = "1"
     try:
         import numcodecs.blosc
     except ImportError:  # nothing here decodes Blosc then

@@ -51,6 +51,7 @@ from cellseg.data.targets import CropSource, NoRequestedClass
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
+from cellseg.eval.pool import one_thread_per_process
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.store import PredictionStore, boundary_channel
@@ -367,7 +368,8 @@ def _tune_classes(store: PredictionStore, entries: Sequence[SplitEntry], crops: 
 
     out: dict[str, Tuned] = dict(done)
     context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
-    with concurrent.futures.ProcessPoolExecutor(min(workers, len(costly)), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(costly)), mp_context=context,
+                                                initializer=one_thread_per_process) as pool:
         futures = {pool.submit(_tune_in_worker, str(store.path), list(entries), c, era, device, grid): c
                    for c in costly}
         for name in todo:

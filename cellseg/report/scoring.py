@@ -29,6 +29,7 @@ from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
 from cellseg.eval.eras import Era
 from cellseg.eval.io import open_source
+from cellseg.eval.pool import one_thread_per_process
 from cellseg.eval.report import to_json
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.score import evaluate
@@ -99,7 +100,8 @@ def plain_segmentations(jobs: Sequence[tuple[Path, Path, Sequence[str]]], proces
     if processes <= 1 or len(jobs) <= 1:
         return
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context,
+                                                initializer=one_thread_per_process) as pool:
         for future in [pool.submit(_plain_in_worker, str(p), str(o), list(c)) for p, o, c in jobs]:
             future.result()
 

@@ -170,3 +170,19 @@ def test_worker_counts_follow_the_cores_this_process_may_use():
     out = subprocess.run([sys.executable, "-c", PINNED], capture_output=True, text=True, env=env, check=True).stdout
     cores, workers, machine = map(int, out.split())
     assert (cores, workers) == (1, 1) and machine >= 1
+
+
+def _threads_after_numpy(_: int) -> tuple[str | None, int]:
+    """In a pool process: OPENBLAS_NUM_THREADS, and this process's threads once numpy has started its BLAS."""
+    import numpy
+
+    numpy.ones((64, 64)) @ numpy.ones((64, 64))
+    return os.environ.get("OPENBLAS_NUM_THREADS"), len(os.listdir("/proc/self/task"))
+
+
+def test_pool_processes_start_no_thread_per_core(monkeypatch):
+    # Each of `workers` processes is one job: numpy's BLAS starts one thread there, not one per core (thread
+    # limits of a shared host; the processes are spawned before they import numpy), whatever they inherit.
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "8")
+    for variable, threads in map_bounded(_threads_after_numpy, range(2), 2, processes=True):
+        assert variable == "1" and threads <= 4  # the main thread and a few of Python's own
