@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The quality benchmark (bench/quality, docs/quality.md) on one H200, one step per device call of <= 10 minutes;
-# call the next step as soon as one returns (the machine, and the work folder on it, go back when idle):
-#   OUT=OUT bash bench/gpu/quality.sh setup    # the `quality` data root, 16 processes (~1.5 min)
-#   OUT=OUT bash bench/gpu/quality.sh train    # first wave: resnet_3d, unet_3d, swin_2d, unet_2d (<= 9.5 min)
-#   OUT=OUT bash bench/gpu/quality.sh train    # second wave: swin_3d, vit_3d, resnet_2d, vit_2d; exit 75: again
-#   OUT=OUT bash bench/gpu/quality.sh report   # cellseg report over the 8 runs + the result files (<= 9.5 min)
+# The quality benchmark (bench/quality, docs/quality.md), one step per device call of <= 10 minutes; call the next
+# step as soon as one returns (the machine, and the work folder on it, go back when idle). On two GPUs (the plan
+# that fits 30 device minutes: both waves in one call, ~7 min):
+#   OUT=OUT bash bench/gpu/quality.sh setup --gpus 2  # the `quality` data root, 16 processes (~2.5 min)
+#   OUT=OUT bash bench/gpu/quality.sh train           # all eight jobs; exit 75: again (they resume)
+#   OUT=OUT bash bench/gpu/quality.sh report          # cellseg report over the 8 runs + the result files; exit 75:
+#                                                     # again (it resumes: stores, tuned classes, evaluations)
+# On one GPU: setup, then train twice (first wave resnet_3d, unet_3d, swin_2d, unet_2d; second wave swin_3d,
+# vit_3d, resnet_2d, vit_2d), then report.
 # Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd;
-# --gpus 2 on a two-GPU machine runs both waves in the first `train`).
+# at report: --predict-jobs N).
 # WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
 # starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
 # GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).

@@ -18,7 +18,8 @@ Steps (each resumes from what the previous one left in `--work`, and `train` fin
 The steps as GPU-machine commands of at most 10 minutes each are bench/gpu/quality.sh; docs/quality.md has the
 schedule and the results.
 
-Usage (one H200):  PYTHONPATH=. python -m bench.quality setup --work /tmp/quality --out OUT   # then train, train, report
+Usage (two GPUs):  PYTHONPATH=. python -m bench.quality setup --gpus 2 --work /tmp/quality --out OUT   # then train, report
+Usage (one GPU):   PYTHONPATH=. python -m bench.quality setup --work /tmp/quality --out OUT   # then train, train, report
 Smoke (CPU, 1-2 minutes):  PYTHONPATH=. python -m bench.quality --quick --out /tmp/quality_out
 """
 
