@@ -124,10 +124,9 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> str:
-    """One member's predictions, in a worker process. Out of GPU memory, the worker first lets go of what the
-    attempt held (its frames, the allocator's cache), so that the members still running beside it get the room,
-    then raises a fresh `torch.OutOfMemoryError` with the same message."""
+def _predict_or_free(run_dir: str | Path, crops: str, out: str | Path, opts: InferConfig) -> str | None:
+    """`predict_run`; out of GPU memory, the message, once what the attempt held is let go (its frames, the
+    allocator's cache: room for the processes beside this one, or for another attempt)."""
     import torch
 
     from cellseg.infer.predict import predict_run
@@ -143,6 +142,16 @@ def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> st
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    return message
+
+
+def _predict_member(run_dir: str, crops: str, out: str, opts: InferConfig) -> str:
+    """One member's predictions, in a worker process; out of GPU memory, a fresh `torch.OutOfMemoryError` with
+    the same message, raised once the worker has let go of what the attempt held."""
+    import torch
+
+    message = _predict_or_free(run_dir, crops, out, opts)
+    if message is not None:
         raise torch.OutOfMemoryError(message)
     return out
 
@@ -211,7 +220,7 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
     Raises:
         Whatever a member's prediction raised (in processes: the same type where possible, its message
         prefixed with the member's run directory).
-        RuntimeError: a member out of GPU memory even alone on a GPU.
+        RuntimeError: a member out of GPU memory even alone on a GPU (with TTA: with one TTA pass per forward).
     """
     members = [(run, layout.predictions(run, tta)) for run in runs]
     for _, out in members:
@@ -222,8 +231,15 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
     if jobs == 1:
         from cellseg.infer.predict import predict_run
 
+        popts = infer_config(opts, tta, progress=opts.progress)
         for run, out in members:
-            predict_run(run.run_dir, crops, out, infer_config(opts, tta, progress=opts.progress))
+            message = _predict_or_free(run.run_dir, crops, out, popts)
+            if message is not None and tta == 1:
+                raise RuntimeError(f"member {run.run_dir}: out of GPU memory alone on the GPU ({message})")
+            if message is not None:  # a second time out of memory raises as it is
+                log.warning("%s ran out of GPU memory: predicting again with one TTA pass per forward (resuming "
+                            "the store)", run.name)
+                predict_run(run.run_dir, crops, out, dataclasses.replace(popts, tta_fold=1))
     else:
         popts = infer_config(opts, tta, progress=False)
         again = _predict_in_processes(members, crops, popts, jobs)

@@ -272,3 +272,35 @@ def test_auto_jobs_leave_room_for_tta():
     assert auto_jobs(8, 1, 139, tta=8) == 4  # one H200: 4
     assert auto_jobs(3, 2, 139, tta=8) == 3  # never more than the members
     assert auto_jobs(8, 1, 24, tta=8) == 1  # at least one
+
+
+def test_in_this_process_a_member_out_of_gpu_memory_predicts_again_with_one_tta_pass(report_runs, sequential,
+                                                                                      tmp_path, monkeypatch, caplog):
+    # One job (the members one after the other in the report's process): out of GPU memory under TTA, the member
+    # predicts again at once with one TTA pass per forward and completes its store; without TTA there is nothing
+    # left to lower and the error names the member.
+    import torch
+
+    import cellseg.infer.predict as target
+
+    runs, plan, _ = sequential
+    real, calls = target.predict_run, []
+
+    def out_of_memory_once(run_dir, crops, out, opts=None):
+        calls.append((Path(run_dir).name, opts.tta_fold))
+        if len(calls) == 1:
+            real(run_dir, crops.split(",")[0], out, opts)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 GiB (injected)")
+        return real(run_dir, crops, out, opts)
+
+    monkeypatch.setattr(target, "predict_run", out_of_memory_once)
+    caplog.set_level(logging.WARNING, logger="cellseg")
+    out = tmp_path / "tta"
+    stores = predict_all(runs[:1], Layout(out), plan, _options(report_runs, out, 1), tta=8)
+    assert calls == [(runs[0].name, None), (runs[0].name, 1)]
+    assert sorted(PredictionStore.open(stores[0]).completed()) == sorted(plan.predicted)
+    assert f"{runs[0].name} ran out of GPU memory: predicting again with one TTA pass per forward" in caplog.text
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match=f"member {runs[0].run_dir}: out of GPU memory alone on the GPU"):
+        predict_all(runs[:1], Layout(tmp_path / "plain"), plan, _options(report_runs, tmp_path / "plain", 1), tta=1)
