@@ -106,16 +106,23 @@ def _init_worker(level: int, threads: int, parent: int, gpus: Sequence[str],
     prints each crop's summary line itself), use `threads` CPU threads, so the workers together use the cores
     once, and exit when the report's process (`parent`) is gone (killed outright: nobody would collect the
     result, the worker would wait for the next one forever, and the store it leaves resumes on the next run)."""
-    with started.get_lock():
-        index = started.value
-        started.value += 1
-    if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    gpu = next_gpu(gpus, started)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
 
     logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, force=True)
     torch.set_num_threads(threads)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def next_gpu(gpus: Sequence[str], started: Synchronized) -> str | None:
+    """The GPU of the next worker to start: `gpus` round robin in start order (`started` counts the workers);
+    None without GPUs."""
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    return gpus[index % len(gpus)] if gpus else None
 
 
 def _exit_with_parent(parent: int) -> None:

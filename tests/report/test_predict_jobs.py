@@ -30,7 +30,14 @@ from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
-from cellseg.report.predictions import _init_worker, auto_jobs, predict_all, predict_jobs, visible_gpus
+from cellseg.report.predictions import (
+    _init_worker,
+    auto_jobs,
+    next_gpu,
+    predict_all,
+    predict_jobs,
+    visible_gpus,
+)
 from cellseg.report.results import Layout
 from cellseg.report.scoring import plain_segmentation, plain_segmentations
 
@@ -187,15 +194,15 @@ def test_the_option_is_checked_and_listed(report_runs, tmp_path, capsys):
 
 
 def test_workers_are_spread_over_the_gpus_round_robin():
-    # Each new worker takes the next GPU of the list before torch touches CUDA (one task per worker, one worker
-    # at a time: the workers start in task order). On the CPU no GPU is listed and the variable is left alone.
+    # Each new worker takes the next GPU of the list, in the order the workers start, and sees only it (set before
+    # torch touches CUDA); on the CPU no GPU is listed and the variable is left alone.
     context = multiprocessing.get_context("spawn")
     started = context.Value("i", 0)
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1, initializer=_init_worker,
+    assert [next_gpu(["3", "5"], started) for _ in range(3)] == ["3", "5", "3"]
+    assert next_gpu([], started) is None and visible_gpus("cpu") == []
+    with ProcessPoolExecutor(1, mp_context=context, initializer=_init_worker,
                              initargs=(logging.WARNING, 1, os.getpid(), ["3", "5"], started)) as pool:
-        seen = [pool.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() for _ in range(3)]
-    assert seen == ["3", "5", "3"]
-    assert visible_gpus("cpu") == []
+        assert pool.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result() == "3"  # the fifth to start: index 4
 
 
 def test_thresholding_in_processes_writes_the_stores_of_the_sequential_path(sequential, tmp_path):
