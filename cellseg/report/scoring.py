@@ -214,7 +214,9 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
     processes and an equal share of the memory budget). A store's scoring waits on its slowest (crop, label)
     pairs (large instance classes) with most of its processes idle; stores side by side fill those gaps. The
     scores are those of one store at a time (each evaluation is the same computation)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tqdm import tqdm
 
     from cellseg.eval.pool import default_budget
 
@@ -222,6 +224,15 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
     if at_once == 1:
         return [_run_job(job, eras, workers, None, progress) for job in jobs]
     each, budget = workers // at_once, default_budget() // at_once
-    with ThreadPoolExecutor(at_once, thread_name_prefix="score") as pool:
+    with ThreadPoolExecutor(at_once, thread_name_prefix="score") as pool, \
+            tqdm(total=len(jobs), desc=f"scoring, {at_once} at a time", unit="store", disable=not progress) as bar:
         futures = [pool.submit(_run_job, job, eras, each, budget, False) for job in jobs]
+        try:
+            for future in as_completed(futures):
+                future.result()  # the first failure, as soon as it happens
+                bar.update()
+        except BaseException:
+            for future in futures:  # no store starts after it; those being scored finish
+                future.cancel()
+            raise
         return [f.result() for f in futures]
