@@ -227,6 +227,11 @@ def test_stores_scored_side_by_side_score_as_one_at_a_time(report_dir, tmp_path)
         for era in ("2025", "2026"):
             assert got[era].overall == _stage(doc, key)["scores"][era]["overall"], (key, era)
             assert json.loads(scores_file(tmp_path / f"{key}.zip", era).read_text()) == got[era].document
+    # a store that is not there fails the call at once, named
+    missing = ScoreJob(tmp_path / "missing.zarr", layout.truth, tmp_path / "missing.zip")
+    late = ScoreJob(jobs[0].seg, layout.truth, tmp_path / "late.zip")
+    with pytest.raises(FileNotFoundError, match=r"missing\.zarr: no prediction store here"):
+        score_segmentations([missing, late, late], ["2026"], workers=8)
 
 
 def _stage(doc: dict, key: str) -> dict:
