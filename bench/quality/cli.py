@@ -184,17 +184,17 @@ def _warm_one(task: tuple[Any, Any]) -> None:
     warm_boundary_caches(open_crops([entry], data), data.voxel_size_nm)
 
 
-# Settings a later step's command line sets only when its option is given (the others are the defaults)
-_OPTION_OF = {"quick": "quick", "architectures": "architectures", "budget_min": "budget_min",
-              "val_every_min": "val_every_min", "sets": "sets", "concurrent": "concurrent", "cores": "cores",
-              "gpus": "gpus", "synth_workers": "synth_workers", "device": "device"}
+# The settings a command line gives only when their options (of the same names) are given; the others' defaults
+# would differ from a plan's without anyone asking
+_GIVEN_BY_OPTIONS = ("quick", "architectures", "budget_min", "val_every_min", "sets", "concurrent", "cores", "gpus",
+                     "synth_workers", "device")
 
 
 def _differences(plan: Settings, asked: Settings, args: argparse.Namespace | None = None) -> str:
     """The settings `asked` gives otherwise than `plan`; with `args`, only those whose option it gives (a later
     step's command line leaves the others at their defaults)."""
     da, db = plan.to_json(), asked.to_json()
-    keys = list(da) if args is None else [k for k, o in _OPTION_OF.items() if getattr(args, o) not in (None, False, [])]
+    keys = list(da) if args is None else [k for k in _GIVEN_BY_OPTIONS if getattr(args, k) not in (None, False, [])]
     return "; ".join(f"{k}: plan {da[k]!r}, given {db[k]!r}" for k in keys if da[k] != db.get(k))
 
 

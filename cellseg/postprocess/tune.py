@@ -460,7 +460,7 @@ def _checkpointed(path: Path | None, identity: Mapping[str, Any], classes: Seque
     except ValueError as err:
         log.warning("%s: not a usable tuning checkpoint (%s); tuning every class", path, err)
         return {}
-    if any(params.tuned_on.get(k) != v for k, v in identity.items()) or params.era != identity["metric"]:
+    if any(params.tuned_on.get(k) != v for k, v in identity.items()):
         log.warning("%s: tuned on another store, crops, era or grid; tuning every class", path)
         return {}
     done = {n: (p, dict(params.scores.get(n, {}))) for n, p in params.classes.items() if n in classes}

@@ -284,14 +284,32 @@ def ensemble_stages(stores: Stores) -> list[tuple[str, str, PredictionStore]]:
             ("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta)]
 
 
+def score_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
+               ) -> dict[str, tuple[str, ScoreJob]]:
+    """Every segmentation `score_stages` scores, key → (title, job): the single models on the scored crops (and
+    on the tuning crops where those differ), stages 2-4 as thresholded probabilities, stage 5 as it is."""
+    singles = list(zip(runs, stores.singles, strict=True))
+    jobs = {single_key(r): (f"{r.name} ({r.model})", ScoreJob(p, layout.truth, layout.submission(single_key(r)),
+                                                              layout.segmentation(single_key(r)), plan.scored))
+            for r, p in singles}
+    if set(plan.tuning) != set(plan.scored):  # else the single models' scores on the scored crops
+        for r, p in singles:
+            key = single_key(r, tuning=True)
+            jobs[key] = (r.name, ScoreJob(p, layout.tuning_truth, layout.submission(key), layout.segmentation(key),
+                                          plan.tuning))
+    for key, title, store in ensemble_stages(stores):
+        jobs[key] = (title, ScoreJob(store.path, layout.truth, layout.submission(key), layout.segmentation(key),
+                                     plan.scored))
+    jobs["postprocess"] = ("5. + post-processing (tuned)",
+                           ScoreJob(stores.postprocessed.path, layout.truth, layout.submission("postprocess")))
+    return jobs
+
+
 def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
                ) -> list[tuple[Path, Path, Sequence[str]]]:
     """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
-    singles = list(zip(runs, stores.singles, strict=True))
-    jobs = [(p, layout.segmentation(single_key(r)), plan.scored) for r, p in singles]
-    if set(plan.tuning) != set(plan.scored):  # `singles_on_tuning`
-        jobs += [(p, layout.segmentation(single_key(r, tuning=True)), plan.tuning) for r, p in singles]
-    return jobs + [(store.path, layout.segmentation(key), plan.scored) for key, _, store in ensemble_stages(stores)]
+    return [(job.seg, job.plain, job.crops) for _, job in score_jobs(runs, stores, layout, plan).values()
+            if job.plain is not None]
 
 
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
@@ -299,33 +317,20 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
     every era; the single models also on the tuning crops, where the best of them is chosen."""
     eras = ", ".join(opts.eras)
-    plain = plain_jobs(runs, stores, layout, plan)
+    jobs = score_jobs(runs, stores, layout, plan)
+    plain = [(job.seg, job.plain, job.crops) for _, job in jobs.values() if job.plain is not None]
     processes = max(1, opts.scoring_workers // MAX_CLASS_THREADS)
     if processes > 1:
         with timings.step(f"thresholding {len(plain)} predictions in {processes} processes"):
             plain_segmentations(plain, processes)
-    singles = list(zip(runs, stores.singles, strict=True))
-    jobs = {single_key(r): (f"{r.name} ({r.model})", ScoreJob(p, layout.truth, layout.submission(single_key(r)),
-                                                              layout.segmentation(single_key(r)), plan.scored))
-            for r, p in singles}
-    separate = set(plan.tuning) != set(plan.scored)  # else the single models' scores on the scored crops
-    if separate:
-        truth = tuning_truth(layout, plan, runs, root)
-        for r, p in singles:
-            key = single_key(r, tuning=True)
-            jobs[key] = (r.name, ScoreJob(p, truth, layout.submission(key), layout.segmentation(key), plan.tuning))
-    for key, title, store in ensemble_stages(stores):
-        jobs[key] = (title, ScoreJob(store.path, layout.truth, layout.submission(key), layout.segmentation(key),
-                                     plan.scored))
-    jobs["postprocess"] = ("5. + post-processing (tuned)",
-                           ScoreJob(stores.postprocessed.path, layout.truth, layout.submission("postprocess")))
+    tuning_truth(layout, plan, runs, root)  # built once, before the single models are scored on it
     with timings.step(f"scoring {len(jobs)} segmentations in {eras}"):
         scores = score_segmentations([job for _, job in jobs.values()], opts.eras, workers=opts.scoring_workers,
                                      progress=opts.progress)
     results = {key: StageResult(key=key, title=title, store=str(job.seg), scores=s)
                for (key, (title, job)), s in zip(jobs.items(), scores, strict=True)}
     scored = [results[single_key(r)] for r in runs]
-    on_tuning = [results[single_key(r, tuning=True)] for r in runs] if separate else scored
+    on_tuning = [results.get(single_key(r, tuning=True), results[single_key(r)]) for r in runs]
     chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
     best, _ = best_single_stage(scored, opts.eras, chosen)
     stages = [best, *(results[key] for key, _, _ in ensemble_stages(stores)), results["postprocess"]]
