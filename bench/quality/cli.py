@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import math
@@ -244,9 +245,8 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     if args.predict_jobs:
         cmd += ["--predict-jobs", args.predict_jobs]
     remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it
-    try:
-        code = subprocess.run(cmd, timeout=max(remaining, 1)).returncode
-    except subprocess.TimeoutExpired:
+    code = run_in_session(cmd, timeout_s=max(remaining, 1))
+    if code is None:
         print("the report was cut by the step limit: run the report step again (it resumes)", file=sys.stderr)
         return EXIT_RESUMABLE
     if code:
@@ -259,6 +259,39 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
             shutil.copyfile(work / "report" / name, out / target)
     print(f"wrote {out}/quality.md, quality.json, quality_curves.png")
     return 0
+
+
+def run_in_session(cmd: Sequence[str], *, timeout_s: float, grace_s: float = 10.0) -> int | None:
+    """Run `cmd` in a session (process group) of its own; its exit code, or None when it was stopped at
+    `timeout_s`. Stopped (at the limit, or when this process gets SIGTERM/SIGINT, as from SLURM or `timeout`):
+    SIGTERM to the whole group, SIGKILL `grace_s` later, so that no worker it spawned (scoring pools) outlives
+    it, holds the log's pipe open or keeps computing into the next step."""
+    import signal
+
+    proc = subprocess.Popen(list(cmd), start_new_session=True)
+
+    def stop_group() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError):  # what is left of the group, the leader's workers included
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_group()
+        raise SystemExit(128 + signum)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group()
+        return None
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def decision_crops(jobs: Sequence[Job]) -> list[str]:

@@ -241,3 +241,35 @@ def test_a_later_step_names_only_the_settings_its_command_line_gives() -> None:
     given = cli.parse_args(["train", "--out", "o", "--budget-min", "5"])
     assert cli._differences(plan, cli.settings_from(given), given) == "budget_min: plan None, given 5.0"
     assert cli._differences(plan, cli.settings_from(later)) == "gpus: plan 2, given 1"  # setup compares all
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is no zombie (a killed orphan may wait for a reaper that never comes)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+LEADER_WITH_WORKER = """
+import pathlib, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a pool worker, say
+pathlib.Path(sys.argv[1]).write_text(str(worker.pid))
+time.sleep(120)
+"""
+
+
+def test_a_report_stopped_at_the_step_limit_leaves_no_worker_behind(tmp_path: Path) -> None:
+    # The step limit stops the report's whole process group: a worker it spawned (scoring pools) must not
+    # outlive it, keep the step's log pipe open or compute into the next step.
+    cli = load("bench.quality.cli")
+    pid_file = tmp_path / "worker.pid"
+    began = time.monotonic()
+    code = cli.run_in_session([sys.executable, "-c", LEADER_WITH_WORKER, str(pid_file)], timeout_s=3.0, grace_s=2.0)
+    assert code is None and time.monotonic() - began < 30
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
+    assert cli.run_in_session([sys.executable, "-c", "raise SystemExit(3)"], timeout_s=30) == 3
