@@ -31,7 +31,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cellseg.report.plan import CropPlan, RunInfo
+from cellseg.report.plan import CropPlan, RunInfo, checkpoint_file
 from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
 
 if TYPE_CHECKING:
@@ -229,12 +229,16 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
         prefixed with the member's run directory).
         RuntimeError: a member out of GPU memory even alone on a GPU (with TTA: with one TTA pass per forward).
     """
-    members = [(run, layout.predictions(run, tta)) for run in runs]
+    started = time.perf_counter()
+    every = [(run, layout.predictions(run, tta)) for run in runs]
+    members = [(run, out) for run, out in every if not finished_store(run, out, plan.predicted, opts, tta)]
+    if len(members) < len(every):
+        log.info("%d of %d members' stores (tta=%d) hold every crop from their current checkpoint: not loaded",
+                 len(every) - len(members), len(every), tta)
     for _, out in members:
         out.parent.mkdir(parents=True, exist_ok=True)
     crops = ",".join(plan.predicted)
-    jobs = predict_jobs(opts.predict_jobs, len(runs), opts.device, tta=tta)
-    started = time.perf_counter()
+    jobs = predict_jobs(opts.predict_jobs, len(members), opts.device, tta=tta) if members else 1
     if jobs == 1:
         from cellseg.infer.predict import predict_run
 
@@ -260,6 +264,27 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
             raise RuntimeError(f"member {again[0][0].run_dir}: out of GPU memory even alone on a GPU with one TTA "
                                "pass per forward; predict on a GPU with more memory")
     where = "in this process" if jobs == 1 else f"in {jobs} processes"
-    log.info("predicted %d members (tta=%d) %s: %.1f s", len(runs), tta, where, time.perf_counter() - started)
-    return [out.resolve() for _, out in members]
+    log.info("predicted %d members (tta=%d) %s: %.1f s", len(members), tta, where, time.perf_counter() - started)
+    return [out.resolve() for _, out in every]
+
+
+def finished_store(run: RunInfo, out: Path, crops: Sequence[str], opts: ReportOptions, tta: int) -> bool:
+    """True when the member's store `out` holds every crop of `crops`, written with `tta` transforms and the
+    report's overlap from the checkpoint the member would load now (the same file, unchanged since the store's
+    first crop): a resumed report then spends no process and no model load on it. Anything else (a missing or
+    partial store, another checkpoint) is left to `predict_run`, which resumes the store or names what differs."""
+    from cellseg.infer.store import PredictionStore
+
+    try:
+        store = PredictionStore.open(out)
+        checkpoint = checkpoint_file(run.run_dir, opts.checkpoint).resolve()
+        if not all(c in store for c in crops):
+            return False
+        written = min((out / c / ".zattrs").stat().st_mtime for c in crops)
+        same = {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(checkpoint), "tta": tta,
+                "overlap": opts.overlap}
+        return (all(store.provenance.get(k) == v for k, v in same.items())
+                and checkpoint.stat().st_mtime <= written)
+    except (OSError, ValueError):
+        return False
 

@@ -94,6 +94,33 @@ def test_members_in_two_processes_write_the_same_stores_and_finish_a_partial_one
     assert f"{partial}: 1 of {len(plan.predicted)} crops already complete, skipped" in out
 
 
+def test_finished_stores_need_no_process_until_their_checkpoint_changes(report_runs, sequential, tmp_path, caplog,
+                                                                         capfd):
+    # A resumed report: stores complete from the current checkpoints are not loaded again (no worker, no model);
+    # a checkpoint written after its store sends that member back to `predict_run`, which checks the store itself.
+    runs, plan, one = sequential
+    layout = Layout(tmp_path / "again")
+    for store in one:
+        shutil.copytree(store, layout.predictions(runs[0], 1).parent / store.name)  # mtimes kept
+    caplog.set_level(logging.INFO, logger="cellseg")
+    assert predict_all(runs, layout, plan, _options(report_runs, tmp_path / "again", 2), tta=1) == \
+        [layout.predictions(r, 1).resolve() for r in runs]
+    assert "2 of 2 members' stores (tta=1) hold every crop from their current checkpoint: not loaded" in caplog.text
+    assert "predicted 0 members" in caplog.text
+    checkpoint = checkpoint_file(runs[0].run_dir, "best")
+    before = checkpoint.stat()
+    caplog.clear()
+    capfd.readouterr()
+    try:
+        os.utime(checkpoint, (before.st_atime, time.time() + 60))  # as if written after the store
+        predict_all(runs, layout, plan, _options(report_runs, tmp_path / "again", 2), tta=1)
+    finally:
+        os.utime(checkpoint, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert "1 of 2 members' stores" in caplog.text and "predicted 1 members (tta=1) in this process" in caplog.text
+    assert f"{len(plan.predicted)} of {len(plan.predicted)} crops already complete, skipped" in capfd.readouterr().out
+    _assert_same_stores(one, [layout.predictions(r, 1) for r in runs], len(plan.predicted))
+
+
 REPORT_PROCESS = """
 import logging, sys
 from pathlib import Path
