@@ -41,6 +41,11 @@ class Evaluation:
     notes: list[str] = field(default_factory=list)
     official_failures: list[str] = field(default_factory=list)
     array_notes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    task_seconds: dict[str, float] = field(default_factory=dict)  # "crop/label" → wall seconds of its task
+
+    def slowest(self, n: int = 3) -> list[tuple[str, float]]:
+        """The `n` (crop/label, seconds) tasks that took longest, slowest first."""
+        return sorted(self.task_seconds.items(), key=lambda kv: -kv[1])[:n]
 
 
 def _truth_crops(truth: Source) -> dict[str, CropListing]:
@@ -173,4 +178,5 @@ def evaluate(submission: str | os.PathLike[str], truth: str | os.PathLike[str], 
                       overall_score=combined["overall_score"],
                       overall_instance_score=combined["overall_instance_score"],
                       overall_semantic_score=combined["overall_semantic_score"], missing=missing, notes=notes,
-                      official_failures=whole + failures, array_notes=array_notes)
+                      official_failures=whole + failures, array_notes=array_notes,
+                      task_seconds={f"{r.crop}/{r.label}": r.seconds for r in results})

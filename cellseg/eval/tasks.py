@@ -7,6 +7,7 @@ returned with the result, together with what the official evaluator of the era w
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,7 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)
     official_failure: str | None = None
     unreadable: str | None = None
+    seconds: float = 0.0  # wall time of `run_task` (reading, aligning and scoring)
 
 
 def truth_target(truth: ArrayInfo) -> Target:
@@ -155,6 +157,13 @@ def run_task(task: Task, truth_source: Source, submission: Source) -> TaskResult
     Raises:
         TruthUnreadable: the truth or its mask cannot be read.
     """
+    started = time.perf_counter()
+    result = _run_task(task, truth_source, submission)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run_task(task: Task, truth_source: Source, submission: Source) -> TaskResult:
     result = TaskResult(crop=task.crop, label=task.label, scores={})
     if task.pred is None:
         result.scores = _missing(task, truth_source)

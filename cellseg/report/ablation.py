@@ -61,7 +61,7 @@ from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, pla
 from cellseg.report.predictions import predict_all
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
-from cellseg.report.scoring import ScoreJob, plain_segmentations, score_segmentations
+from cellseg.report.scoring import ScoreJob, plain_segmentations, score_segmentations, scoring_beside
 from cellseg.report.switches import switch_postprocess, switch_tta
 from cellseg.report.truth import build_truth, truth_labels
 
@@ -224,13 +224,25 @@ class Stores:
 def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
                 timings: Timings) -> Stores:
     """Predict, ensemble and post-process: every store of stages 1-5 (reusing finished ones)."""
+    with timings.step(f"1. single models: predict {len(plan.predicted)} crops, no TTA",
+                      resumed=any(layout.predictions(r, 1).exists() for r in runs)):
+        tta1 = predict_all(runs, layout, plan, opts, tta=1)
+    truth = tuning_truth(layout, plan, runs, root)  # before the single models are scored on it
+    # The single models are thresholded and scored on the CPU while the later stages use the GPU (stage 4's
+    # predictions take minutes); `score_stages` reads their evaluations back.
+    beside = max(1, opts.scoring_workers // 2)
+    with scoring_beside([job for _, job in single_jobs(runs, tta1, layout, plan).values()], opts.eras,
+                        workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS)):
+        return _later_stages(runs, tta1, truth, root, plan, layout, opts, timings)
+
+
+def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: Path, plan: CropPlan,
+                  layout: Layout, opts: ReportOptions, timings: Timings) -> Stores:
+    """Stages 2-5 from the single models' stores `tta1` (`make_stores`)."""
     from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.postprocess.apply import postprocess_store, resolve
 
     era, n = opts.tuning_era, len(plan.predicted)
-    with timings.step(f"1. single models: predict {n} crops, no TTA",
-                      resumed=any(layout.predictions(r, 1).exists() for r in runs)):
-        tta1 = predict_all(runs, layout, plan, opts, tta=1)
     with timings.step("2. uniform ensemble", resumed=layout.ensemble("uniform").exists()):
         uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
     with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
@@ -238,7 +250,6 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
                                  val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
                                  progress=opts.progress)
-    truth = tuning_truth(layout, plan, runs, root)
     with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms",
                       resumed=any(layout.predictions(r, TTA_TRANSFORMS).exists() for r in runs)):
         tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
@@ -284,19 +295,27 @@ def ensemble_stages(stores: Stores) -> list[tuple[str, str, PredictionStore]]:
             ("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta)]
 
 
+def single_jobs(runs: Sequence[RunInfo], singles: Sequence[Path], layout: Layout, plan: CropPlan
+                ) -> dict[str, tuple[str, ScoreJob]]:
+    """The single models' segmentations `score_stages` scores, key → (title, job): on the scored crops, and on
+    the tuning crops where those differ (the best single model is chosen there)."""
+    pairs = list(zip(runs, singles, strict=True))
+    jobs = {single_key(r): (f"{r.name} ({r.model})", ScoreJob(p, layout.truth, layout.submission(single_key(r)),
+                                                              layout.segmentation(single_key(r)), plan.scored))
+            for r, p in pairs}
+    if set(plan.tuning) != set(plan.scored):  # else the single models' scores on the scored crops
+        for r, p in pairs:
+            key = single_key(r, tuning=True)
+            jobs[key] = (r.name, ScoreJob(p, layout.tuning_truth, layout.submission(key), layout.segmentation(key),
+                                          plan.tuning))
+    return jobs
+
+
 def score_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
                ) -> dict[str, tuple[str, ScoreJob]]:
     """Every segmentation `score_stages` scores, key → (title, job): the single models on the scored crops (and
     on the tuning crops where those differ), stages 2-4 as thresholded probabilities, stage 5 as it is."""
-    singles = list(zip(runs, stores.singles, strict=True))
-    jobs = {single_key(r): (f"{r.name} ({r.model})", ScoreJob(p, layout.truth, layout.submission(single_key(r)),
-                                                              layout.segmentation(single_key(r)), plan.scored))
-            for r, p in singles}
-    if set(plan.tuning) != set(plan.scored):  # else the single models' scores on the scored crops
-        for r, p in singles:
-            key = single_key(r, tuning=True)
-            jobs[key] = (r.name, ScoreJob(p, layout.tuning_truth, layout.submission(key), layout.segmentation(key),
-                                          plan.tuning))
+    jobs = single_jobs(runs, stores.singles, layout, plan)
     for key, title, store in ensemble_stages(stores):
         jobs[key] = (title, ScoreJob(store.path, layout.truth, layout.submission(key), layout.segmentation(key),
                                      plan.scored))

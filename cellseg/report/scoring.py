@@ -17,10 +17,12 @@ and `write_submission` then upsamples it by nearest neighbour.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,17 +174,22 @@ def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras
         log.info("%s: scores of %s read back from %s", seg.path.name, ", ".join(eras), submission.parent)
         return cached
     crops = crops_from_truth(open_source(truth))
+    started = time.perf_counter()
     report = write_submission(seg.path, crops, submission, overwrite=True, progress=progress)
     if report.missing:
         raise ValueError(f"{seg.path}: no prediction for {report.missing} of the truth {truth}")
+    log.info("%s: submission written in %.1f s", seg.path.name, time.perf_counter() - started)
     out = {}
     for era in eras:
+        started = time.perf_counter()
         evaluation = evaluate(submission, truth, metric=era, workers=workers, memory_budget_bytes=memory_budget_bytes,
                               progress=progress)
         write_json(evaluation, scores_file(submission, era))
         out[era] = era_scores(to_json(evaluation))
-        log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f)", seg.path.name, era, out[era].overall,
-                 out[era].instance, out[era].semantic)
+        slowest = ", ".join(f"{key} {s:.1f} s" for key, s in evaluation.slowest())
+        log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f); scored in %.1f s with %d processes (slowest: "
+                 "%s)", seg.path.name, era, out[era].overall, out[era].instance, out[era].semantic,
+                 time.perf_counter() - started, workers, slowest)
     return out
 
 
@@ -236,3 +243,33 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
                 future.cancel()
             raise
         return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, plain_processes: int
+                   ) -> Iterator[None]:
+    """Threshold and score `jobs` in a background thread while the `with` block runs (the report's GPU stages
+    leave the cores idle). Their evaluations are kept next to their submissions (`scores_file`), so scoring them
+    again afterwards reads them back. On leaving: waits for the thread and raises what it raised (an error of the
+    block itself wins; the thread's is then only logged)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work() -> None:
+        started = time.perf_counter()
+        plain_segmentations([(j.seg, j.plain, j.crops) for j in jobs if j.plain is not None], plain_processes)
+        score_segmentations(jobs, eras, workers=workers)
+        log.info("%d segmentations scored beside the other stages in %.1f s (%d processes)", len(jobs),
+                 time.perf_counter() - started, workers)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="score-beside") as pool:
+        future = pool.submit(work)
+        try:
+            yield
+        except BaseException:
+            error = future.exception()  # waits: its processes must not outlive the report's error
+            if error is not None:
+                log.error("scoring beside the stages failed too: %s", error)
+            raise
+        if not future.done():
+            log.info("waiting for the %d segmentations scored beside the stages", len(jobs))
+        future.result()

@@ -33,7 +33,13 @@ from cellseg.report import ReportOptions, run_report
 from cellseg.report.ablation import Stores, plain_jobs
 from cellseg.report.plan import check_runs, plan_crops
 from cellseg.report.results import Layout
-from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations, scores_file
+from cellseg.report.scoring import (
+    ScoreJob,
+    plain_segmentation,
+    score_segmentations,
+    scores_file,
+    scoring_beside,
+)
 
 STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -232,6 +238,24 @@ def test_stores_scored_side_by_side_score_as_one_at_a_time(report_dir, tmp_path)
     late = ScoreJob(jobs[0].seg, layout.truth, tmp_path / "late.zip")
     with pytest.raises(FileNotFoundError, match=r"missing\.zarr: no prediction store here"):
         score_segmentations([missing, late, late], ["2026"], workers=8)
+
+
+def test_scoring_beside_the_stages_keeps_its_evaluations_and_raises_its_errors(report_dir, tmp_path):
+    # The report scores the single models in a background thread while the later stages run; leaving the block
+    # waits for it, so the evaluation is on disk (read back by `score_stages`), and a failure is raised there.
+    doc, layout = _doc(report_dir), Layout(report_dir)
+    job = ScoreJob(layout.segmentation("uniform"), layout.truth, tmp_path / "uniform.zip")
+    with scoring_beside([job], ["2026"], workers=1, plain_processes=1):
+        pass
+    saved = json.loads(scores_file(job.submission, "2026").read_text())
+    assert saved["overall_score"] == _stage(doc, "uniform")["scores"]["2026"]["overall"]
+    missing = ScoreJob(tmp_path / "missing.zarr", layout.truth, tmp_path / "missing.zip")
+    with pytest.raises(FileNotFoundError, match=r"missing\.zarr"), \
+            scoring_beside([missing], ["2026"], workers=1, plain_processes=1):
+        pass
+    with pytest.raises(RuntimeError, match="the stage's own error"), \
+            scoring_beside([missing], ["2026"], workers=1, plain_processes=1):
+        raise RuntimeError("the stage's own error")  # wins over the thread's
 
 
 def _stage(doc: dict, key: str) -> dict:
