@@ -51,7 +51,7 @@ def decide(work: Path, side: str, members: list[Path], root: Path, tuning: list[
     from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.params import ParamSet
-    from cellseg.postprocess.tune import tune_store
+    from cellseg.postprocess.tuning import tune_store
 
     score_grid, tuning_grid = SIDES[side]
     out = work / f"ensemble_{side}.zarr"

@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose >= 2 else logging.INFO)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from cellseg import logs
+
+    logs.configure(level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     pred = open_probabilities(job.predictions)
     device = resolve_device(pp.device)
     if pp.tune_on:
-        from cellseg.postprocess.tune import tune_store
+        from cellseg.postprocess.tuning import tune_store
 
         params_path = Path(pp.params) if pp.params else Path(f"{job.out}.params.json")
         if params_path.exists() and not job.overwrite:

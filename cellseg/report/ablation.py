@@ -176,7 +176,7 @@ def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropP
     classes in `workers` processes (the report's scoring processes: `tune_store`), each class kept as it is
     tuned, so that a report cut in the tuning resumes it."""
     from cellseg.postprocess.params import ParamSet
-    from cellseg.postprocess.tune import tune_store
+    from cellseg.postprocess.tuning import tune_store
 
     if layout.params.is_file():
         params = ParamSet.load(layout.params)

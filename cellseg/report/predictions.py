@@ -31,6 +31,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cellseg import logs
 from cellseg.report.plan import CropPlan, RunInfo, checkpoint_file
 from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
 
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 MAX_AUTO_JOBS = 4
 GIB_PER_JOB = 16
 GIB_PER_JOB_TTA = 32
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the command line's (`cellseg.cli`)
-LOG_DATE_FORMAT = "%H:%M:%S"
 PARENT_POLL_S = 1.0  # how often a worker checks that the report's process is still there
 
 
@@ -111,7 +110,7 @@ def _init_worker(level: int, threads: int, parent: int, gpus: Sequence[str],
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
 
-    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, force=True)
+    logs.configure(level, force=True)
     torch.set_num_threads(threads)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
 

@@ -159,7 +159,7 @@ def _store(root, path, case: str) -> PredictionStore:
 
 
 def test_tuning_keeps_an_option_only_where_it_wins(tiny_synth_root, tmp_path):
-    from cellseg.postprocess.tune import tune_store
+    from cellseg.postprocess.tuning import tune_store
 
     wins = tune_store(_store(tiny_synth_root, tmp_path / "a.zarr", "union wins"), tiny_synth_root,
                       crops=["1", "3"], progress=False)
@@ -180,6 +180,11 @@ def test_tuning_keeps_an_option_only_where_it_wins(tiny_synth_root, tmp_path):
     plain = tune_store(_store(tiny_synth_root, tmp_path / "c.zarr", "union wins"), tiny_synth_root,
                        crops=["1", "3"], hierarchy=False, progress=False)
     assert not any(p.hierarchy for p in plain.classes.values()) and "hierarchy_on_score" not in plain.scores["golgi"]
+    # the hierarchy options scored in worker processes: the same decisions and scores
+    spread = tune_store(_store(tiny_synth_root, tmp_path / "d.zarr", "union wins"), tiny_synth_root,
+                        crops=["1", "3"], progress=False, workers=2)
+    assert {n: p.hierarchy for n, p in spread.classes.items()} == {n: p.hierarchy for n, p in wins.classes.items()}
+    assert spread.scores == wins.scores
 
 
 @pytest.mark.parametrize("grid", ["annotation", "model"])

@@ -123,7 +123,8 @@ def test_a_setting_that_gets_a_poor_crop_skipped_does_not_win():
 def test_tuning_leaves_out_the_runs_report_crops_and_needs_every_class(tiny_synth_root, tmp_path):
     from cellseg.data.grid import Grid
     from cellseg.infer.store import PredictionStore
-    from cellseg.postprocess.tune import find_crops, tune_store
+    from cellseg.postprocess.tune import find_crops
+    from cellseg.postprocess.tuning import tune_store
 
     run = tmp_path / "run"
     run.mkdir()
@@ -221,7 +222,7 @@ def test_crops_opened_once_for_every_class_give_the_same_samples(tiny_synth_root
 
 
 def test_instance_classes_tuned_in_processes_give_the_same_parameters(tiny_synth_root, tmp_path):
-    from cellseg.postprocess.tune import tune_store
+    from cellseg.postprocess.tuning import tune_store
 
     classes = ["mito", "nuc", "ld", "er", "ecs"]  # three instance classes go to the workers, two stay here
     store, catalog = _random_store(tiny_synth_root, tmp_path / "p.zarr", classes, seed=1)
@@ -242,7 +243,7 @@ def test_a_cut_tuning_resumes_from_its_checkpoint(tiny_synth_root, tmp_path, cap
     import dataclasses
     import logging
 
-    from cellseg.postprocess.tune import tune_store
+    from cellseg.postprocess.tuning import tune_store
 
     classes = ["mito", "nuc", "er", "ecs"]
     store, catalog = _random_store(tiny_synth_root, tmp_path / "p.zarr", classes, seed=2)
