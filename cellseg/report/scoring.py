@@ -188,7 +188,7 @@ def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras
         write_json(evaluation, scores_file(submission, era))
         out[era] = era_scores(to_json(evaluation))
         slowest = ", ".join(f"{key} {s:.1f} s" for key, s in evaluation.slowest())
-        log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f); scored in %.1f s with %d processes (slowest: "
+        log.info("%s: %s overall %.4f (instance %.4f, semantic %.4f); scored in %.1f s, %d scoring process(es) (slowest: "
                  "%s)", seg.path.name, era, out[era].overall, out[era].instance, out[era].semantic,
                  time.perf_counter() - started, workers, slowest)
     return out
