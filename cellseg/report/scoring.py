@@ -224,15 +224,17 @@ def _score_in_process(level: int, job: ScoreJob, eras: Sequence[Era], workers: i
     return _run_job(job, eras, workers, budget, False)
 
 
-def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, progress: bool = False
-                        ) -> list[dict[str, EraScores]]:
+def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, progress: bool = False,
+                        memory_share: float = 1.0) -> list[dict[str, EraScores]]:
     """`score_segmentation` of every job, in job order: with `workers` ≥ 2 × `SCORING_PROCESSES_PER_STORE`,
     several stores at a time, each in a spawned process of its own (evaluating with its own
     `SCORING_PROCESSES_PER_STORE`-or-more processes and an equal share of the memory budget). A store's scoring
     waits on its slowest (crop, label) pairs (large instance classes) with most of its processes idle; stores side
     by side fill those gaps. Each store has a process, not a thread, because writing a submission is Python work
     under one interpreter lock: four submissions written in threads of one process took 5.6 times as long as one
-    (2 cores). The scores are those of one store at a time (each evaluation is the same computation)."""
+    (2 cores). `memory_share`: the part of the memory budget these stores may use together (the rest is left to
+    work running beside them). The scores are those of one store at a time (each evaluation is the same
+    computation)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -243,10 +245,11 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
     done = {i: cached for i, job in enumerate(jobs) if (cached := _read_back(job, eras)) is not None}
     todo = [i for i in range(len(jobs)) if i not in done]
     at_once = max(1, min(len(todo), workers // SCORING_PROCESSES_PER_STORE))
+    shared = int(default_budget() * memory_share) if memory_share < 1 else None  # None: each evaluation's default
     if at_once == 1:
-        done.update({i: _run_job(jobs[i], eras, workers, None, progress) for i in todo})
+        done.update({i: _run_job(jobs[i], eras, workers, shared, progress) for i in todo})
         return [done[i] for i in range(len(jobs))]
-    each, budget = workers // at_once, default_budget() // at_once
+    each, budget = workers // at_once, (shared or default_budget()) // at_once
     level = logging.getLogger("cellseg").getEffectiveLevel()
     context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
     with ProcessPoolExecutor(at_once, mp_context=context, initializer=one_thread_per_process) as pool, \
@@ -274,16 +277,16 @@ def _read_back(job: ScoreJob, eras: Sequence[Era]) -> dict[str, EraScores] | Non
 @contextlib.contextmanager
 def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, plain_processes: int
                    ) -> Iterator[None]:
-    """Threshold and score `jobs` in a background thread while the `with` block runs (the report's GPU stages
-    leave the cores idle). Their evaluations are kept next to their submissions (`scores_file`), so scoring them
-    again afterwards reads them back. On leaving: waits for the thread and raises what it raised (an error of the
-    block itself wins; the thread's is then only logged)."""
+    """Threshold and score `jobs` in a background thread, with half the memory budget, while the `with` block runs
+    (the report's GPU stages leave the cores idle). Their evaluations are kept next to their submissions
+    (`scores_file`), so scoring them again afterwards reads them back. On leaving: waits for the thread and raises
+    what it raised (an error of the block itself wins; the thread's is then only logged)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def work() -> None:
         started = time.perf_counter()
         plain_segmentations([(j.seg, j.plain, j.crops) for j in jobs if j.plain is not None], plain_processes)
-        score_segmentations(jobs, eras, workers=workers)
+        score_segmentations(jobs, eras, workers=workers, memory_share=0.5)
         log.info("%d segmentations scored beside the other stages in %.1f s (%d processes)", len(jobs),
                  time.perf_counter() - started, workers)
 
