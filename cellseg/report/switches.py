@@ -26,7 +26,7 @@ from cellseg.infer.merge import merge_classes
 from cellseg.infer.store import PredictionStore
 from cellseg.report.plan import CropPlan
 from cellseg.report.results import Layout
-from cellseg.report.scoring import plain_segmentation, score_segmentation
+from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentation, score_segmentations
 
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-9  # a gain below this is a tie
@@ -60,10 +60,13 @@ def tuning_scores(store: PredictionStore, key: str, layout: Layout, plan: CropPl
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,
                era: Era, *, workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
-    """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document)."""
-    scores = [tuning_scores(store, key, layout, plan, truth, era, workers=workers, progress=progress)
-              for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
-    switch = stage_switch(*scores)
+    """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document). The two
+    stores are scored on the tuning crops side by side (`score_segmentations`)."""
+    jobs = [ScoreJob(store.path, truth, layout.submission(f"tuning_{key}"), layout.segmentation(f"tuning_{key}"),
+                     plan.tuning) for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
+    before, after = (dict(s[era].classes) for s in score_segmentations(jobs, [era], workers=workers,
+                                                                        progress=progress))
+    switch = stage_switch(before, after)
     off = switched_off(switch)
     log.info("TTA switched off for %s", off or "no class")
     if not off:
