@@ -64,14 +64,22 @@ def hierarchy_score(store: PredictionStore, entries: Sequence[SplitEntry], name:
                          device=device)
 
 
+_WORKER_CROPS: dict[str, OpenCrops] = {}  # a tuning worker process's opened crops, by store (kept across classes)
+
+
+def _worker_store(store_path: str) -> tuple[PredictionStore, OpenCrops]:
+    """A tuning worker process's store and its crops, opened once per process (kept across classes)."""
+    store = PredictionStore.open(store_path)
+    return store, _WORKER_CROPS.setdefault(store_path, OpenCrops(store.classes))
+
+
 _WORKER_RIVALS: dict[str, Rivals] = {}  # a hierarchy worker process's rivals by crop (one `tune_hierarchy` call)
 
 
 def _hierarchy_in_worker(store_path: str, entries: Sequence[SplitEntry], name: str, thresholds: ParamSet,
                          chosen: ClassParams, era: str, device: str, grid: str) -> float:
     """`hierarchy_score` of one class in a worker process (`tune_hierarchy(workers > 1)`)."""
-    store = PredictionStore.open(store_path)
-    crops = _WORKER_CROPS.setdefault(store_path, OpenCrops(store.classes))
+    store, crops = _worker_store(store_path)
     return hierarchy_score(store, entries, name, thresholds, chosen, era=era, device=device, grid=grid, crops=crops,
                            rivals=_WORKER_RIVALS)
 
@@ -117,14 +125,10 @@ def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen
             decide(name, future.result())
 
 
-_WORKER_CROPS: dict[str, OpenCrops] = {}  # a tuning worker process's opened crops, by store (kept across classes)
-
-
 def _tune_in_worker(store_path: str, entries: Sequence[SplitEntry], name: str, era: str, device: str, grid: str
                     ) -> tuple[ClassParams, dict[str, float | None]] | None:
     """One class tuned in a worker process (`tune_store(workers > 1)`); None where no tuning crop annotates it."""
-    store = PredictionStore.open(store_path)
-    crops = _WORKER_CROPS.setdefault(store_path, OpenCrops(store.classes))
+    store, crops = _worker_store(store_path)
     samples = load_samples(store, entries, name, grid=grid, crops=crops)
     return tune_class(name, samples, era=era, device=device) if samples else None
 

@@ -61,7 +61,13 @@ from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, pla
 from cellseg.report.predictions import predict_all
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
-from cellseg.report.scoring import ScoreJob, plain_segmentations, score_segmentations, scoring_beside
+from cellseg.report.scoring import (
+    ScoreJob,
+    plain_segmentations,
+    score_segmentations,
+    scoring_beside,
+    thresholding_of,
+)
 from cellseg.report.switches import switch_postprocess, switch_tta
 from cellseg.report.truth import build_truth, truth_labels
 
@@ -327,8 +333,7 @@ def score_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: Cr
 def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
                ) -> list[tuple[Path, Path, Sequence[str]]]:
     """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
-    return [(job.seg, job.plain, job.crops) for _, job in score_jobs(runs, stores, layout, plan).values()
-            if job.plain is not None]
+    return thresholding_of([job for _, job in score_jobs(runs, stores, layout, plan).values()])
 
 
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
@@ -337,12 +342,11 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     every era; the single models also on the tuning crops, where the best of them is chosen."""
     eras = ", ".join(opts.eras)
     jobs = score_jobs(runs, stores, layout, plan)
-    plain = [(job.seg, job.plain, job.crops) for _, job in jobs.values() if job.plain is not None]
+    plain = thresholding_of([job for _, job in jobs.values()])
     processes = max(1, opts.scoring_workers // MAX_CLASS_THREADS)
     if processes > 1:
         with timings.step(f"thresholding {len(plain)} predictions in {processes} processes"):
             plain_segmentations(plain, processes)
-    tuning_truth(layout, plan, runs, root)  # built once, before the single models are scored on it
     with timings.step(f"scoring {len(jobs)} segmentations in {eras}"):
         scores = score_segmentations([job for _, job in jobs.values()], opts.eras, workers=opts.scoring_workers,
                                      progress=opts.progress)

@@ -146,13 +146,14 @@ def scores_file(submission: Path, era: Era) -> Path:
     return submission.with_name(f"{submission.stem}.{era}.json")
 
 
-def _cached(submission: Path, eras: Sequence[Era]) -> dict[str, EraScores] | None:
-    """Every era's evaluation of `submission` written after it (by `score_segmentation`), else None."""
+def _read_back(submission: Path, eras: Sequence[Era]) -> dict[str, EraScores] | None:
+    """Every era's evaluation of `submission` written after it (by `score_segmentation`), logged; else None."""
     files = [scores_file(submission, era) for era in eras]
     if not submission.is_file() or not all(f.is_file() for f in files):
         return None
     if min(f.stat().st_mtime for f in files) < submission.stat().st_mtime:
         return None  # the submission was written again since
+    log.info("%s: scores of %s read back from %s", submission.name, ", ".join(eras), submission.parent)
     return {era: era_scores(json.loads(f.read_text())) for era, f in zip(eras, files, strict=True)}
 
 
@@ -169,9 +170,8 @@ def score_segmentation(seg: PredictionStore, truth: Path, submission: Path, eras
     """
     from cellseg.eval.report import write_json
 
-    cached = _cached(submission, eras)
+    cached = _read_back(submission, eras)
     if cached is not None:
-        log.info("%s: scores of %s read back from %s", seg.path.name, ", ".join(eras), submission.parent)
         return cached
     crops = crops_from_truth(open_source(truth))
     started = time.perf_counter()
@@ -204,6 +204,11 @@ class ScoreJob:
     submission: Path
     plain: Path | None = None
     crops: Sequence[str] = ()
+
+
+def thresholding_of(jobs: Sequence[ScoreJob]) -> list[tuple[Path, Path, Sequence[str]]]:
+    """The `plain_segmentations` jobs (probability store, segmentation store, crops) that `jobs` need first."""
+    return [(j.seg, j.plain, j.crops) for j in jobs if j.plain is not None]
 
 
 def _run_job(job: ScoreJob, eras: Sequence[Era], workers: int, budget: int | None, progress: bool
@@ -242,7 +247,7 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
 
     from cellseg.eval.pool import default_budget
 
-    done = {i: cached for i, job in enumerate(jobs) if (cached := _read_back(job, eras)) is not None}
+    done = {i: cached for i, job in enumerate(jobs) if (cached := _read_back(job.submission, eras)) is not None}
     todo = [i for i in range(len(jobs)) if i not in done]
     at_once = max(1, min(len(todo), workers // SCORING_PROCESSES_PER_STORE))
     shared = int(default_budget() * memory_share) if memory_share < 1 else None  # None: each evaluation's default
@@ -266,12 +271,6 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
     return [done[i] for i in range(len(jobs))]
 
 
-def _read_back(job: ScoreJob, eras: Sequence[Era]) -> dict[str, EraScores] | None:
-    """The job's evaluations kept by an earlier `score_segmentation` (`_cached`), logged; else None."""
-    cached = _cached(job.submission, eras)
-    if cached is not None:
-        log.info("%s: scores of %s read back from %s", job.submission.name, ", ".join(eras), job.submission.parent)
-    return cached
 
 
 @contextlib.contextmanager
@@ -285,7 +284,7 @@ def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: in
 
     def work() -> None:
         started = time.perf_counter()
-        plain_segmentations([(j.seg, j.plain, j.crops) for j in jobs if j.plain is not None], plain_processes)
+        plain_segmentations(thresholding_of(jobs), plain_processes)
         score_segmentations(jobs, eras, workers=workers, memory_share=0.5)
         log.info("%d segmentations scored beside the other stages in %.1f s (%d processes)", len(jobs),
                  time.perf_counter() - started, workers)

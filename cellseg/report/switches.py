@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from cellseg.infer.merge import merge_classes
 from cellseg.infer.store import PredictionStore
 from cellseg.report.plan import CropPlan
 from cellseg.report.results import Layout
-from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentation, score_segmentations
+from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
 
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-9  # a gain below this is a tie
@@ -48,25 +48,25 @@ def switched_off(switch: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [name for name, s in switch.items() if not s["on"]]
 
 
-def tuning_scores(store: PredictionStore, key: str, layout: Layout, plan: CropPlan, truth: Path, era: Era, *,
-                  segmented: bool = False, workers: int = 1, progress: bool = False) -> dict[str, float]:
-    """class → score of `store` on the tuning crops (`truth`) in `era` (decoded plainly unless `segmented`)."""
-    seg = store if segmented else plain_segmentation(store, layout.segmentation(f"tuning_{key}"), plan.tuning,
-                                                     progress=progress)
-    scores = score_segmentation(seg, truth, layout.submission(f"tuning_{key}"), [era], workers=workers,
-                                progress=progress)
-    return dict(scores[era].classes)
+def tuning_job(store: PredictionStore, key: str, layout: Layout, plan: CropPlan, truth: Path, *,
+               segmented: bool = False) -> ScoreJob:
+    """`store` scored on the tuning crops (`truth`) as `tuning_<key>` (thresholded plainly unless `segmented`)."""
+    plain = None if segmented else layout.segmentation(f"tuning_{key}")
+    return ScoreJob(store.path, truth, layout.submission(f"tuning_{key}"), plain, plan.tuning)
+
+
+def tuning_scores(jobs: Sequence[ScoreJob], era: Era, *, workers: int = 1, progress: bool = False
+                  ) -> list[dict[str, float]]:
+    """class → score in `era` of each of `jobs` (`tuning_job`), scored side by side (`score_segmentations`)."""
+    return [dict(s[era].classes) for s in score_segmentations(jobs, [era], workers=workers, progress=progress)]
 
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,
                era: Era, *, workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
     """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document). The two
     stores are scored on the tuning crops side by side (`score_segmentations`)."""
-    jobs = [ScoreJob(store.path, truth, layout.submission(f"tuning_{key}"), layout.segmentation(f"tuning_{key}"),
-                     plan.tuning) for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
-    before, after = (dict(s[era].classes) for s in score_segmentations(jobs, [era], workers=workers,
-                                                                        progress=progress))
-    switch = stage_switch(before, after)
+    jobs = [tuning_job(store, key, layout, plan, truth) for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
+    switch = stage_switch(*tuning_scores(jobs, era, workers=workers, progress=progress))
     off = switched_off(switch)
     log.info("TTA switched off for %s", off or "no class")
     if not off:
@@ -82,8 +82,8 @@ def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, 
     stage 4 (`stage4_switch`: the stage-4 switch, whose kept scores are stage 4's plain scores): (its store,
     the switch document)."""
     plain = {c: s["after"] if s["on"] else s["before"] for c, s in stage4_switch["classes"].items()}
-    switch = stage_switch(plain, tuning_scores(postprocessed, "postprocess", layout, plan, truth, era,
-                                               segmented=True, workers=workers, progress=progress))
+    job = tuning_job(postprocessed, "postprocess", layout, plan, truth, segmented=True)
+    switch = stage_switch(plain, tuning_scores([job], era, workers=workers, progress=progress)[0])
     off = switched_off(switch)
     log.info("post-processing switched off for %s", off or "no class")
     if not off:
