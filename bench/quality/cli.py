@@ -252,8 +252,12 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     if code:
         print(f"cellseg report failed (exit {code}; its messages are above)", file=sys.stderr)
         return code
+    from cellseg.report.ablation import TIMINGS_FILE
+
     doc = json.loads((work / "report" / "report.json").read_text())
-    write_outputs(out, _run_doc(settings, jobs, work, missing), curves, doc)
+    timings = work / "report" / TIMINGS_FILE  # every call's steps (report.json: the last call's)
+    write_outputs(out, _run_doc(settings, jobs, work, missing), curves, doc,
+                  json.loads(timings.read_text()) if timings.is_file() else None)
     for name, target in REPORT_FIGURES.items():
         if (work / "report" / name).is_file():
             shutil.copyfile(work / "report" / name, out / target)

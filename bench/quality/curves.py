@@ -57,10 +57,15 @@ class Curve:
 
     @property
     def state(self) -> str:
-        """One word for tables and legends: plateaued, rising/falling, not learning, or too few points."""
+        """A few words for legends: not learning, plateaued, rising, falling (the last validation against the one
+        before), or too few points."""
         if self.learning is False:
             return "not learning"
-        return {True: "plateaued", False: "rising or falling", None: "too few points"}[self.plateaued]
+        if self.plateaued is None:
+            return "too few points"
+        if self.plateaued:
+            return "plateaued"
+        return "rising" if self.points[-1]["overall"] > self.points[-2]["overall"] else "falling"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -152,5 +157,5 @@ def curves_figure(curves: Sequence[Curve], *, budget_min: float) -> Any:
     ax.set_ylim(bottom=-0.01)  # scores of 0 stay visible
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, frameon=False, loc="upper left")
-    ax.set_title("time to score: each architecture for the same wall-clock budget on one shared GPU", fontsize=9)
+    ax.set_title("time to score: each architecture for the same wall-clock budget on a shared GPU", fontsize=9)
     return fig

@@ -112,10 +112,18 @@ def startup_table(curves: Sequence[Curve]) -> list[str]:
     return _table(["job", "to first step (s)", "set-up phases (s)", "first step (s)", "per validation (s)"], rows)
 
 
-def timings_table(report: Mapping[str, Any]) -> list[str]:
-    """`cellseg report`'s time per stage."""
-    rows = [[t["step"], f"{t['seconds']:.1f}", "yes" if t.get("resumed") else ""] for t in report.get("timings", [])]
-    return _table(["report step", "seconds", "resumed"], rows)
+def timings_table(calls: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:
+    """`cellseg report`'s seconds per step in each of its calls (`timings.json`: one list of rows per call; a call
+    cut by the step limit lacks the step it was in and those after it; "r": the step found its outputs made)."""
+    steps = list(dict.fromkeys(t["step"] for rows in calls for t in rows))
+    by_call = [{t["step"]: t for t in rows} for rows in calls]
+
+    def cell(t: Mapping[str, Any] | None) -> str:
+        return "—" if t is None else f"{t['seconds']:.1f}" + (" r" if t.get("resumed") else "")
+
+    rows = [[step, *(cell(c.get(step)) for c in by_call)] for step in steps]
+    rows.append(["**total**", *(f"**{sum(t['seconds'] for t in c.values()):.1f}**" for c in by_call)])
+    return _table(["report step", *(f"call {i} (s)" for i in range(1, len(calls) + 1))], rows)
 
 
 def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[str, Any]) -> str:
@@ -141,12 +149,16 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
         lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",
                   "", *class_table(report, era)]
     lines += ["**Schedule** (one GPU):", "", *schedule_table(doc["schedule"]),
-              "**Report cost** (`cellseg report`, seconds per step):", "", *timings_table(report)]
+              "**Report cost** (`cellseg report`, seconds per step in each call; r: resumed, its outputs found "
+              "made; —: not reached, the call cut by the step limit or the step done before):", "",
+              *timings_table(doc["report_timings"])]
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, doc: dict[str, Any], curves: Sequence[Curve], report: Mapping[str, Any]) -> list[Path]:
-    """quality.md, quality.json and quality_curves.png into `out`; returns their paths."""
+def write_outputs(out: Path, doc: dict[str, Any], curves: Sequence[Curve], report: Mapping[str, Any],
+                  timings: Sequence[Sequence[Mapping[str, Any]]] | None = None) -> list[Path]:
+    """quality.md, quality.json and quality_curves.png into `out`; returns their paths. `timings`: the report's
+    seconds per step in each of its calls (its `timings.json`; default: report.json's, the last call's only)."""
     from cellseg.viz.figure import save_png
 
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +169,7 @@ def write_outputs(out: Path, doc: dict[str, Any], curves: Sequence[Curve], repor
                                                                "classes": s["scores"][e]["classes"]} for e in ERAS}
                        for s in report["singles"]},
            "final_classes": {e: report["stages"][-1]["scores"][e]["classes"] for e in ERAS},
-           "report_timings": report.get("timings", []), "crops": report["crops"]}
+           "report_timings": list(timings) if timings else [report.get("timings", [])], "crops": report["crops"]}
     paths = [out / "quality.md", out / "quality.json", out / "quality_curves.png"]
     paths[0].write_text(markdown(doc, curves, report) + "\n")
     paths[1].write_text(json.dumps(doc, indent=1, default=str) + "\n")

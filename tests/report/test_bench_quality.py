@@ -54,6 +54,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
                     "**Start-up and validation**", "**Schedule**", "**Report cost**"):
         assert heading in md
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
+    assert len(doc["report_timings"]) == 1 and "| report step | call 1 (s) |" in md  # the report's one call
     # Every step is idempotent: a second `all` finds everything done and only rewrites the result files.
     assert load().main(["--quick", "--out", str(out), "--work", str(work)]) == 0
 
@@ -273,3 +274,17 @@ def test_a_report_stopped_at_the_step_limit_leaves_no_worker_behind(tmp_path: Pa
         time.sleep(0.1)
     assert not _alive(worker)
     assert cli.run_in_session([sys.executable, "-c", "raise SystemExit(3)"], timeout_s=30) == 3
+
+
+def test_report_cost_table_spans_the_calls():
+    """A report cut by the step limit and resumed: each step's seconds in the call that did it, '—' where a call
+    did not reach it, 'r' where it found its outputs made, and each call's total."""
+    from bench.quality.document import timings_table
+
+    calls = [[{"step": "1. single", "seconds": 60.0, "resumed": False}],
+             [{"step": "1. single", "seconds": 0.5, "resumed": True},
+              {"step": "2. uniform", "seconds": 30.0, "resumed": False}]]
+    assert timings_table(calls) == [
+        "| report step | call 1 (s) | call 2 (s) |", "|---|---|---|",
+        "| 1. single | 60.0 | 0.5 r |", "| 2. uniform | — | 30.0 |",
+        "| **total** | **60.0** | **30.5** |", ""]
