@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             Measure what each inference stage adds, on crops with truth, in both metric eras, overall and per
             class:
               1. best single model (each run alone, no TTA)   2. uniform ensemble   3. weighted ensemble
-              (per-class weights fitted on the tuning crops)   4. + TTA (8 transforms, stage 3's weights)
+              (per-class weights fitted on the tuning crops)   4. + TTA (8 transforms, stage 3's weights; runs of
+              weight 0 for every class are not predicted)
               5. + post-processing (parameters tuned on the tuning crops).
             Stages 1-4 are scored as the official evaluator reads a binary prediction (probability > 0.5,
             instance classes as 26-connected components), stage 5 with the post-processed masks and ids; each

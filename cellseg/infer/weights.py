@@ -119,3 +119,30 @@ def parse_weights(spec: str) -> str | list[float] | Path:
     except ValueError:
         raise ValueError(f"--weights {spec!r}: expected 'uniform', 'auto', comma-separated numbers (one per "
                          "member) or a weights.json file") from None
+
+
+def members_in_use(path: str | os.PathLike[str]) -> list[int]:
+    """Indices of the members that a weights file (`WEIGHTS_FILE`) gives a positive weight for some channel; the
+    others add nothing to any channel of that ensemble."""
+    channels = json.loads(Path(path).read_text())["channels"]
+    return sorted({i for weights in channels.values() for i, w in enumerate(weights) if w > 0})
+
+
+def restrict_weights_file(path: str | os.PathLike[str], keep: Sequence[int], out: str | os.PathLike[str]) -> Path:
+    """`path`'s weights for the members `keep` (indices, in that order) only, written to `out` (atomically): the
+    ensemble of those members' stores with it equals the ensemble of all the stores with `path`.
+
+    Raises:
+        ValueError: a member left out has a positive weight for some channel.
+    """
+    path, out = Path(path), Path(out)
+    doc = json.loads(path.read_text())
+    dropped = sorted(set(members_in_use(path)) - set(keep))
+    if dropped:
+        raise ValueError(f"{path}: members {dropped} have positive weights; they cannot be left out")
+    restricted = {**doc, "channels": {c: [w[i] for i in keep] for c, w in doc["channels"].items()},
+                  "members": [doc["members"][i] for i in keep], "restricted_from": str(path)}
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(restricted, indent=2) + "\n")
+    os.replace(tmp, out)
+    return out

@@ -8,8 +8,9 @@ Stages (each keeps everything of the one before and changes one thing):
    scored crops;
 2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
-4. + TTA: every run predicts with the 8 test-time transforms, combined with stage 3's weights (refitting
-   them would change two things at once);
+4. + TTA: every run with a positive stage-3 weight for some class predicts with the 8 test-time transforms,
+   combined with stage 3's weights (refitting them would change two things at once; a run of weight 0 for
+   every class would add nothing);
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
@@ -30,6 +31,7 @@ interrupted report resumes; `--overwrite` starts over):
     truth.zarr                         the scored crops' truth in the evaluator's layout
     truth_tuning.zarr                  the tuning crops' truth (the best single model is chosen on it)
     stores/predict_tta1/<run>.zarr     stage 1 (and 2, 3) members;  stores/predict_tta8/<run>.zarr: stage 4
+                                       (weights_tta8.json: stage 3's weights of those runs, when some are left out)
     stores/ensemble_{uniform,weighted,weighted_tta8}.zarr, stores/postprocess_params.json (while tuning:
                                        postprocess_params.partial.json, the classes tuned so far),
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
@@ -52,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.eval.eras import Era
+from cellseg.infer.members import ensemble_grid
 from cellseg.infer.store import PredictionStore
-from cellseg.infer.weights import WEIGHTS_FILE
+from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
@@ -256,15 +259,24 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
         weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
                                  val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
                                  progress=opts.progress)
-    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms",
-                      resumed=any(layout.predictions(r, TTA_TRANSFORMS).exists() for r in runs)):
-        tta8 = predict_all(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
+    # Stage 4 reuses stage 3's weights: a member with weight 0 for every class adds nothing, so only the others
+    # predict with TTA (the same stage-4 store, for a fraction of the GPU time).
+    used = tta_members(weighted, tta1, plan.predicted)
+    unused = [r.name for i, r in enumerate(runs) if i not in used]
+    if unused:
+        log.info("4. + TTA: %s have weight 0 for every class: not predicted with TTA", ", ".join(unused))
+    with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms ({len(used)} of {len(runs)} "
+                      "members)", resumed=any(layout.predictions(runs[i], TTA_TRANSFORMS).exists() for i in used)):
+        tta8 = predict_all([runs[i] for i in used], layout, plan, opts, tta=TTA_TRANSFORMS)
     with timings.step("TTA: ensemble with stage 3's weights; switch TTA off for the classes it does not help on "
                       "the tuning crops", resumed=layout.ensemble("weighted_tta8").exists()):
-        with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weighted.path / WEIGHTS_FILE,
-                                 progress=opts.progress)
+        weights = weighted.path / WEIGHTS_FILE
+        if unused:
+            weights = restrict_weights_file(weights, used, layout.stores / "weights_tta8.json")
+        with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weights, progress=opts.progress)
         with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era,
                                           workers=opts.scoring_workers, progress=opts.progress)
+        tta_switch["without_weight"] = unused
     device = resolve(opts.device)
     with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric)",
                       resumed=layout.params.exists()):
@@ -278,6 +290,19 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
                                                   workers=opts.scoring_workers, progress=opts.progress)
     return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
                   params=params, switches={"era": era, "tta": tta_switch, "postprocess": pp_switch})
+
+
+def tta_members(weighted: PredictionStore, singles: Sequence[Path], crops: Sequence[str]) -> list[int]:
+    """The runs stage 4 predicts with TTA (indices): those with a positive stage-3 weight for some class, and any
+    other whose grid the ensemble of all the runs takes on some crop (grid "finest": the stage-4 ensemble then
+    has stage 3's grids), judged on the single models' stores `singles`."""
+    used = set(members_in_use(weighted.path / WEIGHTS_FILE))
+    stores = [PredictionStore.open(path) for path in singles]
+    for crop in crops:
+        target, source = ensemble_grid(stores, crop)
+        if ensemble_grid([stores[i] for i in sorted(used)], crop)[0] != target:
+            used.add(source)
+    return sorted(used)
 
 
 def tuning_truth(layout: Layout, plan: CropPlan, runs: Sequence[RunInfo], root: Path) -> Path:

@@ -207,7 +207,9 @@ def switch_lines(report: Report) -> list[str]:
     rows = []
     for key, title in SWITCHED.items():
         switch = report.switches[key]
-        lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}.")
+        idle = switch.get("without_weight")
+        lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}."
+                     + (f" Not predicted with TTA (weight 0 for every class): {', '.join(idle)}." if idle else ""))
         rows += [[title, c, fmt(s["before"]), fmt(s["after"]), "on" if s["on"] else "**off**"]
                  for c, s in switch["classes"].items()]
     return [*lines, "", *_table(["stage", "class", "before (tuning)", "with the stage (tuning)", "switch"], rows)]

@@ -23,6 +23,7 @@ from cellseg.infer.ensemble_fit import (
 )
 from cellseg.infer.members import read_on_grid
 from cellseg.infer.store import PredictionStore, quantise
+from cellseg.infer.weights import members_in_use, restrict_weights_file
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(8, 10, 12), voxel_size_nm=(8.0, 8.0, 8.0))
 CHANNELS = ("mito", "er", "mito_boundary")
@@ -339,6 +340,26 @@ def test_a_class_no_tuning_crop_annotates_is_refused_before_fitting(tiny_synth_r
                         channels=channels, instance=("mito", "mt")) for i, n in enumerate("ab"))
     with pytest.raises(ValueError, match=r"no tuning crop annotates \['mt'\] \(tuning crops: \['crop2'\]\)"):
         ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["2"])
+
+
+def test_weights_restricted_to_the_members_in_use_give_the_same_ensemble(tmp_path):
+    """A member of weight 0 for every channel can be left out (the report's stage 4 does not predict it with TTA):
+    the restricted weights file over the others makes the same store, bit for bit."""
+    stores = [write_store(tmp_path / f"{n}.zarr", {"crop1": (GRID, random_channels(seed))})
+              for seed, n in enumerate("abc")]
+    full = ensemble(stores, tmp_path / "full.zarr", weights="1,0,3").store
+    weights = tmp_path / "full.zarr" / "weights.json"
+    assert members_in_use(weights) == [0, 2]
+    restricted = restrict_weights_file(weights, [0, 2], tmp_path / "w02.json")
+    doc = json.loads(restricted.read_text())
+    assert doc["channels"]["er"] == [0.25, 0.75] and [m["path"] for m in doc["members"]] == [str(stores[0]),
+                                                                                         str(stores[2])]
+    part = ensemble([stores[0], stores[2]], tmp_path / "part.zarr", weights=restricted).store
+    for c in CHANNELS:
+        np.testing.assert_array_equal(part.read("crop1", c), full.read("crop1", c))
+    with pytest.raises(ValueError, match=r"members \[2\] have positive weights"):
+        restrict_weights_file(weights, [0, 1], tmp_path / "w01.json")
+    assert not (tmp_path / "w01.json").exists()
 
 
 def test_cli_prints_the_weights_and_reuses_a_weights_file(tiny_synth_root, tmp_path, capsys):

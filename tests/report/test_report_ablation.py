@@ -126,6 +126,37 @@ def test_stages_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, r
                                                    else "postprocessed.zarr")
 
 
+def test_stage_4_predicts_the_members_stage_3_weighs(report_dir, report_runs):
+    """Stage 4 reuses stage 3's weights, so a run of weight 0 for every class is not predicted with TTA; the
+    report names it."""
+    doc = _doc(report_dir)
+    channels = doc["ensemble_weights"]["channels"]
+    names = [r.name for r in report_runs]
+    weighed = {n for i, n in enumerate(names) if any(w[i] > 0 for w in channels.values())}
+    predicted = {p.stem for p in (report_dir / "stores" / "predict_tta8").glob("*.zarr")}
+    assert weighed <= predicted <= set(names)
+    assert doc["stage_switches"]["tta"]["without_weight"] == [n for n in names if n not in predicted]
+
+
+def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
+    """Of two members, one of weight 0 everywhere but on a finer grid: stage 4 still predicts it, so that its
+    ensemble has stage 3's grid (grid "finest")."""
+    from cellseg.infer.ensemble import ensemble
+    from cellseg.report.ablation import tta_members
+
+    def member(name: str, grid: Grid) -> Path:
+        store = PredictionStore.create(tmp_path / f"{name}.zarr", kind="probabilities", channels=("mito",),
+                                       instance_channels=())
+        store.write_crop("crop1", grid, {"mito": np.full(grid.shape_vox, 0.5, np.float32)})
+        return store.path
+
+    coarse = Grid(translation_nm=(4.0,) * 3, shape_vox=(4, 4, 4), voxel_size_nm=(8.0,) * 3)
+    fine = Grid(translation_nm=(2.0,) * 3, shape_vox=(8, 8, 8), voxel_size_nm=(4.0,) * 3)
+    a, b = member("a", coarse), member("b", fine)
+    assert tta_members(ensemble([a, b], tmp_path / "w.zarr", weights="1,0").store, [a, b], ["crop1"]) == [0, 1]
+    assert tta_members(ensemble([b, a], tmp_path / "v.zarr", weights="1,0").store, [b, a], ["crop1"]) == [0]
+
+
 def test_pngs_are_written(report_dir):
     names = ["overall.png", "classes_2025.png", "classes_2026.png", "overlay_crop501_tta.png",
              "overlay_crop501_postprocessed.png"]
