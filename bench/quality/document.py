@@ -84,7 +84,7 @@ def class_table(report: Mapping[str, Any], era: str) -> list[str]:
 
 
 def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
-    """When each job ran (minutes after the first start), on which cores, and how it ended."""
+    """When each job ran (minutes after the first start), on which GPU and cores, and how it ended."""
     if not events:
         return []
     t0 = min(e["time"] for e in events)
@@ -95,8 +95,8 @@ def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
         elif e["event"] == "exit" and e["arch"] in open_:
             s = open_.pop(e["arch"])
             rows.append([e["arch"], f"{(s['time'] - t0) / 60:.1f}", f"{(e['time'] - t0) / 60:.1f}",
-                         ",".join(map(str, s.get("cpus", []))), e.get("outcome", "")])
-    return _table(["job", "start (min)", "end (min)", "cores", "outcome"], rows)
+                         str(s.get("gpu", "—")), ",".join(map(str, s.get("cpus", []))), e.get("outcome", "")])
+    return _table(["job", "start (min)", "end (min)", "GPU", "cores", "outcome"], rows)
 
 
 def startup_table(curves: Sequence[Curve]) -> list[str]:
@@ -148,7 +148,7 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
     for era in reversed(ERAS):
         lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",
                   "", *class_table(report, era)]
-    lines += ["**Schedule** (one GPU):", "", *schedule_table(doc["schedule"]),
+    lines += ["**Schedule**:", "", *schedule_table(doc["schedule"]),
               "**Report cost** (`cellseg report`, seconds per step in each call; r: resumed, its outputs found "
               "made; —: not reached, the call cut by the step limit or the step done before):", "",
               *timings_table(doc["report_timings"])]
