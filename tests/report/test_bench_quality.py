@@ -97,6 +97,19 @@ def test_report_without_a_plan_and_setup_with_other_settings_fail(quick: tuple[P
     assert "budget_min: plan 0.15, given 0.3" in capsys.readouterr().err
 
 
+def test_a_step_limit_too_short_to_start_a_job_is_refused(quick: tuple[Path, Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # A job is started only with MIN_START_S (quick: 30 s) left before the jobs are stopped: a limit that leaves
+    # less says so and how much to give, instead of a step that starts nothing.
+    work = tmp_path / "work"
+    shutil.copytree(quick[1], work, ignore=shutil.ignore_patterns("report"))
+    (work / "runs" / "unet_2d" / "result.json").unlink()  # not finished: the step would start it
+    assert load().main(["train", "--step-limit-min", "1", "--out", str(tmp_path / "out"), "--work", str(work)]) == 2
+    err = capsys.readouterr().err
+    assert "--step-limit-min 1 leaves too little time to start a job" in err
+    assert float(err.split("give at least ")[1].split()[0]) >= 1.5  # 30 + 45 s grace + 15 s status, and the check
+
+
 FAKE_TRAIN = """
 import pathlib, signal, sys, time
 run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True)
