@@ -83,6 +83,32 @@ def class_table(report: Mapping[str, Any], era: str) -> list[str]:
     return _table(["class", *(n for n, _ in columns)], rows)
 
 
+def class_weights(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Stage 3's fitted weights per scored class: {class: {"weights": {architecture: weight}, "chosen": the fit's
+    choice (`cellseg.infer.ensemble_fit`)}} from report.json's `ensemble_weights` (boundary channels left out:
+    they take their class's weights)."""
+    doc = report.get("ensemble_weights") or {}
+    names = [s["key"].removeprefix("single_") for s in report["singles"]]
+    scored = {c for s in report["singles"] for e in ERAS for c in s.get("scores", {}).get(e, {}).get("classes", {})}
+    fit = doc.get("fit", {}).get("classes", {})
+    return {c: {"weights": dict(zip(names, w, strict=True)), "chosen": fit.get(c, {}).get("chosen", doc.get("method"))}
+            for c, w in sorted(doc.get("channels", {}).items()) if c in scored}
+
+
+def weights_table(report: Mapping[str, Any]) -> list[str]:
+    """`class_weights` as a table (blank: weight 0), then the runs of weight 0 for every class, which stage 4
+    does not predict with TTA."""
+    weights = class_weights(report)
+    if not weights:
+        return []
+    names = list(next(iter(weights.values()))["weights"])
+    rows = [[c, *(f"{w:.2f}" if w > 0 else "" for w in e["weights"].values()), str(e["chosen"])]
+            for c, e in weights.items()]
+    idle = [n for n in names if all(e["weights"][n] == 0 for e in weights.values())]
+    return [*_table(["class", *names, "chosen"], rows),
+            f"Weight 0 for every class (not predicted with TTA in stage 4): {', '.join(idle) or 'none'}.", ""]
+
+
 def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
     """When each job ran (minutes after the first start), on which GPU and cores, and how it ended."""
     if not events:
@@ -145,6 +171,7 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
              "![time to score](quality_curves.png)", "",
              "**Start-up and validation** (each job's process until its first optimizer step, and its validations):",
              "", *startup_table(curves)]
+    lines += ["**Ensemble weights** (stage 3, fitted per class on the validation crops):", "", *weights_table(report)]
     for era in reversed(ERAS):
         lines += [f"**Per-class test scores, {era} metric** (single models without TTA; the last column is stage 5):",
                   "", *class_table(report, era)]
@@ -169,6 +196,7 @@ def write_outputs(out: Path, doc: dict[str, Any], curves: Sequence[Curve], repor
                                                                "classes": s["scores"][e]["classes"]} for e in ERAS}
                        for s in report["singles"]},
            "final_classes": {e: report["stages"][-1]["scores"][e]["classes"] for e in ERAS},
+           "ensemble_weights": class_weights(report),
            "report_timings": list(timings) if timings else [report.get("timings", [])], "crops": report["crops"]}
     paths = [out / "quality.md", out / "quality.json", out / "quality_curves.png"]
     paths[0].write_text(markdown(doc, curves, report) + "\n")

@@ -55,6 +55,11 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert heading in md
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
     assert len(doc["report_timings"]) == 1 and "| report step | call 1 (s) |" in md  # the report's one call
+    weights = doc["ensemble_weights"]  # stage 3's, per scored class, named by architecture
+    assert weights and set(weights) <= set(doc["final_classes"]["2026"])
+    for entry in weights.values():
+        assert list(entry["weights"]) == ["unet_3d", "unet_2d"] and abs(sum(entry["weights"].values()) - 1) < 1e-6
+    assert "**Ensemble weights**" in md and "Weight 0 for every class (not predicted with TTA in stage 4):" in md
     # Every step is idempotent: a second `all` finds everything done and only rewrites the result files.
     assert load().main(["--quick", "--out", str(out), "--work", str(work)]) == 0
 
