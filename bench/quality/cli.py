@@ -211,8 +211,9 @@ def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *
     # A job started with MIN_START_S left reaches its first step (67-146 s after its start on an H200 shared by
     # four jobs) and trains until the deadline's checkpoint; the next `train` resumes it, so the slot is not idle.
     min_start_s = 30.0 if settings.quick else MIN_START_S
-    if not all(job_done(j) for j in jobs) and time.monotonic() > deadline - min_start_s:
-        need = (time.monotonic() - started + min_start_s + grace_s + 15) / 60
+    short_s = time.monotonic() - (deadline - min_start_s)
+    if short_s > 0 and not all(job_done(j) for j in jobs):
+        need = args.step_limit_min + short_s / 60
         raise ValueError(f"--step-limit-min {args.step_limit_min:g} leaves too little time to start a job (one is "
                          f"started only with {min_start_s:.0f} s left before the jobs are stopped): give at least "
                          f"{math.ceil(10 * need) / 10:g}")

@@ -96,15 +96,15 @@ def class_weights(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def weights_table(report: Mapping[str, Any]) -> list[str]:
-    """`class_weights` as a table (blank: weight 0), then the runs of weight 0 for every class, which stage 4
-    does not predict with TTA."""
+    """`class_weights` as a table (blank: weight 0), then the runs stage 4 did not predict with TTA (weight 0 for
+    every class; the report's `stage_switches`)."""
     weights = class_weights(report)
     if not weights:
         return []
     names = list(next(iter(weights.values()))["weights"])
     rows = [[c, *(f"{w:.2f}" if w > 0 else "" for w in e["weights"].values()), str(e["chosen"])]
             for c, e in weights.items()]
-    idle = [n for n in names if all(e["weights"][n] == 0 for e in weights.values())]
+    idle = (report.get("stage_switches") or {}).get("tta", {}).get("without_weight", [])
     return [*_table(["class", *names, "chosen"], rows),
             f"Weight 0 for every class (not predicted with TTA in stage 4): {', '.join(idle) or 'none'}.", ""]
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from cellseg.infer.members import ChannelPlan
 from cellseg.infer.store import PredictionStore
+from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,10 @@ def parse_weights(spec: str) -> str | list[float] | Path:
 def members_in_use(path: str | os.PathLike[str]) -> list[int]:
     """Indices of the members that a weights file (`WEIGHTS_FILE`) gives a positive weight for some channel; the
     others add nothing to any channel of that ensemble."""
-    channels = json.loads(Path(path).read_text())["channels"]
+    return _in_use(json.loads(Path(path).read_text())["channels"])
+
+
+def _in_use(channels: Mapping[str, Sequence[float]]) -> list[int]:
     return sorted({i for weights in channels.values() for i, w in enumerate(weights) if w > 0})
 
 
@@ -137,12 +141,10 @@ def restrict_weights_file(path: str | os.PathLike[str], keep: Sequence[int], out
     """
     path, out = Path(path), Path(out)
     doc = json.loads(path.read_text())
-    dropped = sorted(set(members_in_use(path)) - set(keep))
+    dropped = sorted(set(_in_use(doc["channels"])) - set(keep))
     if dropped:
         raise ValueError(f"{path}: members {dropped} have positive weights; they cannot be left out")
     restricted = {**doc, "channels": {c: [w[i] for i in keep] for c, w in doc["channels"].items()},
                   "members": [doc["members"][i] for i in keep], "restricted_from": str(path)}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(restricted, indent=2) + "\n")
-    os.replace(tmp, out)
+    save_atomic_text(json.dumps(restricted, indent=2) + "\n", out)
     return out
