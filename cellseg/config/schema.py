@@ -256,7 +256,8 @@ class OptimConfig:
         min_lr_ratio: floor of the decay as a fraction of `lr`.
         poly_power: exponent of the "poly" schedule, (1 − progress) ** poly_power.
         grad_clip_norm: clip the global gradient norm (null: no clipping); nnU-Net clips at 12.
-        ema_decay: keep an exponential moving average of the weights (null: off), e.g. 0.999.
+        ema_decay: keep an exponential moving average of the weights (null: off), e.g. 0.999; validation and
+            prediction use it. The decay warms up as min(ema_decay, (1 + n) / (10 + n)) at update n.
     """
 
     name: Literal["adamw", "sgd"] = "adamw"

@@ -97,25 +97,45 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
 
 
 class EMA:
-    """Exponential moving average of the weights (kept in fp32 on the model's device)."""
+    """Exponential moving average of the weights (kept in fp32 on the model's device).
 
-    def __init__(self, model: torch.nn.Module, decay: float):
+    The decay warms up: update n (counted from 0) uses min(decay, (1 + n) / (10 + n)), so that the average
+    follows the fast-moving early weights instead of the random initialisation. Without it a 0.999 average still
+    holds 37 % of the initial weights after 1,000 steps, a whole short run (the warm-up of TensorFlow's
+    ExponentialMovingAverage with num_updates).
+    """
+
+    WARMUP_OFFSET = 10  # (1 + n) / (10 + n): 0.1 at the first update, 0.9 at the 80th, 0.99 at the 890th
+
+    def __init__(self, model: torch.nn.Module, decay: float, *, updates: int = 0):
         self.decay = decay
+        self.updates = updates  # updates so far; a resumed run sets it from the checkpoint's step
         self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    def decay_at(self, n: int) -> float:
+        """The decay of update `n` (0-based)."""
+        return min(self.decay, (1 + n) / (self.WARMUP_OFFSET + n))
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
-        """shadow = decay · shadow + (1 − decay) · weights (buffers are copied)."""
+        """shadow = d · shadow + (1 − d) · weights with d = `decay_at(updates)`; buffers are copied."""
+        weight = 1 - self.decay_at(self.updates)
+        shadow, live = [], []
         for k, v in model.state_dict().items():
             if v.dtype.is_floating_point:
-                self.shadow[k].lerp_(v.float(), 1 - self.decay)
+                shadow.append(self.shadow[k])
+                live.append(v.float())
             else:
                 self.shadow[k].copy_(v)
+        if shadow:
+            torch._foreach_lerp_(shadow, live, weight)
+        self.updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The averaged weights, loadable into the model."""
         return self.shadow
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore from a checkpoint."""
+    def load_state_dict(self, state: dict[str, torch.Tensor], *, updates: int) -> None:
+        """Restore from a checkpoint written after `updates` updates (its optimizer step)."""
         self.shadow = {k: v.clone() for k, v in state.items()}
+        self.updates = updates

@@ -100,7 +100,7 @@ class Setup:
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         if self.ema is not None and ckpt.get("ema") is not None:
-            self.ema.load_state_dict(ckpt["ema"])
+            self.ema.load_state_dict(ckpt["ema"], updates=ckpt["step"])
         self.state = TrainState(step=ckpt["step"], micro_batch=ckpt["micro_batch"])
         self.clock.restore(ckpt.get("train_seconds", 0.0))  # checkpoints written before the clock existed: 0
         set_rng_state(ckpt["rng"])
