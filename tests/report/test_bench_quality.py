@@ -225,7 +225,8 @@ DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train
 RECIPE = {"unet_3d": {"train.batch_size", "optim.name", "optim.lr", "optim.schedule"},  # docs/quality.md, 3D recipe
           "resnet_3d": {"train.batch_size", "optim.name", "optim.lr", "optim.schedule"},
           "swin_3d": {"optim.lr"}, "vit_3d": {"optim.lr"},
-          "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}}  # docs/quality.md, 2D learning rate
+          "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},
+          "swin_2d": {"optim.lr"}}  # docs/quality.md, 2D learning rate
 
 
 def _flat(doc: dict, prefix: str = "") -> dict:
