@@ -33,6 +33,8 @@ class Curve:
             overall, instance, semantic.
             val_s: the validation's wall seconds (the training clock pauses for it).
         steps: optimizer steps trained; samples_per_s: median logged training throughput.
+        data_wait_frac: median share of the training loop's time spent waiting for the loader's next batch
+            (NaN for runs logged without it).
         startup: where the time before the first optimizer step went (metrics.jsonl's "startup" record:
             set-up phases, first batch, first step with its lazy compilation, job and process time to it; empty
             for a run that logged none).
@@ -43,6 +45,7 @@ class Curve:
     points: list[dict[str, float]]
     steps: int
     samples_per_s: float
+    data_wait_frac: float = math.nan
     startup: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,7 +73,7 @@ class Curve:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"arch": self.arch, "era": self.era, "points": self.points, "steps": self.steps,
-                "samples_per_s": self.samples_per_s, "plateaued": self.plateaued, "learning": self.learning,
+                "samples_per_s": self.samples_per_s, "data_wait_frac": self.data_wait_frac, "plateaued": self.plateaued, "learning": self.learning,
                 "startup": self.startup}
 
 
@@ -128,9 +131,11 @@ def read_curve(run_dir: Path, arch: str) -> Curve:
                "semantic": _number(e["val"].get("overall_semantic_score")), "val_s": _number(e["val"].get("seconds"))}
               for step, e in sorted(val.items())]
     rates = [r["samples_per_s"] for r in train.values() if isinstance(r.get("samples_per_s"), int | float)]
+    waits = [r["data_wait_frac"] for r in train.values() if isinstance(r.get("data_wait_frac"), int | float)]
     eras = {str(e["val"].get("metric")) for e in val.values()}
     return Curve(arch=arch, era=eras.pop() if len(eras) == 1 else "mixed", points=points,
                  steps=max([*train, *val]), samples_per_s=statistics.median(rates) if rates else math.nan,
+                 data_wait_frac=statistics.median(waits) if waits else math.nan,
                  startup=startup)
 
 

@@ -47,10 +47,16 @@ def singles_table(report: Mapping[str, Any], curves: Mapping[str, Curve]) -> lis
         arch = s["key"].removeprefix("single_")
         c = curves.get(arch)
         rows.append([arch, *(fmt(_overall(s, e)) for e in ERAS),
-                     str(c.steps) if c else "", f"{c.samples_per_s:.1f}" if c else "",
+                     str(c.steps) if c else "", f"{c.samples_per_s:.1f}" if c else "", _percent(c),
                      fmt(c.points[-1]["overall"]) if c else "", _plateau_text(c)])
-    return _table(["architecture", "2025 test", "2026 test", "steps", "samples/s", "last validation",
+    return _table(["architecture", "2025 test", "2026 test", "steps", "samples/s", "waiting for data",
+                   "last validation",
                    "plateaued"], rows)
+
+
+def _percent(curve: Curve | None) -> str:
+    """The run's median share of time waiting for batches ("" when not logged)."""
+    return "" if curve is None or math.isnan(curve.data_wait_frac) else f"{100 * curve.data_wait_frac:.0f} %"
 
 
 def _plateau_text(curve: Curve | None) -> str:

@@ -169,6 +169,7 @@ class Trainer:
                                            worker_init=stop.worker_init_fn, shield=stop.shield_workers)
         batches, last = self._batches(stop), {}
         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+        wait_s = 0.0  # host seconds of this logging window spent waiting for the loader's next batch
         loss_sum = torch.zeros((), device=s.dist.device)
         try:
             with self._profiler() as prof:
@@ -181,6 +182,8 @@ class Trainer:
                     loss, grad_norm = self.train_step(step_batches)
                     if first:
                         self._record_startup(run_log, step_start - fetch_start, step_start)
+                    else:
+                        wait_s += step_start - fetch_start
                     clock.start()  # from the end of the job's first step: compilation and set-up are not charged
                     if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
                         loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
@@ -192,8 +195,9 @@ class Trainer:
                     final = step == tc.max_steps or clock.shared_s >= budget_s
                     if step % tc.log_every == 0 or final:
                         mean = loss_sum / loss_steps if loss_steps else torch.full_like(loss_sum, float("nan"))
-                        last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start)
-                        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
+                        last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start,
+                                         wait_s=wait_s)
+                        window_start, window_steps, loss_steps, wait_s = time.perf_counter(), 0, 0, 0.0
                         loss_sum = torch.zeros_like(loss_sum)
                     if step % tc.val_every == 0 or final or crossed(before, clock.shared_s, val_every_s):
                         with self._off_the_clock():
@@ -286,21 +290,24 @@ class Trainer:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return bool(flag.item())
 
-    def _log(self, run_log: RunLog, loss: torch.Tensor, grad_norm: torch.Tensor, steps: int, seconds: float
-             ) -> dict[str, Any]:
+    def _log(self, run_log: RunLog, loss: torch.Tensor, grad_norm: torch.Tensor, steps: int, seconds: float, *,
+             wait_s: float) -> dict[str, Any]:
+        """Record the window's means; `data_wait_frac` is the share of its host time spent waiting for batches
+        (near 0: the GPU step or the host's own work bounds training; near 1: the loader does)."""
         s = self.s
         self.guard.check()  # errors before a NaN is logged as if it were a loss
         loss_v = float(runtime.all_reduce_mean(loss, s.dist))
         samples = steps * s.batch_size * self.cfg.train.grad_accum_steps * s.dist.world_size
         values = {"loss": loss_v, "grad_norm": float(grad_norm), "lr": s.scheduler.get_last_lr()[0],
                   "samples_per_s": samples / seconds, "mvox_per_s": samples * s.voxels_per_sample / seconds / 1e6,
-                  "micro_batch": s.state.micro_batch, **self.guard.counts()}
+                  "data_wait_frac": wait_s / seconds, "micro_batch": s.state.micro_batch, **self.guard.counts()}
         if s.peak_tflops:
             per_gpu = values["samples_per_s"] / s.dist.world_size * s.flops_per_sample / 1e12
             values.update(tflops_per_gpu=per_gpu, mfu=per_gpu / s.peak_tflops,
                           gpu_mem_gb=torch.cuda.max_memory_allocated(s.dist.device) / 1e9)
         run_log.record(s.state.step, values)
-        post = {"loss": f"{loss_v:.4f}", "samples/s": f"{values['samples_per_s']:.1f}"}
+        post = {"loss": f"{loss_v:.4f}", "samples/s": f"{values['samples_per_s']:.1f}",
+                "data wait": f"{100 * values['data_wait_frac']:.0f}%"}
         if "mfu" in values:
             post["MFU"] = f"{100 * values['mfu']:.1f}%"
         run_log.advance(steps, post)

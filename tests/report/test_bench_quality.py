@@ -43,6 +43,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert len(minutes) == 3 and minutes == sorted(minutes) and minutes[-1] >= 0.15  # 3 validations, the last at the budget
         assert all(p["job_min"] > p["train_min"] for p in curve["points"])  # set-up and validation are not charged
         assert curve["plateaued"] in (True, False) and curve["steps"] > 0
+        assert 0.0 <= curve["data_wait_frac"] <= 1.0  # the loop's median share waiting for batches
         assert all(p["val_s"] > 0 for p in curve["points"])  # each validation's wall seconds
         up = curve["startup"]  # where the time before the first step went, from the run's metrics.jsonl
         assert "data" in up["setup"] and 0 < up["first_step"] <= up["job_to_first_step"]
@@ -54,6 +55,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
                     "**Start-up and validation**", "**Schedule**", "**Report cost**"):
         assert heading in md
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
+    assert "| steps | samples/s | waiting for data |" in md
     assert len(doc["report_timings"]) == 1 and "| report step | call 1 (s) |" in md  # the report's one call
     weights = doc["ensemble_weights"]  # stage 3's, per scored class, named by architecture
     assert weights and set(weights) <= set(doc["final_classes"]["2026"])

@@ -48,6 +48,9 @@ def test_loss_falls(tiny_synth_root, tmp_path):
     assert startup["job_to_first_step"] >= sum(startup["setup"].values()) + startup["first_step"]
     assert startup["process_to_first_step"] >= startup["job_to_first_step"]  # imports and config loading too
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["startup_s"] == startup["setup"]
+    # How much of each logged window waited for the loader: a share, logged with every training record.
+    waits = [r["train"]["data_wait_frac"] for r in records if "train" in r]
+    assert len(waits) == 30 and all(0.0 <= w <= 1.0 for w in waits)
 
 
 def test_resume_continues_exactly(tiny_synth_root, tmp_path):
