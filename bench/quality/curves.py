@@ -35,6 +35,8 @@ class Curve:
         steps: optimizer steps trained; samples_per_s: median logged training throughput.
         data_wait_frac: median share of the training loop's time spent waiting for the loader's next batch
             (NaN for runs logged without it).
+        data_placement: where the training batches came from (meta.json's `resident_data`: "gpu" or "host" for
+            resident data, "off" for streaming from zarr; "" when not recorded).
         startup: where the time before the first optimizer step went (metrics.jsonl's "startup" record:
             set-up phases, first batch, first step with its lazy compilation, job and process time to it; empty
             for a run that logged none).
@@ -46,6 +48,7 @@ class Curve:
     steps: int
     samples_per_s: float
     data_wait_frac: float = math.nan
+    data_placement: str = ""
     startup: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -73,7 +76,8 @@ class Curve:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"arch": self.arch, "era": self.era, "points": self.points, "steps": self.steps,
-                "samples_per_s": self.samples_per_s, "data_wait_frac": self.data_wait_frac, "plateaued": self.plateaued, "learning": self.learning,
+                "samples_per_s": self.samples_per_s, "data_wait_frac": self.data_wait_frac,
+                "data_placement": self.data_placement, "plateaued": self.plateaued, "learning": self.learning,
                 "startup": self.startup}
 
 
@@ -136,7 +140,15 @@ def read_curve(run_dir: Path, arch: str) -> Curve:
     return Curve(arch=arch, era=eras.pop() if len(eras) == 1 else "mixed", points=points,
                  steps=max([*train, *val]), samples_per_s=statistics.median(rates) if rates else math.nan,
                  data_wait_frac=statistics.median(waits) if waits else math.nan,
-                 startup=startup)
+                 data_placement=_placement(run_dir), startup=startup)
+
+
+def _placement(run_dir: Path) -> str:
+    """meta.json's `resident_data` ("" when the run wrote none or it cannot be read)."""
+    try:
+        return str(json.loads((run_dir / "meta.json").read_text()).get("resident_data", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def curves_figure(curves: Sequence[Curve], *, budget_min: float) -> Any:

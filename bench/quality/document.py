@@ -133,15 +133,18 @@ def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def startup_table(curves: Sequence[Curve]) -> list[str]:
     """Where each job's time went besides training: seconds to its first optimizer step (the set-up's phases, the
-    first step with its lazy compilation) and per validation (the training clock pauses for it)."""
+    first step with its lazy compilation) and per validation (the training clock pauses for it); and where its
+    training data lived (resident on the GPU or host, or streamed: "off")."""
     rows = []
     for c in curves:
         up, setup = c.startup, c.startup.get("setup", {})
         val = [p["val_s"] for p in c.points if not math.isnan(p.get("val_s", math.nan))]
         total = up.get("process_to_first_step") or up.get("job_to_first_step")
         rows.append([c.arch, _seconds(total), ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) or "—",
-                     _seconds(up.get("first_step")), _seconds(statistics.mean(val) if val else None)])
-    return _table(["job", "to first step (s)", "set-up phases (s)", "first step (s)", "per validation (s)"], rows)
+                     _seconds(up.get("first_step")), _seconds(statistics.mean(val) if val else None),
+                     c.data_placement or "—"])
+    return _table(["job", "to first step (s)", "set-up phases (s)", "first step (s)", "per validation (s)",
+                   "training data"], rows)
 
 
 def timings_table(calls: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:

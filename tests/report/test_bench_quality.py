@@ -44,6 +44,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert all(p["job_min"] > p["train_min"] for p in curve["points"])  # set-up and validation are not charged
         assert curve["plateaued"] in (True, False) and curve["steps"] > 0
         assert 0.0 <= curve["data_wait_frac"] <= 1.0  # the loop's median share waiting for batches
+        assert curve["data_placement"] == "host"  # resident in host memory: the CPU run's default (data.resident auto)
         assert all(p["val_s"] > 0 for p in curve["points"])  # each validation's wall seconds
         up = curve["startup"]  # where the time before the first step went, from the run's metrics.jsonl
         assert "data" in up["setup"] and 0 < up["first_step"] <= up["job_to_first_step"]
