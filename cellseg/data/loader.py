@@ -24,7 +24,7 @@ from cellseg.data.augment import GpuAugment
 from cellseg.data.boundary_cache import resolve_cache_dir
 from cellseg.data.crops import Catalog
 from cellseg.data.dataset import EpochSampler, PatchDataset, context_shape
-from cellseg.data.resident import SPEC_WORKERS, ResidentLoader, WindowSpecs, read_resident
+from cellseg.data.resident import ResidentLoader, WindowSpecs, read_resident, spec_workers
 from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import (
     SplitEntry,
@@ -166,7 +166,7 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
         batches = _worker_loader(dataset, epochs, loader, batch_size=batch_size, mp_context=mp_context)
     else:  # workers compute the samples' windows only; the training process cuts them from the blocks
         windows = _worker_loader(WindowSpecs(dataset, resident.grids), epochs, loader, batch_size=batch_size,
-                                 mp_context=mp_context, num_workers=min(loader.num_workers, SPEC_WORKERS))
+                                 mp_context=mp_context, num_workers=spec_workers(loader.num_workers, batch_size))
         batches = ResidentLoader(resident, windows, device=device)
     gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, num_boundaries=len(data.boundary_classes),
                              patch_shape_vox=data.patch_shape_vox,

@@ -17,7 +17,12 @@ from cellseg.data import resident as resident_module
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.blocks import Layout, block_nbytes
 from cellseg.data.loader import build_train_data
-from cellseg.data.resident import ResidentLoader, choose_placement, host_budget_bytes
+from cellseg.data.resident import (
+    SPEC_IN_PROCESS_MAX_BATCH,
+    ResidentLoader,
+    choose_placement,
+    host_budget_bytes,
+)
 from cellseg.data.split import SplitEntry, write_datasplit
 from cellseg.data.write import write_multiscale
 
@@ -164,10 +169,13 @@ def test_samples_snap_to_the_block_where_the_em_is_resampled(tiny_synth_root):
     assert kinds["same"] and kinds["snapped"]
 
 
-def test_same_seed_same_batches_any_worker_count(root):
+@pytest.mark.parametrize("batch", [4, SPEC_IN_PROCESS_MAX_BATCH + 1])
+def test_same_seed_same_batches_any_worker_count(root, batch):
     def batches(seed, workers):
-        td = _build(_data(root), seed=seed, workers=workers)
-        assert isinstance(td.loader, ResidentLoader)  # no worker is started for resident data
+        td = _build(_data(root), seed=seed, workers=workers, batch=batch)
+        assert isinstance(td.loader, ResidentLoader)  # no worker reads data for resident data
+        # Small batches compute their windows in the training process; larger ones in up to SPEC_WORKERS workers.
+        assert td.loader.windows.num_workers == (0 if batch <= SPEC_IN_PROCESS_MAX_BATCH else min(workers, 2))
         return [b for _, b in zip(range(3), td.loader, strict=False)]
 
     reference = batches(1, 0)
