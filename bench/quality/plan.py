@@ -45,7 +45,8 @@ class Settings:
         budget_min, val_every_min: None: each config's own; else set for every job.
         sets: extra `[arch:]key=value` overrides (e.g. `unet_3d:optim.name=sgd`).
         concurrent, cores: jobs of each kind ("3d", "2d") at a time on each GPU, and CPU cores each gets (1
-            training process + cores − 1 loader workers).
+            training process; `loader.num_workers` = cores − 1 for its window or patch workers and its validation's
+            scoring processes).
         gpus: GPUs the jobs spread over (each with its own `concurrent` slots and an equal share of the cores):
             with 2, the two waves of the default plan run at once, each on a GPU of its own.
         device: "auto" (CUDA when present) or "cpu".
