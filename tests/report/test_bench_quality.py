@@ -57,6 +57,9 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
         assert heading in md
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
     assert "| steps | samples/s | waiting for data |" in md
+    # The train step's console line per job (what a device call's output tail shows first).
+    line = load("bench.quality.cli")._progress_line(json.loads((out / "quality_train.json").read_text())["progress"]["unet_3d"])
+    assert line.startswith("validation ") and " samples/s, waiting for data " in line and line.endswith(", data host")
     assert len(doc["report_timings"]) == 1 and "| report step | call 1 (s) |" in md  # the report's one call
     weights = doc["ensemble_weights"]  # stage 3's, per scored class, named by architecture
     assert weights and set(weights) <= set(doc["final_classes"]["2026"])
