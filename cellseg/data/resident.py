@@ -24,8 +24,9 @@ model and a training step leave free, else host memory within a budget, else str
 The training process only copies: `WindowSpecs` (the sampling rule: about 150 µs a sample, the cost of its seeded
 generators) runs in up to `SPEC_WORKERS` DataLoader workers, which hand over one row of `WINDOW_FIELDS` per
 sample (batches of at most `SPEC_IN_PROCESS_MAX_BATCH` samples compute their windows in the training process
-instead: no worker to start), and `ResidentLoader` cuts the batch from the blocks: with a few gathers for the whole batch where the
-blocks are in GPU memory (`cellseg.data.gather`), with a few slice copies per sample in host memory.
+instead: no worker to start), and `ResidentLoader` cuts the batch from the blocks: with a few gathers for the
+whole batch where the blocks are in GPU memory (`cellseg.data.gather`), with a few slice copies per sample in host
+memory.
 """
 
 from __future__ import annotations
@@ -52,16 +53,16 @@ log = logging.getLogger(__name__)
 Placement = Literal["gpu", "host", "off"]
 HOST_AVAILABLE_SHARE = 0.5  # never take more than this share of the host memory available now
 SPEC_WORKERS = 2  # worker processes computing windows: each gives several thousand samples/s
-# Up to this batch size the windows are computed in the training process: 8 samples take about 1.2 ms (150 µs each),
-# against 30 ms or more of a 3D step, where spawning workers delays the first batch by 2 s (2-core CPU) to 10 s (a
-# busy GPU host).
+# Up to this batch size the windows are computed in the training process: 8 samples take about 1.2 ms (150 µs each)
+# against 30 ms or more of a 3D step, where starting workers delays the first batch (1.1 s on the 2-core CPU for
+# the smoke unet_3d, docs/hpc.md).
 SPEC_IN_PROCESS_MAX_BATCH = 8
+WINDOW_FIELDS = ("crop", "seed", "rotate", "slice_axis", "z", "y", "x")  # a `WindowSpecs` row; z, y, x: the start
 
 
 def spec_workers(num_workers: int, batch_size: int) -> int:
     """Worker processes for `WindowSpecs` given `loader.num_workers` and the batch size (module docstring)."""
     return 0 if batch_size <= SPEC_IN_PROCESS_MAX_BATCH else min(num_workers, SPEC_WORKERS)
-WINDOW_FIELDS = ("crop", "seed", "rotate", "slice_axis", "z", "y", "x")  # a `WindowSpecs` row; z, y, x: the start
 
 
 @dataclass
