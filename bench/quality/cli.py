@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.quality.curves import read_curve
-from bench.quality.document import write_outputs
+from bench.quality.document import progress_line, write_outputs
 from bench.quality.plan import (
     ARCHITECTURES,
     PLAN_FILE,
@@ -219,32 +219,21 @@ def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *
                          f"{math.ceil(10 * need) / 10:g}")
     outcomes = Scheduler(jobs=jobs, settings=settings, work=work, deadline=deadline, grace_s=grace_s,
                          min_start_s=min_start_s).run()
-    progress = {}
+    progress, lines = {}, {}
     for job in jobs:
         try:
-            progress[job.arch] = read_curve(job.run_dir, job.arch).to_json()
+            curve = read_curve(job.run_dir, job.arch)
+            progress[job.arch], lines[job.arch] = curve.to_json(), progress_line(curve)
         except (FileNotFoundError, ValueError) as err:
             progress[job.arch] = {"error": str(err)}
     _write(out / "quality_train.json", {"outcomes": outcomes, "progress": progress, "schedule": read_schedule(work)})
     width = max(map(len, outcomes), default=0)
     for arch, outcome in outcomes.items():
-        print(f"{arch:{width}} {outcome:11} {_progress_line(progress.get(arch, {}))}".rstrip())
+        print(f"{arch:{width}} {outcome:11} {lines.get(arch, '')}".rstrip())
     if all(job_done(j) for j in jobs):
         return 0
     print("some jobs have not finished their budget: run the train step again (they resume)", file=sys.stderr)
     return EXIT_RESUMABLE
-
-
-def _progress_line(curve: dict[str, Any]) -> str:
-    """A job's training so far in one line: validations, steps, samples/s, loader wait, where its data lived."""
-    if not curve.get("points"):
-        return ""
-    scores = " ".join(f"{p['overall']:.3f}" for p in curve["points"])
-    wait = curve.get("data_wait_frac", math.nan)
-    wait_text = "" if wait is None or math.isnan(wait) else f", waiting for data {100 * wait:.0f} %"
-    placement = f", data {curve['data_placement']}" if curve.get("data_placement") else ""
-    return (f"validation {scores} (last at {curve['points'][-1]['train_min']:.1f} min); {curve['steps']} steps, "
-            f"{curve['samples_per_s']:.1f} samples/s{wait_text}{placement}")
 
 
 def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *, started: float) -> int:

@@ -50,13 +50,22 @@ def singles_table(report: Mapping[str, Any], curves: Mapping[str, Curve]) -> lis
                      str(c.steps) if c else "", f"{c.samples_per_s:.1f}" if c else "", _percent(c),
                      fmt(c.points[-1]["overall"]) if c else "", _plateau_text(c)])
     return _table(["architecture", "2025 test", "2026 test", "steps", "samples/s", "waiting for data",
-                   "last validation",
-                   "plateaued"], rows)
+                   "last validation", "plateaued"], rows)
 
 
 def _percent(curve: Curve | None) -> str:
     """The run's median share of time waiting for batches ("" when not logged)."""
     return "" if curve is None or math.isnan(curve.data_wait_frac) else f"{100 * curve.data_wait_frac:.0f} %"
+
+
+def progress_line(curve: Curve) -> str:
+    """A run's training so far in one line (the train step's console): validations, steps, samples/s, loader
+    wait, where its data lived."""
+    scores = " ".join(f"{p['overall']:.3f}" for p in curve.points)
+    wait = f", waiting for data {_percent(curve)}" if _percent(curve) else ""
+    placement = f", data {curve.data_placement}" if curve.data_placement else ""
+    return (f"validation {scores} (last at {curve.points[-1]['train_min']:.1f} min); {curve.steps} steps, "
+            f"{curve.samples_per_s:.1f} samples/s{wait}{placement}")
 
 
 def _plateau_text(curve: Curve | None) -> str:

@@ -58,7 +58,8 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
     assert "| 0.05 min | 0.1 min | 0.15 min | plateaued |" in md
     assert "| steps | samples/s | waiting for data |" in md
     # The train step's console line per job (what a device call's output tail shows first).
-    line = load("bench.quality.cli")._progress_line(json.loads((out / "quality_train.json").read_text())["progress"]["unet_3d"])
+    curve = load("bench.quality.curves").read_curve(work / "runs" / "unet_3d", "unet_3d")
+    line = load("bench.quality.document").progress_line(curve)
     assert line.startswith("validation ") and " samples/s, waiting for data " in line and line.endswith(", data host")
     assert len(doc["report_timings"]) == 1 and "| report step | call 1 (s) |" in md  # the report's one call
     weights = doc["ensemble_weights"]  # stage 3's, per scored class, named by architecture
