@@ -8,8 +8,8 @@
 #                                                     # again (it resumes: stores, tuned classes, evaluations)
 # On one GPU: setup, then train twice (first wave resnet_3d, unet_3d, swin_2d, unet_2d; second wave swin_3d,
 # vit_3d, resnet_2d, vit_2d), then report.
-# Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd;
-# at report: --predict-jobs N).
+# Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd,
+# --mps: the jobs sharing a GPU run as CUDA MPS clients; at report: --predict-jobs N).
 # WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
 # starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
 # GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).

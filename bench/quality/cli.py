@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.quality.curves import read_curve
 from bench.quality.document import progress_line, write_outputs
+from bench.quality.mps import clients_served, control_binary, mps_daemon
 from bench.quality.plan import (
     ARCHITECTURES,
     PLAN_FILE,
@@ -62,6 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=None,
                    help="GPUs to spread the jobs over, each with its own N3D,N2D slots and an equal share of the "
                         "cores (default 1; 2 runs the two waves at once)")
+    p.add_argument("--mps", action="store_true",
+                   help="run the jobs sharing a GPU as clients of CUDA MPS (a daemon of this user, started and "
+                        "quit by the train step): their kernels run at once instead of taking turns")
     p.add_argument("--synth-workers", type=int, default=None, help="processes generating the data (default 16)")
     p.add_argument("--device", choices=("auto", "cpu"), default=None, help="default auto (--quick: cpu)")
     p.add_argument("--step-limit-min", type=float, default=9.5,
@@ -100,7 +104,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     val_every_min=args.val_every_min if args.val_every_min is not None else (0.05 if quick else None),
                     sets=tuple(args.sets), concurrent=_pair(args.concurrent, ones if quick else {"3d": 2, "2d": 2}),
                     cores=_pair(args.cores, ones if quick else {"3d": 3, "2d": 5}), gpus=1 if args.gpus is None else args.gpus,
-                    device=args.device or ("cpu" if quick else "auto"))
+                    mps=args.mps, device=args.device or ("cpu" if quick else "auto"))
 
 
 # -------------------------------------------------------------------------------------------------------- steps
@@ -117,6 +121,10 @@ def check(settings: Settings, work: Path) -> list[Job]:
 
         if torch.cuda.device_count() < settings.gpus:
             raise ValueError(f"--gpus {settings.gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if settings.mps:
+        if settings.device == "cpu":
+            raise ValueError("--mps shares a GPU between processes: it needs --device auto on a machine with a GPU")
+        control_binary()
     share = available // settings.gpus
     for kind, cores in settings.cores.items():
         if cores < 1 or cores > share:
@@ -127,7 +135,7 @@ def check(settings: Settings, work: Path) -> list[Job]:
     waves = max(math.ceil(n / max(settings.concurrent[k] * settings.gpus, 1)) for k, n in kinds.items())
     print(f"plan: {len(jobs)} jobs ({kinds['3d']} 3D, {kinds['2d']} 2D), {tc.time_budget_min:g} training minutes "
           f"each, validated every {tc.val_every_min:g}; {settings.concurrent['3d']} 3D + {settings.concurrent['2d']} "
-          f"2D at a time on each of {settings.gpus} GPU(s), on {settings.cores['3d']} / {settings.cores['2d']} "
+          f"2D at a time on each of {settings.gpus} GPU(s){' under MPS' if settings.mps else ''}, on {settings.cores['3d']} / {settings.cores['2d']} "
           f"cores: {waves} wave(s) of "
           f"{tc.time_budget_min:g} min + set-up, compilation and validation each")
     return jobs
@@ -188,7 +196,7 @@ def _warm_one(task: tuple[Any, Any]) -> None:
 # The settings a command line gives only when their options (of the same names) are given; the others' defaults
 # would differ from a plan's without anyone asking
 _GIVEN_BY_OPTIONS = ("quick", "architectures", "budget_min", "val_every_min", "sets", "concurrent", "cores", "gpus",
-                     "synth_workers", "device")
+                     "mps", "synth_workers", "device")
 
 
 def _differences(plan: Settings, asked: Settings, args: argparse.Namespace | None = None) -> str:
@@ -217,8 +225,11 @@ def train(settings: Settings, work: Path, out: Path, args: argparse.Namespace, *
         raise ValueError(f"--step-limit-min {args.step_limit_min:g} leaves too little time to start a job (one is "
                          f"started only with {min_start_s:.0f} s left before the jobs are stopped): give at least "
                          f"{math.ceil(10 * need) / 10:g}")
-    outcomes = Scheduler(jobs=jobs, settings=settings, work=work, deadline=deadline, grace_s=grace_s,
-                         min_start_s=min_start_s).run()
+    with mps_daemon(work / "mps") if settings.mps else contextlib.nullcontext({}) as env:
+        outcomes = Scheduler(jobs=jobs, settings=settings, work=work, deadline=deadline, grace_s=grace_s,
+                             min_start_s=min_start_s, env=env).run()
+    if settings.mps:
+        print(f"MPS: {clients_served(work / 'mps')} client connection(s) in {work / 'mps' / 'log'}")
     progress, lines = {}, {}
     for job in jobs:
         try:

@@ -172,9 +172,11 @@ def timings_table(calls: Sequence[Sequence[Mapping[str, Any]]]) -> list[str]:
 
 def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[str, Any]) -> str:
     """quality.md: the tables of one benchmark run."""
-    s = doc["setup"]
+    s, settings = doc["setup"], doc["settings"]
     by_arch = {c.arch: c for c in curves}
-    lines = [f"Results of `bench/quality.py` ({doc['created']}, {doc['device']}): {len(curves)} architectures, "
+    sharing = "as clients of CUDA MPS" if settings.get("mps") else "time-sliced"
+    lines = [f"Results of `bench/quality.py` ({doc['created']}, {doc['device']}, {settings['gpus']} GPU(s), the "
+             f"jobs on a GPU {sharing}): {len(curves)} architectures, "
              f"{s['budget_min']:g} minutes of training clock each, validated every {s['val_every_min']:g} minutes "
              f"({s['val_metric']} metric); data: preset `{s['preset']}` seed {s['seed']}; "
              f"{len(report['crops']['scored'])} test crops scored, tuned on {len(report['crops']['tuning'])} "

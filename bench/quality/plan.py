@@ -49,6 +49,8 @@ class Settings:
             scoring processes).
         gpus: GPUs the jobs spread over (each with its own `concurrent` slots and an equal share of the cores):
             with 2, the two waves of the default plan run at once, each on a GPU of its own.
+        mps: run the jobs as clients of CUDA MPS (`bench/quality/mps.py`): the kernels of the jobs sharing a GPU
+            run at once instead of taking turns.
         device: "auto" (CUDA when present) or "cpu".
     """
 
@@ -63,6 +65,7 @@ class Settings:
     concurrent: Mapping[str, int] = field(default_factory=lambda: {"3d": 2, "2d": 2})
     cores: Mapping[str, int] = field(default_factory=lambda: {"3d": 3, "2d": 5})
     gpus: int = 1
+    mps: bool = False
     device: str = "auto"
 
     def to_json(self) -> dict[str, Any]:

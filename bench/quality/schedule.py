@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ class Scheduler:
         grace_s: how long a stopped job may take to checkpoint before it is killed.
         min_start_s: the least time before the deadline at which a job is still started.
         command: the job's command line given its loader workers (`train_command`).
+        env: variables every job gets on top of this process's (the MPS client's, `bench/quality/mps.py`).
     """
 
     jobs: Sequence[Job]
@@ -72,6 +73,7 @@ class Scheduler:
     grace_s: float = 45.0
     min_start_s: float = 180.0
     command: Callable[[Job, int], list[str]] = field(default_factory=lambda: train_command)
+    env: Mapping[str, str] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -126,7 +128,7 @@ class Scheduler:
         cmd = self.command(job, len(cpus) - 1)
         if shutil.which("taskset"):
             cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
-        env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "OMP_NUM_THREADS": str(len(cpus)), "PYTHONUNBUFFERED": "1"}
         if self.settings.gpus > 1:  # the job sees its own GPU only (as cuda:0)
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
             env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if len(visible) > gpu and visible[gpu] else str(gpu)

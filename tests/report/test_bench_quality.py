@@ -78,6 +78,7 @@ def test_quick_run_writes_the_result_files(quick: tuple[Path, Path]) -> None:
     (["--set", "vit_9d:optim.lr=1"], "'vit_9d' is not one of the jobs"),
     (["--cores", "1,99"], "a 2d job needs 99 cores"),
     (["--gpus", "0"], "--gpus 0: at least 1"),
+    (["--mps"], "--mps shares a GPU between processes"),
     (["--architectures", "unet_3d,unet_2d,unet_3d"], "jobs named more than once: ['unet_3d']"),
     (["--architectures", "unet_3d,unet_4d+sgd"], "unet_4d+sgd"),
 ])
@@ -167,6 +168,7 @@ FAKE_GPU_JOB = """
 import os, pathlib, sys, time
 run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True)
 (run / "gpu").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+(run / "mps").write_text(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "unset"))
 time.sleep(float(sys.argv[2]))
 (run / "result.json").write_text("{}")
 """
@@ -187,7 +189,7 @@ def test_two_gpus_run_their_slots_side_by_side(tmp_path: Path, monkeypatch: pyte
         return [sys.executable, str(script), str(job.run_dir), "1.5" if job.kind == "3d" else "0.2"]
 
     sched = schedule.Scheduler(jobs=jobs, settings=settings, work=tmp_path, deadline=time.monotonic() + 60,
-                               grace_s=10.0, min_start_s=0.5, command=fake)
+                               grace_s=10.0, min_start_s=0.5, command=fake, env={"CUDA_MPS_PIPE_DIRECTORY": "p"})
     assert len(sched.free) == 2 and all(len(cores) >= 1 for cores in sched.free)
     assert sched.run() == {"unet_3d": "done", "resnet_3d": "done", "unet_2d": "done"}
     starts = [e for e in schedule.read_schedule(tmp_path) if e["event"] == "start"]
@@ -195,6 +197,7 @@ def test_two_gpus_run_their_slots_side_by_side(tmp_path: Path, monkeypatch: pyte
     for job in jobs:
         gpu = next(e["gpu"] for e in starts if e["arch"] == job.arch)
         assert (job.run_dir / "gpu").read_text() == str(gpu)
+        assert (job.run_dir / "mps").read_text() == "p"  # the scheduler's extra environment (an MPS client's)
 
 
 def test_a_variant_is_a_second_job_of_the_same_config(tmp_path: Path) -> None:
@@ -315,3 +318,41 @@ def test_report_cost_table_spans_the_calls():
         "| report step | call 1 (s) | call 2 (s) |", "|---|---|---|",
         "| 1. single | 60.0 | 0.5 r |", "| 2. uniform | — | 30.0 |",
         "| **total** | **60.0** | **30.5** |", ""]
+
+
+# A stand-in for NVIDIA's MPS control program: `-d` creates the control pipe (as a file) and records a client
+# connection the way control.log does; "quit" on stdin removes the pipe; FAIL in the environment fails `-d`.
+FAKE_MPS_CONTROL = """#!/bin/sh
+pipe="$CUDA_MPS_PIPE_DIRECTORY/control"
+if [ "$1" = -d ]; then
+  [ -n "$FAIL" ] && { echo "cannot start daemon" >&2; exit 1; }
+  [ -e "$pipe" ] && { echo "already running" >&2; exit 1; }
+  echo start >> "$CUDA_MPS_LOG_DIRECTORY/calls"; touch "$pipe"
+  echo "[INFO] NEW CLIENT 0 from user 1000: Server already exists" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  exit 0
+fi
+read -r command; echo "$command" >> "$CUDA_MPS_LOG_DIRECTORY/calls"; [ "$command" = quit ] && rm -f "$pipe"
+"""
+
+
+def test_mps_daemon_starts_quits_and_replaces_a_stale_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mps = load("bench.quality.mps")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"), prepend=":")
+    with pytest.raises(ValueError, match="nvidia-cuda-mps-control is not on PATH"):
+        mps.control_binary()
+    (tmp_path / "bin").mkdir()
+    control = tmp_path / "bin" / mps.CONTROL
+    control.write_text(FAKE_MPS_CONTROL)
+    control.chmod(0o755)
+    folder = tmp_path / "mps"
+    (folder / "pipe").mkdir(parents=True)
+    (folder / "pipe" / "control").touch()  # a daemon left by a killed step: quit before starting
+    with pytest.raises(RuntimeError, match="job failed"), mps.mps_daemon(folder) as env:
+        assert env == mps.client_env(folder) and (folder / "pipe" / "control").exists()
+        raise RuntimeError("job failed")
+    assert not (folder / "pipe" / "control").exists()  # quit even when the block fails
+    assert (folder / "log" / "calls").read_text().split() == ["quit", "start", "quit"]
+    assert mps.clients_served(folder) == 1
+    monkeypatch.setenv("FAIL", "1")
+    with pytest.raises(ValueError, match=r"-d failed \(exit 1\): cannot start daemon"), mps.mps_daemon(folder):
+        pass
