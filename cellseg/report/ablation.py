@@ -10,7 +10,8 @@ Stages (each keeps everything of the one before and changes one thing):
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
 4. + TTA: every run with a positive stage-3 weight for some class predicts with the 8 test-time transforms,
    combined with stage 3's weights (refitting them would change two things at once; a run of weight 0 for
-   every class would add nothing);
+   every class would add nothing); with the members in several processes these predictions begin beside stages
+   2-3 (GPU work beside CPU work), and a member stage 3 leaves out is skipped if it has not begun;
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
@@ -61,7 +62,7 @@ from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
-from cellseg.report.predictions import predict_all
+from cellseg.report.predictions import BackgroundPredictions, predict_all, predict_jobs
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
 from cellseg.report.scoring import (
@@ -252,22 +253,43 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
     from cellseg.postprocess.apply import postprocess_store, resolve
 
     era, n = opts.tuning_era, len(plan.predicted)
-    with timings.step("2. uniform ensemble", resumed=layout.ensemble("uniform").exists()):
-        uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
-    with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
-                      resumed=layout.ensemble("weighted").exists()):
-        weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
-                                 val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
-                                 progress=opts.progress)
+    tta_resumed = any(layout.predictions(run, TTA_TRANSFORMS).exists() for run in runs)
+    background = None
+    if not layout.ensemble("weighted").exists() and predict_jobs(opts.predict_jobs, len(runs), opts.device,
+                                                                  tta=TTA_TRANSFORMS) > 1:
+        # Stage 4's predictions start now, on the GPUs, while stages 2-3 ensemble and fit on the CPU; stage 3
+        # then names the members stage 4 needs, and the others are skipped if they have not begun.
+        background = BackgroundPredictions(runs, layout, plan, opts, tta=TTA_TRANSFORMS)
+    try:
+        with timings.step("2. uniform ensemble", resumed=layout.ensemble("uniform").exists()):
+            uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
+        with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
+                          resumed=layout.ensemble("weighted").exists()):
+            weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
+                                     val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
+                                     progress=opts.progress)
+    except BaseException:
+        if background is not None:  # no member starts any more; those begun finish their stores
+            background.keep([])
+            with contextlib.suppress(Exception):
+                background.result()
+        raise
     # Stage 4 reuses stage 3's weights: a member with weight 0 for every class adds nothing, so only the others
     # predict with TTA (the same stage-4 store, for a fraction of the GPU time).
     used = tta_members(weighted, tta1, plan.predicted)
     unused = [r.name for i, r in enumerate(runs) if i not in used]
     if unused:
-        log.info("4. + TTA: %s have weight 0 for every class: not predicted with TTA", ", ".join(unused))
+        log.info("4. + TTA: %s have weight 0 for every class: not predicted with TTA%s", ", ".join(unused),
+                 " unless begun beside stages 2-3" if background is not None else "")
+    beside = " begun beside stages 2-3" if background is not None else ""
     with timings.step(f"4. + TTA: predict {n} crops with {TTA_TRANSFORMS} transforms ({len(used)} of {len(runs)} "
-                      "members)", resumed=any(layout.predictions(runs[i], TTA_TRANSFORMS).exists() for i in used)):
-        tta8 = predict_all([runs[i] for i in used], layout, plan, opts, tta=TTA_TRANSFORMS)
+                      f"members{beside})", resumed=tta_resumed):
+        if background is not None:
+            background.keep([runs[i] for i in used])
+            every = background.result()
+            tta8 = [every[i] for i in used]
+        else:
+            tta8 = predict_all([runs[i] for i in used], layout, plan, opts, tta=TTA_TRANSFORMS)
     with timings.step("TTA: ensemble with stage 3's weights; switch TTA off for the classes it does not help on "
                       "the tuning crops", resumed=layout.ensemble("weighted_tta8").exists()):
         weights = weighted.path / WEIGHTS_FILE

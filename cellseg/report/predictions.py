@@ -25,8 +25,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -181,12 +181,13 @@ def _member_error(run_dir: Path, err: BaseException) -> BaseException:
         return RuntimeError(f"{type(err).__name__}: {message}")
 
 
-def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, popts: InferConfig, jobs: int
-                          ) -> list[tuple[RunInfo, Path]]:
-    """Every member in `jobs` spawned processes; returns the members that ran out of GPU memory (the others go
-    on). Any other failure: the first failing member (in member order among those failed when the first failure
-    is seen) is raised here with its run directory, the members not yet started are cancelled and those running
-    finish their stores."""
+def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, popts: InferConfig, jobs: int,
+                          skip: Callable[[RunInfo], bool] | None = None) -> list[tuple[RunInfo, Path]]:
+    """Every member in `jobs` spawned processes, each submitted when a process is free (a member for which
+    `skip` is true by then is left out); returns the members that ran out of GPU memory (the others go on). Any
+    other failure: the first failing member (in member order among those failed when the first failure is seen)
+    is raised here with its run directory, the members not yet started are dropped and those running finish
+    their stores."""
     threads = max(1, len(os.sched_getaffinity(0)) // jobs)
     level = logging.getLogger("cellseg").getEffectiveLevel()
     context = multiprocessing.get_context("spawn")
@@ -195,33 +196,43 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
         log.info("predicting in %d processes over %d GPUs (%s)", jobs, len(gpus), ",".join(gpus))
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
                                initargs=(level, threads, os.getpid(), gpus, context.Value("i", 0)))
+    queue = list(members)
+    futures: dict[Future[str], tuple[RunInfo, Path]] = {}  # in member order
+    pending: set[Future[str]] = set()
+    short_of_memory: list[Future[str]] = []
     try:
-        futures: dict[Future[str], tuple[RunInfo, Path]] = {
-            pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts): (run, out)
-            for run, out in members}
-        order = {future: i for i, future in enumerate(futures)}  # member order
-        pending, short_of_memory = set(futures), []
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            failed = [f for f in done if not f.cancelled() and f.exception()]
+        while queue or pending:
+            while queue and len(pending) < jobs:
+                run, out = queue.pop(0)
+                if skip is not None and skip(run):
+                    continue
+                future = pool.submit(_predict_member, str(run.run_dir), crops, str(out), popts)
+                futures[future] = (run, out)
+                pending.add(future)
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            failed = [f for f in done if f.exception()]
             short_of_memory += [f for f in failed if _out_of_memory(f.exception())]
             failed = [f for f in failed if not _out_of_memory(f.exception())]
             if failed:
-                for future in futures:
-                    future.cancel()
+                queue.clear()
+                order = list(futures)
                 # a worker that raised beats those whose pool broke because another worker died
-                future = min(failed, key=lambda f: (isinstance(f.exception(), BrokenProcessPool), order[f]))
+                future = min(failed, key=lambda f: (isinstance(f.exception(), BrokenProcessPool), order.index(f)))
                 err = future.exception()
                 raise _member_error(futures[future][0].run_dir, err) from err
-        return [futures[f] for f in sorted(short_of_memory, key=order.get)]
+        order = list(futures)
+        return [futures[f] for f in sorted(short_of_memory, key=order.index)]
     finally:  # also on Ctrl-C: no member starts after this
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int
-                ) -> list[Path]:
+def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int,
+                skip: Callable[[RunInfo], bool] | None = None) -> list[Path]:
     """Every run's predictions of every crop the report needs (a finished store is only checked), in
-    `opts.predict_jobs` processes (module docstring); the stores' paths, in the order of `runs`.
+    `opts.predict_jobs` processes (module docstring); the stores' paths, in the order of `runs`. A run for which
+    `skip` is true when its turn comes is not predicted (its store is left as it is).
 
     Raises:
         Whatever a member's prediction raised (in processes: the same type where possible, its message
@@ -236,6 +247,15 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
                  len(every) - len(members), len(every), tta)
     for _, out in members:
         out.parent.mkdir(parents=True, exist_ok=True)
+    skipped: list[str] = []
+
+    def skipping(run: RunInfo) -> bool:
+        if skip is None or not skip(run):
+            return False
+        log.info("%s (tta=%d): not predicted, no longer needed", run.name, tta)
+        skipped.append(run.name)
+        return True
+
     crops = ",".join(plan.predicted)
     jobs = predict_jobs(opts.predict_jobs, len(members), opts.device, tta=tta) if members else 1
     if jobs == 1:
@@ -243,6 +263,8 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
 
         popts = infer_config(opts, tta, progress=opts.progress)
         for run, out in members:
+            if skipping(run):
+                continue
             message = _predict_or_free(run.run_dir, crops, out, popts)
             if message is not None and tta == 1:
                 raise RuntimeError(f"member {run.run_dir}: out of GPU memory alone on the GPU ({message})")
@@ -252,7 +274,7 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
                 predict_run(run.run_dir, crops, out, dataclasses.replace(popts, tta_fold=1))
     else:
         popts = infer_config(opts, tta, progress=False)
-        again = _predict_in_processes(members, crops, popts, jobs)
+        again = _predict_in_processes(members, crops, popts, jobs, skipping)
         if again:  # alone on a GPU, one TTA pass per forward (the same predictions, to float rounding)
             alone = max(1, len(visible_gpus(opts.device)))
             log.warning("%s ran out of GPU memory beside the other members' processes: predicting again in %d "
@@ -263,8 +285,46 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
             raise RuntimeError(f"member {again[0][0].run_dir}: out of GPU memory even alone on a GPU with one TTA "
                                "pass per forward; predict on a GPU with more memory")
     where = "in this process" if jobs == 1 else f"in {jobs} processes"
-    log.info("predicted %d members (tta=%d) %s: %.1f s", len(members), tta, where, time.perf_counter() - started)
+    log.info("predicted %d members (tta=%d) %s: %.1f s", len(members) - len(skipped), tta, where,
+             time.perf_counter() - started)
     return [out.resolve() for _, out in every]
+
+
+class BackgroundPredictions:
+    """`predict_all` in a thread of its own, so that the GPU predicts while this thread does CPU work (a report's
+    ensembling and weight fit); `keep` narrows the runs to predict before their turn comes (the others are
+    skipped, those already begun finish), `result` waits for the predictions and raises what they raised."""
+
+    def __init__(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *,
+                 tta: int) -> None:
+        self._keep: set[Path] | None = None
+        self._lock = threading.Lock()
+        self._outcome: list[Path] | BaseException = RuntimeError("predictions not finished")
+        self._thread = threading.Thread(target=self._run, args=(runs, layout, plan, opts, tta), daemon=True,
+                                        name=f"predict-tta{tta}")
+        self._thread.start()
+
+    def _run(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, tta: int) -> None:
+        try:
+            self._outcome = predict_all(runs, layout, plan, opts, tta=tta, skip=self._skip)
+        except BaseException as err:  # raised in `result`, on the thread that waits
+            self._outcome = err
+
+    def _skip(self, run: RunInfo) -> bool:
+        with self._lock:
+            return self._keep is not None and run.run_dir not in self._keep
+
+    def keep(self, runs: Sequence[RunInfo]) -> None:
+        """Predict only `runs` from now on."""
+        with self._lock:
+            self._keep = {run.run_dir for run in runs}
+
+    def result(self) -> list[Path]:
+        """The stores' paths of every run given (`predict_all`), once the predictions are done."""
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome
 
 
 def finished_store(run: RunInfo, out: Path, crops: Sequence[str], opts: ReportOptions, tta: int) -> bool:

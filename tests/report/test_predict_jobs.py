@@ -31,6 +31,7 @@ from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
 from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
 from cellseg.report.predictions import (
+    BackgroundPredictions,
     _init_worker,
     auto_jobs,
     next_gpu,
@@ -181,6 +182,38 @@ def _parent(stat: Path) -> int:
         return int(stat.read_text().rpartition(")")[2].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def test_background_predictions_skip_the_runs_left_out_before_their_turn(report_runs, sequential, tmp_path,
+                                                                        caplog):
+    """A report's stage 4 begins beside stages 2-3 (`BackgroundPredictions`): two processes take the first two
+    members at once, `keep` drops the third before its turn, and the stores are those predicted one by one."""
+    _, plan, one = sequential
+    third = tmp_path / "third_run"
+    shutil.copytree(report_runs[1], third)
+    every = check_runs([*report_runs, third])
+    layout = Layout(tmp_path / "background")
+    caplog.set_level(logging.INFO, logger="cellseg")
+    background = BackgroundPredictions(every, layout, plan, _options(report_runs, tmp_path / "background", 2), tta=1)
+    background.keep(every[:2])  # the first two are running or about to: the third's turn comes after one ends
+    stores = background.result()
+    assert stores == [layout.predictions(r, 1).resolve() for r in every]
+    _assert_same_stores(one, stores[:2], len(plan.predicted))
+    assert not stores[2].exists()
+    assert "third_run (tta=1): not predicted, no longer needed" in caplog.text
+    assert "predicted 2 members (tta=1) in 2 processes" in caplog.text
+
+
+def test_background_predictions_raise_a_members_failure_on_result(report_runs, tiny_synth_root, tmp_path):
+    broken = tmp_path / "broken_run"
+    shutil.copytree(report_runs[1], broken)
+    runs = check_runs([report_runs[0], broken])
+    checkpoint_file(runs[1].run_dir, "best").write_bytes(b"not a checkpoint")
+    plan = plan_crops(runs, tiny_synth_root, crops="test", tune_crops="val")
+    background = BackgroundPredictions(runs, Layout(tmp_path / "r"), plan, _options(runs, tmp_path / "r", 1), tta=1)
+    with pytest.raises(ValueError, match="not a readable checkpoint") as err:  # on the thread that waits
+        background.result()
+    assert str(broken) in str(err.value)
 
 
 def test_a_failing_member_is_named_and_the_other_finishes(report_runs, tiny_synth_root, tmp_path):

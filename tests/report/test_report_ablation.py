@@ -138,6 +138,20 @@ def test_stage_4_predicts_the_members_stage_3_weighs(report_dir, report_runs):
     assert doc["stage_switches"]["tta"]["without_weight"] == [n for n in names if n not in predicted]
 
 
+def test_stage_4_begins_beside_stages_2_and_3_when_members_predict_in_processes(report_dir, report_runs, tmp_path):
+    """With the members in processes, stage 4's predictions run while stages 2-3 ensemble and fit: the same
+    report as one member after the other (stores equal to float16 rounding; the scores to the last voxels)."""
+    out = tmp_path / "report"
+    run_report(_options(report_runs, out, predict_jobs=2))
+    doc, before = _doc(out), _doc(report_dir)
+    assert [t["step"] for t in doc["timings"] if t["step"].startswith("4. + TTA")] == [
+        f"4. + TTA: predict 2 crops with 8 transforms ({len(report_runs)} of {len(report_runs)} members begun beside "
+        "stages 2-3)"]
+    for stage, expected in zip(doc["stages"], before["stages"], strict=True):
+        for era in ("2025", "2026"):
+            assert stage["scores"][era]["overall"] == pytest.approx(expected["scores"][era]["overall"], abs=0.01)
+
+
 def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     """Of two members, one of weight 0 everywhere but on a finer grid: stage 4 still predicts it, so that its
     ensemble has stage 3's grid (grid "finest")."""
