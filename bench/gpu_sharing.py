@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 READY_TIMEOUT_S = 600.0  # compilation of four models at once on a shared host
+REPO = Path(__file__).resolve().parents[1]  # the jobs import `bench` from here, whatever the working directory
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -74,7 +75,8 @@ def run_mode(jobs: list[tuple[str, int | None]], args: argparse.Namespace, env: 
                "--seconds", str(args.seconds), "--ready", str(folder / f"{i}.ready"), "--start", str(start),
                "--result", str(folder / f"{i}.json"), *(["--batch", str(batch)] if batch else []),
                *(["--quick"] if args.quick else [])]
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **env}))
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONPATH": path}))
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not all((folder / f"{i}.ready").exists() for i in range(len(jobs))):
         if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
