@@ -133,11 +133,12 @@ def check(settings: Settings, work: Path) -> list[Job]:
     tc = jobs[0].cfg.train
     kinds = {k: sum(j.kind == k for j in jobs) for k in ("3d", "2d")}
     waves = max(math.ceil(n / max(settings.concurrent[k] * settings.gpus, 1)) for k, n in kinds.items())
+    sharing = " under MPS" if settings.mps else ""
     print(f"plan: {len(jobs)} jobs ({kinds['3d']} 3D, {kinds['2d']} 2D), {tc.time_budget_min:g} training minutes "
           f"each, validated every {tc.val_every_min:g}; {settings.concurrent['3d']} 3D + {settings.concurrent['2d']} "
-          f"2D at a time on each of {settings.gpus} GPU(s){' under MPS' if settings.mps else ''}, on {settings.cores['3d']} / {settings.cores['2d']} "
-          f"cores: {waves} wave(s) of "
-          f"{tc.time_budget_min:g} min + set-up, compilation and validation each")
+          f"2D at a time on each of {settings.gpus} GPU(s){sharing}, on {settings.cores['3d']} / "
+          f"{settings.cores['2d']} cores: {waves} wave(s) of {tc.time_budget_min:g} min + set-up, compilation and "
+          "validation each")
     return jobs
 
 

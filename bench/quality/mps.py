@@ -67,9 +67,13 @@ def _quit(binary: str, env: dict[str, str]) -> None:
     pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
     if not pipe.exists():
         return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run([binary], input="quit\n", env=env, capture_output=True, text=True, timeout=QUIT_TIMEOUT_S,
-                       check=False)
+    try:
+        asked = subprocess.run([binary], input="quit\n", env=env, capture_output=True, text=True,
+                               timeout=QUIT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return
+    if asked.returncode != 0:  # no daemon behind the pipe (the control program found none to talk to)
+        return
     deadline = time.monotonic() + QUIT_TIMEOUT_S
     while pipe.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
