@@ -85,9 +85,9 @@ def apply_taps(volume: np.ndarray, taps: list[AxisTaps], *, offsets: tuple[int, 
         offsets: the whole-array index of `volume[0, 0, 0]` per axis.
 
     Returns:
-        The resampled array; unless every axis is single-tap (nearest), which keeps the dtype: float32 for a
-        float16/float32 volume (probabilities: half the memory traffic of float64, within float32 rounding of
-        it), float64 otherwise (EM and other integer data, rounded once at the end by the caller).
+        The resampled array: in the volume's dtype when every axis is single-tap (nearest); otherwise float32
+        for a float16/float32 volume (probabilities: half the memory traffic of float64, within float32 rounding
+        of it) and float64 for any other (EM and other integer data, rounded once at the end by the caller).
     """
     out = volume
     single = volume.dtype.kind == "f" and volume.dtype.itemsize <= 4
