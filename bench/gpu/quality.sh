@@ -3,7 +3,8 @@
 # step as soon as one returns (the machine, and the work folder on it, go back when idle). On two GPUs (the plan
 # that fits 30 device minutes: both waves in one call, ~7 min):
 #   OUT=OUT bash bench/gpu/quality.sh setup --gpus 2 --mps  # the `quality` data root, 16 processes (~2.5 min)
-#   OUT=OUT bash bench/gpu/quality.sh train           # all eight jobs; exit 75: again (they resume)
+#   OUT=OUT bash bench/gpu/quality.sh train report    # all eight jobs, then the report in the minutes left; exit
+#                                                     # 75: `train report` again while jobs were stopped, else report
 #   OUT=OUT bash bench/gpu/quality.sh report          # cellseg report over the 8 runs + the result files; exit 75:
 #                                                     # again (it resumes: stores, tuned classes, evaluations)
 # On one GPU: setup, then train twice (first wave resnet_3d, unet_3d, swin_2d, unet_2d; second wave swin_3d,

@@ -75,7 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="report: processes predicting the members (cellseg report --predict-jobs; default auto)")
     p.add_argument("--allow-missing", action="store_true",
                    help="report: leave out runs that did not finish their budget instead of failing")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # steps after options too: `train --out O report`
     unknown = [s for s in args.steps if s not in (*STEPS, "all")]
     if unknown:
         p.error(f"unknown step(s) {unknown}: choose from {', '.join(STEPS)} or all")

@@ -89,6 +89,12 @@ def test_bad_input_fails_before_training(tmp_path: Path, capsys: pytest.CaptureF
     assert not (tmp_path / "work").exists()
 
 
+def test_steps_may_follow_the_options() -> None:
+    # `bash bench/gpu/quality.sh train report` passes the second step after the script's own options
+    args = load("bench.quality.cli").parse_args(["train", "--out", "o", "--work", "w", "report"])
+    assert args.steps == ["train", "report"] and args.out == Path("o")
+
+
 def test_report_refuses_a_run_that_never_validated(quick: tuple[Path, Path], tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     work = tmp_path / "work"
