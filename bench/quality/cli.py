@@ -38,6 +38,9 @@ REPORT_FIGURES = {"overall.png": "quality_overall.png", "classes_2026.png": "qua
                   "report.md": "quality_report.md"}  # cellseg report's files worth bringing back, renamed
 EXIT_BAD_INPUT = 2
 MIN_START_S = 150.0  # the least time before a train step's deadline at which a job is still started
+# the least time a report is started with: the report's start, the truth of the scored crops and the members' first
+# loads took 15-30 s on the GPU host; with less, a `train report` call leaves the report to the next call
+MIN_REPORT_S = 60.0
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -266,7 +269,10 @@ def report(settings: Settings, work: Path, out: Path, args: argparse.Namespace, 
     if args.predict_jobs:
         cmd += ["--predict-jobs", args.predict_jobs]
     remaining = started + 60 * args.step_limit_min - time.monotonic() - 20  # 20 s: the result files after it
-    code = run_in_session(cmd, timeout_s=max(remaining, 1))
+    if remaining < MIN_REPORT_S:  # after `train` in the same call: too little left to load a member
+        print(f"{max(remaining, 0):.0f} s left of the step limit: run the report step next", file=sys.stderr)
+        return EXIT_RESUMABLE
+    code = run_in_session(cmd, timeout_s=remaining)
     if code is None:
         print("the report was cut by the step limit: run the report step again (it resumes)", file=sys.stderr)
         return EXIT_RESUMABLE

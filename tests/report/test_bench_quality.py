@@ -89,6 +89,16 @@ def test_bad_input_fails_before_training(tmp_path: Path, capsys: pytest.CaptureF
     assert not (tmp_path / "work").exists()
 
 
+def test_a_report_with_too_little_time_left_is_left_to_the_next_call(quick: tuple[Path, Path], tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(quick[1] / "runs", work / "runs")
+    shutil.copy(quick[1] / "plan.json", work / "plan.json")
+    assert load().main(["report", "--step-limit-min", "1", "--out", str(tmp_path / "out"), "--work", str(work)]) == 75
+    assert "run the report step next" in capsys.readouterr().err
+    assert not (work / "report").exists()  # nothing started
+
+
 def test_steps_may_follow_the_options() -> None:
     # `bash bench/gpu/quality.sh train report` passes the second step after the script's own options
     args = load("bench.quality.cli").parse_args(["train", "--out", "o", "--work", "w", "report"])
