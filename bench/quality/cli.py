@@ -38,8 +38,8 @@ REPORT_FIGURES = {"overall.png": "quality_overall.png", "classes_2026.png": "qua
                   "report.md": "quality_report.md"}  # cellseg report's files worth bringing back, renamed
 EXIT_BAD_INPUT = 2
 MIN_START_S = 150.0  # the least time before a train step's deadline at which a job is still started
-# the least time a report is started with: the report's start, the truth of the scored crops and the members' first
-# loads took 15-30 s on the GPU host; with less, a `train report` call leaves the report to the next call
+# the least time a report is started with (a judgement): before it keeps anything it imports, builds the truth of the
+# scored crops (5.7 s on the GPU host) and loads the members; with less, a `train report` call leaves it to the next
 MIN_REPORT_S = 60.0
 
 
