@@ -269,10 +269,8 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
                                      val_crops=list(plan.tuning), fit=FitOptions(metric=era, device=opts.device),
                                      progress=opts.progress)
     except BaseException:
-        if background is not None:  # no member starts any more; those begun finish their stores
-            background.keep([])
-            with contextlib.suppress(Exception):
-                background.result()
+        if background is not None:
+            background.abandon()
         raise
     # Stage 4 reuses stage 3's weights: a member with weight 0 for every class adds nothing, so only the others
     # predict with TTA (the same stage-4 store, for a fraction of the GPU time).

@@ -217,13 +217,12 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
             failed = [f for f in failed if not _out_of_memory(f.exception())]
             if failed:
                 queue.clear()
-                order = list(futures)
+                order = {f: i for i, f in enumerate(futures)}  # member order
                 # a worker that raised beats those whose pool broke because another worker died
-                future = min(failed, key=lambda f: (isinstance(f.exception(), BrokenProcessPool), order.index(f)))
+                future = min(failed, key=lambda f: (isinstance(f.exception(), BrokenProcessPool), order[f]))
                 err = future.exception()
                 raise _member_error(futures[future][0].run_dir, err) from err
-        order = list(futures)
-        return [futures[f] for f in sorted(short_of_memory, key=order.index)]
+        return [futures[f] for f in futures if f in short_of_memory]  # in member order
     finally:  # also on Ctrl-C: no member starts after this
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -318,6 +317,12 @@ class BackgroundPredictions:
         """Predict only `runs` from now on."""
         with self._lock:
             self._keep = {run.run_dir for run in runs}
+
+    def abandon(self) -> None:
+        """Start no more members and wait for those begun (their stores finish; their errors are dropped: the
+        caller is failing already)."""
+        self.keep([])
+        self._thread.join()
 
     def result(self) -> list[Path]:
         """The stores' paths of every run given (`predict_all`), once the predictions are done."""
