@@ -24,8 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             Stages 1-4 are scored as the official evaluator reads a binary prediction (probability > 0.5,
             instance classes as 26-connected components), stage 5 with the post-processed masks and ids; each
             is written as a submission at the truth's geometry and scored with `cellseg evaluate`'s code.
-            Stages 4 and 5 are switched off for each class they do not improve on the tuning crops (that
-            class keeps the previous stage's prediction); the report names those classes.
+            Stages 2, 4 and 5 are switched off for each class they do not improve on the tuning crops (that
+            class keeps the previous stage's prediction; stage 2's is the best single model's); the report
+            names those classes.
 
             Writes REPORT_DIR/report.md (tables), report.json (everything) and PNGs (overall and per-class
             bars, slice overlays), and prints the ablation table. Intermediate stores go to REPORT_DIR/stores

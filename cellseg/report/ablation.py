@@ -6,7 +6,8 @@ Stages (each keeps everything of the one before and changes one thing):
    `cellseg.report.predictions`); in each era, the best of them by its decision score on the tuning crops
    (`cellseg.report.decisions`; the eras may disagree on which run is best), shown with its scores on the
    scored crops;
-2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform");
+2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform"), for the classes
+   where it beats the best single model on the tuning crops (the others keep that model's);
 3. weighted ensemble: per-class weights fitted on the tuning crops (`ensemble`, weights "auto");
 4. + TTA: every run with a positive stage-3 weight for some class predicts with the 8 test-time transforms,
    combined with stage 3's weights (refitting them would change two things at once; a run of weight 0 for
@@ -15,7 +16,7 @@ Stages (each keeps everything of the one before and changes one thing):
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
-Stages 4 and 5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
+Stages 2, 4 and 5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
 tuning crops keeps the previous stage's prediction, and the report names those classes.
 
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
@@ -37,8 +38,8 @@ interrupted report resumes; `--overwrite` starts over):
                                        postprocess_params.partial.json, the classes tuned so far),
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
-    stores/ensemble_weighted_tta8_switched.zarr, stores/postprocessed_switched.zarr: stages 4 and 5 with
-                                       classes switched off (only when some are)
+    stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_tta8_switched.zarr,
+    stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are)
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from cellseg.report.scoring import (
     scoring_beside,
     thresholding_of,
 )
-from cellseg.report.switches import switch_postprocess, switch_tta
+from cellseg.report.switches import switch_postprocess, switch_tta, switch_uniform
 from cellseg.report.truth import build_truth, truth_labels
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class Stores:
     with_tta: PredictionStore  # TTA switched off for the classes it does not help
     postprocessed: PredictionStore  # post-processing switched off for the classes it does not help
     params: Any  # the tuned `ParamSet`
-    switches: dict[str, Any]  # "tta", "postprocess" → `cellseg.report.switches` documents
+    switches: dict[str, Any]  # "uniform", "tta", "postprocess" → `cellseg.report.switches` documents
 
 
 def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
@@ -239,16 +240,19 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         tta1 = predict_all(runs, layout, plan, opts, tta=1)
     truth = tuning_truth(layout, plan, runs, root)  # before the single models are scored on it
     # The single models are thresholded and scored on the CPU while the later stages use the GPU (stage 4's
-    # predictions take minutes); `score_stages` reads their evaluations back.
+    # predictions take minutes); `score_stages` reads their evaluations back. Those on the tuning crops are
+    # scored by stage 2's switch, the others beside the stages.
+    jobs = single_jobs(runs, tta1, layout, plan)
+    on_tuning = {r.name: jobs.get(single_key(r, tuning=True), jobs[single_key(r)])[1] for r in runs}
     beside = max(1, opts.scoring_workers // 2)
-    with scoring_beside([job for _, job in single_jobs(runs, tta1, layout, plan).values()], opts.eras,
+    with scoring_beside([job for _, job in jobs.values() if job not in on_tuning.values()], opts.eras,
                         workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS)):
-        return _later_stages(runs, tta1, truth, root, plan, layout, opts, timings)
+        return _later_stages(runs, tta1, on_tuning, truth, root, plan, layout, opts, timings)
 
 
-def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: Path, plan: CropPlan,
-                  layout: Layout, opts: ReportOptions, timings: Timings) -> Stores:
-    """Stages 2-5 from the single models' stores `tta1` (`make_stores`)."""
+def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[str, ScoreJob], truth: Path,
+                  root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions, timings: Timings) -> Stores:
+    """Stages 2-5 from the single models' stores `tta1` and their jobs on the tuning crops (`make_stores`)."""
     from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.postprocess.apply import postprocess_store, resolve
 
@@ -263,6 +267,11 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
     try:
         with timings.step("2. uniform ensemble", resumed=layout.ensemble("uniform").exists()):
             uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
+        with timings.step("uniform ensemble: switch it off for the classes it does not help against the best single "
+                          "model on the tuning crops", resumed=layout.submission("tuning_uniform").exists()):
+            uniform, uniform_switch = switch_uniform(
+                uniform, on_tuning, layout, plan, truth, era, opts.eras, progress=opts.progress,
+                workers=max(1, opts.scoring_workers - opts.scoring_workers // 2), memory_share=0.5)
         with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
                           resumed=layout.ensemble("weighted").exists()):
             weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,
@@ -309,7 +318,8 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], truth: Path, root: 
         segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
                                                   workers=opts.scoring_workers, progress=opts.progress)
     return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
-                  params=params, switches={"era": era, "tta": tta_switch, "postprocess": pp_switch})
+                  params=params, switches={"era": era, "uniform": uniform_switch, "tta": tta_switch,
+                            "postprocess": pp_switch})
 
 
 def tta_members(weighted: PredictionStore, singles: Sequence[Path], crops: Sequence[str]) -> list[int]:

@@ -325,14 +325,14 @@ def bias_notes(runs: Sequence[RunInfo], scored: Sequence[str], tuning: Sequence[
     notes = []
     shared = [c for c in scored if c in tuning]
     if shared:
-        notes.append(f"The ensemble weights (stage 3, reused in 4), the post-processing parameters (stage 5) and the "
-                     f"choice of the best single model (stage 1) were made on {len(shared)} of the {len(scored)} "
+        notes.append(f"The ensemble weights (stage 3, reused in 4), the post-processing parameters (stage 5), the "
+                     f"choice of the best single model (stage 1) and the stage switches were made on {len(shared)} of the {len(scored)} "
                      f"crops they are scored on ({', '.join(shared)}): those stages are optimistically biased. "
                      "Pass --tune-crops with other crops (the default, the runs' tuning crops) for an unbiased "
                      "comparison.")
     else:
-        notes.append(f"The ensemble weights, the post-processing parameters and the choice of the best single model "
-                     f"were made on crops that are not scored ({', '.join(tuning)}): the stages are not biased by the "
+        notes.append(f"The ensemble weights, the post-processing parameters, the choice of the best single model and "
+                     f"the stage switches were made on crops that are not scored ({', '.join(tuning)}): the stages are not biased by the "
                      "scored crops.")
     decided = sorted({c for r in runs for c in scored if r.roles.get(c) == "tuning"}, key=crop_sort_key)
     if decided:

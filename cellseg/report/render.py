@@ -139,8 +139,9 @@ def crop_uses(report: Report) -> dict[str, str]:
     """What each set of crops was used for (report.md's header and report.json)."""
     era = ERA_TITLES[report.options.tuning_era]
     return {"scored": "every stage's scores and intervals",
-            "tuning": f"the ensemble weights (stage 3), the post-processing parameters (stage 5) and the choice of the "
-                      f"best single model (stage 1), each by the {era} in decision mode",
+            "tuning": f"the choice of the best single model (stage 1), the ensemble weights (stage 3), the "
+                      f"post-processing parameters (stage 5) and the per-class switches of stages 2, 4 and 5, each by "
+                      f"the {era} in decision mode",
             "checkpoints": "each run's best.pt was chosen during training on its own tuning crops (its "
                            "validation_roles.csv), in decision mode"}
 
@@ -191,24 +192,25 @@ def hierarchy_note(report: Report) -> list[str]:
     return [f"Hierarchy options of stage 5 (tuning crops, without → with): {'; '.join(items)}."] if items else []
 
 
-SWITCHED = {"tta": "4. TTA", "postprocess": "5. post-processing"}
+SWITCHED = {"uniform": "2. uniform ensemble", "tta": "4. TTA", "postprocess": "5. post-processing"}
 
 
 def switch_lines(report: Report) -> list[str]:
-    """Which classes had stage 4 or 5 switched off (they keep the previous stage's prediction), with the class
+    """Which classes had stage 2, 4 or 5 switched off (they keep the previous stage's prediction), with the class
     scores on the tuning crops that decided it."""
     if not report.switches:
         return []
     era = report.switches["era"]
     lines = ["## Stage switches", "",
              f"A stage that does not raise a class's {era} score on the tuning crops is switched off for that class, "
-             "which keeps the previous stage's prediction (stage 5 is compared with the plain decoding of stage 4).",
-             ""]
+             "which keeps the previous stage's prediction (stage 2 is compared with the best single model chosen in "
+             f"{era}, stage 5 with the plain decoding of stage 4).", ""]
     rows = []
     for key, title in SWITCHED.items():
         switch = report.switches[key]
-        idle = switch.get("without_weight")
-        lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}."
+        idle, best = switch.get("without_weight"), switch.get("best_single")
+        lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}"
+                     + (f" (they keep {best}'s prediction)" if best and switch["off"] else "") + "."
                      + (f" Not predicted with TTA (weight 0 for every class): {', '.join(idle)}." if idle else ""))
         rows += [[title, c, fmt(s["before"]), fmt(s["after"]), "on" if s["on"] else "**off**"]
                  for c, s in switch["classes"].items()]

@@ -148,7 +148,8 @@ class Report:
     figures: list[str] = field(default_factory=list)
     # era → {"stages" | "singles": `cellseg.report.bootstrap.stage_uncertainty`}
     uncertainty: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # "tta" | "postprocess" → {"off": classes, "classes": class → {"before", "after", "on"}} (`report.switches`)
+    # "era"; "uniform" | "tta" | "postprocess" → {"off": classes, "classes": class → {"before", "after", "on"}}
+    # ("uniform" also "best_single": the run it is compared with; `cellseg.report.switches`)
     switches: dict[str, Any] = field(default_factory=dict)
 
 

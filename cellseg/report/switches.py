@@ -1,6 +1,10 @@
 """Per-class stage switches: a stage of the report that does not help a class on the tuning crops is switched
 off for that class, which then keeps the previous stage's prediction.
 
+- Stage 2 (uniform ensemble): the single models and the uniform average, each decoded plainly, are scored on the
+  tuning crops in every era; the best single model is chosen there as stage 1 chooses it (in the tuning era),
+  and a class the uniform average does not improve takes that model's probabilities. (Stage 3 needs no switch:
+  its weight fit keeps, per class, the best of uniform, the fitted mixes and each member alone.)
 - Stage 4 (TTA): stage 3's and stage 4's probabilities, each decoded plainly (`plain_segmentation`), are
   scored on the tuning crops in the tuning era; a class TTA does not improve takes stage 3's probabilities
   (`cellseg.infer.merge.merge_classes`), and the post-processing of stage 5 is tuned on that merged store.
@@ -24,8 +28,9 @@ from typing import Any
 from cellseg.eval.eras import Era
 from cellseg.infer.merge import merge_classes
 from cellseg.infer.store import PredictionStore
+from cellseg.report.decisions import choose_best
 from cellseg.report.plan import CropPlan
-from cellseg.report.results import Layout
+from cellseg.report.results import Layout, StageResult
 from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,35 @@ def tuning_scores(jobs: Sequence[ScoreJob], era: Era, *, workers: int = 1, progr
                   ) -> list[dict[str, float]]:
     """class → score in `era` of each of `jobs` (`tuning_job`), scored side by side (`score_segmentations`)."""
     return [dict(s[era].classes) for s in score_segmentations(jobs, [era], workers=workers, progress=progress)]
+
+
+def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], layout: Layout, plan: CropPlan,
+                   truth: Path, era: Era, eras: Sequence[Era], *, workers: int = 1, memory_share: float = 1.0,
+                   progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
+    """Stage 2 with the uniform average switched off for the classes it does not help against the best single
+    model: (its store, the switch document, which names that model as "best_single").
+
+    Args:
+        singles: run name → its single model's job on the tuning crops (as `score_stages` scores it: its
+            evaluations, kept next to its submission, are read back there).
+        eras: the eras the single models are scored in (the report's); the choice is made in `era`.
+        memory_share: the part of the memory budget for this scoring (work running beside it has the rest).
+    """
+    names = list(singles)
+    jobs = [*singles.values(), tuning_job(uniform, "uniform", layout, plan, truth)]
+    scores = score_segmentations(jobs, list(dict.fromkeys([*eras, era])), workers=workers,
+                                 memory_share=memory_share, progress=progress)
+    on_tuning = [StageResult(key=name, title=name, store=str(job.seg), scores=s)
+                 for name, job, s in zip(names, jobs, scores, strict=False)]
+    best = choose_best(on_tuning, [era], names)[era]["index"]
+    switch = stage_switch(dict(scores[best][era].classes), dict(scores[-1][era].classes))
+    off = switched_off(switch)
+    log.info("uniform ensemble switched off for %s (they keep %s)", off or "no class", names[best])
+    doc = {"classes": switch, "off": off, "best_single": names[best]}
+    if not off:
+        return uniform, doc
+    single = PredictionStore.open(singles[names[best]].seg)
+    return merge_classes([uniform, single], dict.fromkeys(off, 1), layout.ensemble("uniform_switched")), doc
 
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,

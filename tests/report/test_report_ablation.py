@@ -109,17 +109,21 @@ def test_report_markdown_names_stages_eras_and_bias(report_dir):
     assert params["pm"]["hierarchy_on_score"] is not None and params["mito"]["hierarchy"] is None
 
 
-def test_stages_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
+def test_stages_2_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
     doc = _doc(report_dir)
     switches, classes = doc["stage_switches"], doc["runs"][0]["classes"]
     assert switches["era"] == doc["tuning_metric"]
-    for key in ("tta", "postprocess"):
+    for key in ("uniform", "tta", "postprocess"):
         assert sorted(switches[key]["classes"]) == sorted(classes)
         assert switches[key]["off"] == [c for c, s in switches[key]["classes"].items() if not s["on"]]
         for s in switches[key]["classes"].values():  # on exactly where the stage scores strictly higher
             assert s["on"] == (s["after"] is None or s["before"] is None or s["after"] > s["before"] + 1e-9)
-    # The stores scored as stages 4 and 5 are the switched ones whenever a class was switched off.
+    # Stage 2 is compared with the best single model chosen in the tuning era.
+    assert switches["uniform"]["best_single"] == doc["best_single_choice"][doc["tuning_metric"]]["run"]
+    # The stores scored as stages 2, 4 and 5 are the switched ones whenever a class was switched off.
     stages = {s["key"]: s for s in doc["stages"]}
+    assert stages["uniform"]["store"].endswith("ensemble_uniform_switched.zarr" if switches["uniform"]["off"]
+                                               else "ensemble_uniform.zarr")
     assert stages["tta"]["store"].endswith("ensemble_weighted_tta8_switched.zarr" if switches["tta"]["off"]
                                            else "ensemble_weighted_tta8.zarr")
     assert stages["postprocess"]["store"].endswith("postprocessed_switched.zarr" if switches["postprocess"]["off"]
@@ -194,7 +198,8 @@ def test_truth_is_the_held_out_truth_of_the_runs_classes(report_dir, report_runs
 
 
 def test_plain_stages_threshold_at_half_and_label_26_connected_components(report_dir):
-    prob = PredictionStore.open(report_dir / "stores" / "ensemble_uniform.zarr")
+    stage = next(s for s in _doc(report_dir)["stages"] if s["key"] == "uniform")
+    prob = PredictionStore.open(stage["store"])  # the uniform ensemble, per class where it helps
     seg = PredictionStore.open(report_dir / "stores" / "segmentation" / "uniform.zarr")
     assert seg.completed() == ["crop501"]  # scored crops only, not the tuning crop
     truth = crops_from_truth(open_source(report_dir / "truth.zarr"))[501]
@@ -233,8 +238,9 @@ def test_the_thresholding_jobs_name_the_stores_the_scoring_wrote(report_dir, rep
     # here it thresholded each as it scored it: the jobs must name those very stores, from the same sources.
     runs = check_runs(report_runs)
     layout = Layout(report_dir)
+    scored = {s["key"]: s["store"] for s in _doc(report_dir)["stages"]}
     stores = Stores(singles=[layout.predictions(r, 1) for r in runs],
-                    uniform=PredictionStore.open(layout.ensemble("uniform")),
+                    uniform=PredictionStore.open(scored["uniform"]),
                     weighted=PredictionStore.open(layout.ensemble("weighted")),
                     with_tta=PredictionStore.open(layout.ensemble("weighted_tta8_switched")),
                     postprocessed=PredictionStore.open(layout.postprocessed), params=None, switches={})

@@ -1,5 +1,5 @@
-"""Stage switches: a class that TTA or post-processing does not improve on the tuning crops keeps the previous
-stage's prediction, decided through the evaluator on the tuning crops only."""
+"""Stage switches: a class that the uniform ensemble, TTA or post-processing does not improve on the tuning crops
+keeps the previous stage's prediction, decided through the evaluator on the tuning crops only."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from crafted import crop_truth
 from cellseg.infer.store import PredictionStore
 from cellseg.report.plan import CropPlan
 from cellseg.report.results import Layout
-from cellseg.report.scoring import plain_segmentation
-from cellseg.report.switches import stage_switch, switch_postprocess, switch_tta, switched_off
+from cellseg.report.scoring import ScoreJob, plain_segmentation
+from cellseg.report.switches import stage_switch, switch_postprocess, switch_tta, switch_uniform, switched_off
 from cellseg.report.truth import build_truth
 
 CLASSES = ("mito", "er")
@@ -48,6 +48,32 @@ def stages(tiny_synth_root, tmp_path):
     layout.stores.mkdir(parents=True)
     build_truth(layout.tuning_truth, PLAN.tuning, CLASSES, tiny_synth_root)
     return weighted, with_tta, layout
+
+
+def test_the_uniform_ensemble_is_switched_off_where_the_best_single_model_is_better(stages, tiny_synth_root,
+                                                                                      tmp_path):
+    _, wrong, layout = stages  # "wrong": mito inverted, er empty (2026 overall 0)
+    # "right": mito right, er found in the half of each crop with the lower x (the better single model)
+    half = lambda p: np.where(np.arange(p.shape[-1]) < p.shape[-1] // 2, p, 0.0)  # noqa: E731
+    right = _store(tmp_path / "right.zarr", tiny_synth_root, lambda c, p: p if c == "mito" else half(p))
+    singles = {name: ScoreJob(store.path, layout.tuning_truth, layout.submission(f"tuning_single_{name}"),
+                              layout.segmentation(f"tuning_single_{name}"), PLAN.tuning)
+               for name, store in (("wrong", wrong), ("right", right))}
+    # A "uniform ensemble": mito at 0.5 (the mean of a right and an inverted model: nothing above the threshold),
+    # er decoded from its truth (better than either member's er).
+    uniform = _store(tmp_path / "uniform.zarr", tiny_synth_root, lambda c, p: np.full_like(p, 0.5) if c == "mito" else p)
+    merged, switch = switch_uniform(uniform, singles, layout, PLAN, layout.tuning_truth, "2026", ["2025", "2026"])
+    assert switch["best_single"] == "right" and switch["off"] == ["mito"]
+    assert switch["classes"]["er"]["after"] > switch["classes"]["er"]["before"] > 0.0
+    assert merged.path == layout.ensemble("uniform_switched")
+    assert merged.provenance["merged"] == {"mito": str(right.path), "er": str(uniform.path)}
+    for crop in CROPS:
+        assert np.array_equal(merged.read(crop, "mito"), right.read(crop, "mito"))
+        assert np.array_equal(merged.read(crop, "er"), uniform.read(crop, "er"))
+    # The single models' evaluations are kept in both eras, for the report's own scoring to read back.
+    for name in singles:
+        assert {p.name for p in layout.submission(f"tuning_single_{name}").parent.glob(f"tuning_single_{name}.*.json")} \
+            == {f"tuning_single_{name}.2025.json", f"tuning_single_{name}.2026.json"}
 
 
 def test_tta_is_switched_off_where_it_does_not_help(stages):
