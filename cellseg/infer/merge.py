@@ -1,7 +1,8 @@
 """Per-class merge of prediction stores: class c (with its boundary channel) copied from the store chosen for it.
 
-The stores must be of one kind with the same channels (e.g. an ensemble with and without test-time
-augmentation, or a post-processed segmentation and the plain decoding of its probabilities). Each channel is
+The stores must be of one kind (e.g. an ensemble with and without test-time augmentation, a uniform ensemble
+and one of its members, or a post-processed segmentation and the plain decoding of its probabilities), and each
+must hold the channels taken from it (in any order; the merged store has the first store's channels). Each channel is
 copied as stored (`s0`, same dtype, same grid: a channel on its own grid keeps it), so a class of the merged
 store is bit for bit its source's. The merged store's provenance is the first store's, plus "merged": the
 source of every channel; a re-run with the same sources resumes the crops not yet written.
@@ -25,15 +26,21 @@ def _check(stores: Sequence[PredictionStore], pick: Mapping[str, int]) -> None:
         raise ValueError("merge_classes: no stores given")
     first = stores[0]
     for store in stores[1:]:
-        if store.kind != first.kind or store.channels != first.channels:
-            raise ValueError(f"cannot merge {store.path} ({store.kind} of {list(store.channels)}) with {first.path} "
-                             f"({first.kind} of {list(first.channels)}): they must hold the same kind and channels")
+        if store.kind != first.kind:
+            raise ValueError(f"cannot merge {store.path} ({store.kind}) with {first.path} ({first.kind}): they must "
+                             "hold the same kind")
     unknown = sorted(set(pick) - set(first.classes))
     if unknown:
         raise ValueError(f"merge_classes: classes {unknown} are not classes of {first.path} ({list(first.classes)})")
     bad = {c: i for c, i in pick.items() if not 0 <= i < len(stores)}
     if bad:
         raise ValueError(f"merge_classes: store indices {bad} are not among the {len(stores)} stores")
+    for i, store in enumerate(stores[1:], start=1):
+        taken = [ch for ch in first.channels if pick.get(ch.removesuffix(BOUNDARY_SUFFIX), 0) == i]
+        missing = [ch for ch in taken if ch not in store.channels]
+        if missing:
+            raise ValueError(f"cannot merge {store.path} into {first.path}'s channels: it lacks {missing} (it holds "
+                             f"{list(store.channels)})")
 
 
 def merge_classes(stores: Sequence[PredictionStore], pick: Mapping[str, int], out: str | os.PathLike[str], *,
@@ -41,13 +48,13 @@ def merge_classes(stores: Sequence[PredictionStore], pick: Mapping[str, int], ou
     """A store whose class c comes from `stores[pick[c]]` (from `stores[0]` for classes `pick` leaves out).
 
     Args:
-        stores: stores of one kind with the same channels.
+        stores: stores of one kind, each holding the channels taken from it.
         pick: class → index into `stores`; a boundary channel follows its class.
         out: the merged store (resumed when it exists and records the same sources).
         crops: crops to write (default: those in every store).
 
     Raises:
-        ValueError: stores of other kinds or channels, an unknown class or index, a crop missing from a store,
+        ValueError: stores of other kinds, a store lacking a channel taken from it, an unknown class or index, a crop missing from a store,
             or `out` holding a merge of other sources.
     """
     _check(stores, pick)

@@ -83,7 +83,7 @@ def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], la
     scores = score_segmentations(jobs, list(dict.fromkeys([*eras, era])), workers=workers,
                                  memory_share=memory_share, progress=progress)
     on_tuning = [StageResult(key=name, title=name, store=str(job.seg), scores=s)
-                 for name, job, s in zip(names, jobs, scores, strict=False)]
+                 for (name, job), s in zip(singles.items(), scores[:-1], strict=True)]
     best = choose_best(on_tuning, [era], names)[era]["index"]
     switch = stage_switch(dict(scores[best][era].classes), dict(scores[-1][era].classes))
     off = switched_off(switch)

@@ -57,11 +57,30 @@ def test_segmentations_on_their_own_grids_keep_them(tmp_path):
     assert (merged.read("crop1", "mito") == 2).all() and (merged.read("crop1", "er") == 0).all()
 
 
+def test_a_store_with_other_channels_gives_those_taken_from_it(tmp_path):
+    """A member beside its ensemble: channels in another order, one more, one fewer; the merged store keeps the
+    first store's channels and order."""
+    a = probabilities(tmp_path / "a.zarr", 0)
+    member = probabilities(tmp_path / "member.zarr", 1, channels=("er", "golgi", "mito", "mito_boundary"))
+    merged = merge_classes([a, member], {"mito": 1}, tmp_path / "m.zarr")
+    assert merged.channels == CHANNELS
+    for crop in ("crop1", "crop2"):
+        for ch, source in (("mito", member), ("mito_boundary", member), ("er", a)):
+            assert np.array_equal(merged.read(crop, ch), source.read(crop, ch))
+    # only er taken from a store without mito's boundary channel: nothing else is needed from it
+    assert merge_classes([a, probabilities(tmp_path / "e.zarr", 2, channels=("mito", "er"))], {"er": 1},
+                         tmp_path / "m2.zarr").channels == CHANNELS
+
+
 def test_bad_merges_are_clear_errors(tmp_path):
     a, b = probabilities(tmp_path / "a.zarr", 0), probabilities(tmp_path / "b.zarr", 1, crops=("crop1",))
     other = probabilities(tmp_path / "o.zarr", 2, channels=("mito", "er"))
-    with pytest.raises(ValueError, match=r"o\.zarr.*same kind and channels"):
-        merge_classes([a, other], {}, tmp_path / "m.zarr")
+    with pytest.raises(ValueError, match=r"o\.zarr.*lacks \['mito_boundary'\]"):
+        merge_classes([a, other], {"mito": 1}, tmp_path / "m.zarr")
+    segmentation = PredictionStore.create(tmp_path / "s.zarr", kind="segmentation", channels=CHANNELS,
+                                          instance_channels=("mito",), provenance={})
+    with pytest.raises(ValueError, match=r"s\.zarr \(segmentation\).*same kind"):
+        merge_classes([a, segmentation], {"er": 1}, tmp_path / "m.zarr")
     with pytest.raises(ValueError, match=r"\['golgi'\] are not classes"):
         merge_classes([a, b], {"golgi": 1}, tmp_path / "m.zarr")
     with pytest.raises(ValueError, match="indices"):
