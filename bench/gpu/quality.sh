@@ -7,8 +7,8 @@
 #                                                     # 75: `train report` again while jobs were stopped, else report
 #   OUT=OUT bash bench/gpu/quality.sh report          # cellseg report over the 8 runs + the result files; exit 75:
 #                                                     # again (it resumes: stores, tuned classes, evaluations)
-# On one GPU: setup, then train twice (first wave resnet_3d, unet_3d, swin_2d, unet_2d; second wave swin_3d,
-# vit_3d, resnet_2d, vit_2d), then report.
+# On one GPU: setup, then `train` (first wave: resnet_3d, unet_3d, swin_2d, unet_2d), `train report` (second wave:
+# swin_3d, vit_3d, resnet_2d, vit_2d; then the report's start), then `report`.
 # Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd,
 # --mps: the jobs sharing a GPU run as CUDA MPS clients; at report: --predict-jobs N).
 # WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
