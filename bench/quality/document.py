@@ -124,6 +124,18 @@ def weights_table(report: Mapping[str, Any]) -> list[str]:
             f"Weight 0 for every class (not predicted with TTA in stage 4): {', '.join(idle) or 'none'}.", ""]
 
 
+def switch_line(report: Mapping[str, Any]) -> list[str]:
+    """How many classes each per-class stage switch turned off on the validation crops (the report's
+    `stage_switches`; `cellseg.report.switches`), as one line; empty without switches."""
+    switches = report.get("stage_switches") or {}
+    parts = []
+    for key, title in (("uniform", "2. uniform ensemble"), ("tta", "4. TTA"), ("postprocess", "5. post-processing")):
+        if key in switches:
+            kept = f" (they keep {switches[key]['best_single']}'s prediction)" if switches[key].get("best_single") else ""
+            parts.append(f"{title} for {len(switches[key]['off'])} of {len(switches[key]['classes'])} classes{kept}")
+    return [f"Switched off per class on the validation crops: {'; '.join(parts)}.", ""] if parts else []
+
+
 def schedule_table(events: Sequence[Mapping[str, Any]]) -> list[str]:
     """When each job ran (minutes after the first start), on which GPU and cores, and how it ended."""
     if not events:
@@ -182,7 +194,7 @@ def markdown(doc: Mapping[str, Any], curves: Sequence[Curve], report: Mapping[st
              f"{len(report['crops']['scored'])} test crops scored, tuned on {len(report['crops']['tuning'])} "
              f"validation crops ({', '.join(report['crops']['tuning'])}).", "",
              "**Ablation** (test crops; ensemble weights and post-processing tuned on the validation crops):", "",
-             *ablation_table(report),
+             *ablation_table(report), *switch_line(report),
              "**Single models** (test crops, no TTA, threshold 0.5) and their training:", "",
              *singles_table(report, by_arch),
              f"**Time to score** (validation overall score by minute of training clock; plateaued: the last two "
