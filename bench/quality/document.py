@@ -126,13 +126,17 @@ def weights_table(report: Mapping[str, Any]) -> list[str]:
 
 def switch_line(report: Mapping[str, Any]) -> list[str]:
     """How many classes each per-class stage switch turned off on the validation crops (the report's
-    `stage_switches`; `cellseg.report.switches`), as one line; empty without switches."""
+    `stage_switches`; `cellseg.report.switches`), as one line; empty without switches. The stage titles are the
+    report's own (`SWITCHED`, imported here: its module imports torch)."""
+    from cellseg.report.render import SWITCHED
+
     switches = report.get("stage_switches") or {}
     parts = []
-    for key, title in (("uniform", "2. uniform ensemble"), ("tta", "4. TTA"), ("postprocess", "5. post-processing")):
+    for key, title in SWITCHED.items():
         if key in switches:
-            kept = f" (they keep {switches[key]['best_single']}'s prediction)" if switches[key].get("best_single") else ""
-            parts.append(f"{title} for {len(switches[key]['off'])} of {len(switches[key]['classes'])} classes{kept}")
+            switch = switches[key]
+            kept = f" (they keep {switch['best_single']}'s prediction)" if switch.get("best_single") else ""
+            parts.append(f"{title} for {len(switch['off'])} of {len(switch['classes'])} classes{kept}")
     return [f"Switched off per class on the validation crops: {'; '.join(parts)}.", ""] if parts else []
 
 

@@ -54,8 +54,8 @@ def merge_classes(stores: Sequence[PredictionStore], pick: Mapping[str, int], ou
         crops: crops to write (default: those in every store).
 
     Raises:
-        ValueError: stores of other kinds, a store lacking a channel taken from it, an unknown class or index, a crop missing from a store,
-            or `out` holding a merge of other sources.
+        ValueError: stores of other kinds, a store lacking a channel taken from it, an unknown class or index,
+            a crop missing from a store, or `out` holding a merge of other sources.
     """
     _check(stores, pick)
     first = stores[0]

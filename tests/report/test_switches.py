@@ -61,7 +61,8 @@ def test_the_uniform_ensemble_is_switched_off_where_the_best_single_model_is_bet
                for name, store in (("wrong", wrong), ("right", right))}
     # A "uniform ensemble": mito at 0.5 (the mean of a right and an inverted model: nothing above the threshold),
     # er decoded from its truth (better than either member's er).
-    uniform = _store(tmp_path / "uniform.zarr", tiny_synth_root, lambda c, p: np.full_like(p, 0.5) if c == "mito" else p)
+    uniform = _store(tmp_path / "uniform.zarr", tiny_synth_root,
+                     lambda c, p: np.full_like(p, 0.5) if c == "mito" else p)
     merged, switch = switch_uniform(uniform, singles, layout, PLAN, layout.tuning_truth, "2026", ["2025", "2026"])
     assert switch["best_single"] == "right" and switch["off"] == ["mito"]
     assert switch["classes"]["er"]["after"] > switch["classes"]["er"]["before"] > 0.0
@@ -72,8 +73,8 @@ def test_the_uniform_ensemble_is_switched_off_where_the_best_single_model_is_bet
         assert np.array_equal(merged.read(crop, "er"), uniform.read(crop, "er"))
     # The single models' evaluations are kept in both eras, for the report's own scoring to read back.
     for name in singles:
-        assert {p.name for p in layout.submission(f"tuning_single_{name}").parent.glob(f"tuning_single_{name}.*.json")} \
-            == {f"tuning_single_{name}.2025.json", f"tuning_single_{name}.2026.json"}
+        kept = layout.submission(f"tuning_single_{name}").parent.glob(f"tuning_single_{name}.*.json")
+        assert {p.name for p in kept} == {f"tuning_single_{name}.2025.json", f"tuning_single_{name}.2026.json"}
 
 
 def test_tta_is_switched_off_where_it_does_not_help(stages):
