@@ -10,7 +10,8 @@
 # On one GPU: setup, then `train` (first wave: resnet_3d, unet_3d, swin_2d, unet_2d), `train report` (second wave:
 # swin_3d, vit_3d, resnet_2d, vit_2d; then the report's start), then `report`.
 # Extra arguments go to `python -m bench.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd,
-# --mps: the jobs sharing a GPU run as CUDA MPS clients; at report: --predict-jobs N).
+# --mps: the jobs sharing a GPU run as CUDA MPS clients, --data-from ROOT: link an existing data root of the same
+# preset and seed, e.g. a probe with WORK=/tmp/probe after the benchmark; at report: --predict-jobs N).
 # WORK (default /tmp/quality) keeps data, runs and checkpoints between calls; a `train` that finds nothing there
 # starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
 # GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).

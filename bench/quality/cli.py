@@ -70,6 +70,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="run the jobs sharing a GPU as clients of CUDA MPS (a daemon of this user, started and "
                         "quit by the train step): their kernels run at once instead of taking turns")
     p.add_argument("--synth-workers", type=int, default=None, help="processes generating the data (default 16)")
+    p.add_argument("--data-from", type=Path, metavar="ROOT",
+                   help="setup: link this data root (made by cellseg synth with the plan's preset and seed, e.g. "
+                        "an earlier plan's WORK/data) instead of generating it: probes on a machine that already "
+                        "ran the benchmark skip the ~2 minutes of generation")
     p.add_argument("--device", choices=("auto", "cpu"), default=None, help="default auto (--quick: cpu)")
     p.add_argument("--step-limit-min", type=float, default=9.5,
                    help="wall minutes this invocation may take; training jobs are stopped (and resume in the next "
@@ -146,7 +150,8 @@ def check(settings: Settings, work: Path) -> list[Job]:
 
 
 def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -> int:
-    """Check the plan, claim the work folder (plan.json), generate the data (once), build the boundary caches."""
+    """Check the plan, claim the work folder (plan.json), generate the data (once; or link `--data-from`), build
+    the boundary caches."""
     old = load_plan(work)
     if old is not None and old != settings and not args.fresh:
         raise ValueError(f"{work} holds a plan made with other settings ({_differences(old, settings)}); pass "
@@ -154,10 +159,14 @@ def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -
     if old is None and work.is_dir() and any(work.iterdir()):
         raise ValueError(f"--work {work} is not empty and holds no {PLAN_FILE}: choose another folder")
     jobs = check(settings, work)
+    linked = None if args.data_from is None else linked_data(args.data_from, settings)
     if args.fresh and old is not None:
         shutil.rmtree(work)
     save_plan(settings, work)  # first: a setup cut short is finished by the next one
     data = work / "data"
+    if linked is not None and not (data / "synth.json").is_file():
+        data.symlink_to(linked, target_is_directory=True)
+        print(f"data: {data} -> {linked}")
     if not (data / "synth.json").is_file():
         from cellseg.synth import generate
 
@@ -168,6 +177,23 @@ def setup(settings: Settings, work: Path, out: Path, args: argparse.Namespace) -
     _write(out / "quality_setup.json", {"settings": settings.to_json(), "jobs": [_job_doc(j) for j in jobs],
                                         "data": json.loads((data / "synth.json").read_text())})
     return 0
+
+
+def linked_data(root: Path, settings: Settings) -> Path:
+    """`root` resolved, once its `synth.json` shows it was made with the plan's preset and seed.
+
+    Raises:
+        ValueError: naming the root and what differs (or that it is not a finished synthetic root).
+    """
+    made = root / "synth.json"
+    if not made.is_file():
+        raise ValueError(f"--data-from {root}: no synth.json there (not a finished `cellseg synth` root)")
+    doc = json.loads(made.read_text())
+    differs = [f"{key} {doc.get(key)!r}, the plan's {want!r}" for key, want in
+               (("preset", settings.preset), ("seed", settings.seed)) if doc.get(key) != want]
+    if differs:
+        raise ValueError(f"--data-from {root}: made with {'; '.join(differs)}")
+    return root.resolve()
 
 
 def ready(work: Path) -> bool:

@@ -128,6 +128,25 @@ def test_report_without_a_plan_and_setup_with_other_settings_fail(quick: tuple[P
     assert "budget_min: plan 0.15, given 0.3" in capsys.readouterr().err
 
 
+def test_setup_links_an_existing_data_root_of_the_same_preset_and_seed(quick: tuple[Path, Path], tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    main, data = load().main, quick[1] / "data"
+    work = tmp_path / "probe"
+    assert main(["setup", "--quick", "--data-from", str(data), "--out", str(tmp_path / "o"), "--work", str(work)]) == 0
+    assert (work / "data").is_symlink() and (work / "data").resolve() == data.resolve()
+    out = capsys.readouterr().out
+    assert f"data: {work / 'data'} -> " in out and "synthetic CellMap root" not in out  # linked, not made again
+    # another seed, or a folder that is not a finished synthetic root: refused before the work folder is claimed
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "synth.json").write_text(json.dumps({**json.loads((data / "synth.json").read_text()), "seed": 7}))
+    for root, message in ((other, "seed 7, the plan's 0"), (tmp_path, "no synth.json there")):
+        assert main(["setup", "--quick", "--data-from", str(root), "--out", str(tmp_path / "o"),
+                     "--work", str(tmp_path / "w2")]) == 2
+        assert f"--data-from {root}" in (err := capsys.readouterr().err) and message in err
+        assert not (tmp_path / "w2").exists()
+
+
 def test_a_step_limit_too_short_to_start_a_job_is_refused(quick: tuple[Path, Path], tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # A job is started only with MIN_START_S (quick: 30 s) left before the jobs are stopped: a limit that leaves
