@@ -43,9 +43,9 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
 7. Boundary channels take their class's weights (the chosen ones of step 8).
 8. **Guard**: shrinkage (or a flat plateau's mean) must never leave the ensemble worse than one of its
    members on the tuning crops. The candidates uniform, shrunk w, unshrunk w_fit and each member alone are
-   scored on the same crops by the same path (w and w_fit in a second pass, unless both are first-pass
-   candidates, as uniform is when nothing discriminates: then they keep the first-pass scores and the class's
-   members are not read again); the best is `chosen` and its
+   scored on the same crops by the same path (w and w_fit in a second pass, on the members' values kept from the
+   first within a memory cap (`Kept`), read again beyond it; unless both are first-pass candidates, as uniform is
+   when nothing discriminates: then they keep the first-pass scores); the best is `chosen` and its
    weights are written. Ties (within 1e-9) go to the simplest, in the order uniform, shrunk, unshrunk, then
    the members alone (a single member only when it is strictly better than every mix keeping them all).
 9. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -71,7 +72,7 @@ from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era, get_era
 from cellseg.eval.label_grid import annotation_grid
-from cellseg.eval.pool import map_bounded, usable_cores
+from cellseg.eval.pool import available_memory_bytes, map_bounded, usable_cores
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
 from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
@@ -93,6 +94,11 @@ VOXELS_FOR_FULL_TRUST = 10_000
 SLAB_VOXELS = 2**21  # voxels mixed at once for all candidates: bounds the (candidates × voxels) buffer
 CLASS_THREADS = min(usable_cores(), 8)  # classes of a crop scored at once (a few member volumes each)
 FOREGROUND_SUFFIX = "__foreground"  # an instance class's foreground IoU is aggregated under this label
+# The members' values and the truth of each (crop, class) scored on IoU are kept from the first pass for the second
+# (the fitted and shrunk weights of step 8) up to this many bytes, and an eighth of the memory available when the fit
+# starts (work beside it has the rest); what does not fit is read and resampled again.
+KEEP_MAX_BYTES = 4 * 2**30
+KEEP_AVAILABLE_FRACTION = 1 / 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,10 +241,35 @@ def _device(choice: str) -> str:
     return choice
 
 
+class Kept:
+    """Per (crop, class) scored on IoU: the members' values and the truth at the known voxels, (M, N) float32 and
+    (N,) bool, with the crop's record (`num_voxels`, `voxel_size`); within `max_bytes` in all (default: the smaller
+    of `KEEP_MAX_BYTES` and `KEEP_AVAILABLE_FRACTION` of the memory available), thread-safe."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        if max_bytes is None:
+            max_bytes = min(KEEP_MAX_BYTES, int(KEEP_AVAILABLE_FRACTION * available_memory_bytes()))
+        self.max_bytes = max_bytes
+        self.nbytes, self._items = 0, {}
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple[str, str], probs_MN: np.ndarray, truth_N: np.ndarray, extra: dict[str, Any]) -> None:
+        size = probs_MN.nbytes + truth_N.nbytes
+        with self._lock:
+            if self.nbytes + size <= self.max_bytes:
+                self._items[key] = (probs_MN, truth_N, extra)
+                self.nbytes += size
+
+    def get(self, key: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]] | None:
+        with self._lock:
+            return self._items.get(key)
+
+
 def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: Sequence[SplitEntry],
                      candidates: Mapping[str, np.ndarray], *, grid: GridChoice, options: FitOptions,
-                     progress: bool = False) -> dict[str, Tally]:
-    """Score every candidate weighting of every class on the validation crops (steps 2 and 4)."""
+                     progress: bool = False, kept: Kept | None = None) -> dict[str, Tally]:
+    """Score every candidate weighting of every class on the validation crops (steps 2 and 4); `kept`: values
+    kept by an earlier pass over the same crops (used instead of reading them again) and kept for a later one."""
     from tqdm import tqdm
 
     device = _device(options.device)
@@ -254,11 +285,15 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
         common, _ = ensemble_grid(stores, entry.crop_name, grid)
 
         def score(name: str, source: Any = source, common: Grid | None = common, crop: str = entry.crop_name) -> None:
+            known_values = None if kept is None else kept.get((crop, name))
+            if known_values is not None:
+                _tally_counts(tallies[name], crop, *known_values, options=options, device=device)
+                return
             target_grid = common if options.score_grid == "ensemble" else annotation_grid(source, name)
             read = None if target_grid is None else read_class_truth(source, name, target_grid)
             if target_grid is not None and read is not None:
                 _score_class(stores, plan, crop, name, target_grid, *read, tallies[name], options=options,
-                             device=device)
+                             device=device, kept=kept)
 
         # the classes of a crop in threads (reading and resampling the members release the GIL); each class's
         # tally is written by one thread only, crop after crop, so the tallies do not depend on the threads
@@ -267,23 +302,34 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
 
 
 def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, crop: str, name: str, grid: Grid,
-                 truth: np.ndarray, known: np.ndarray, tally: Tally, *, options: FitOptions, device: str) -> None:
+                 truth: np.ndarray, known: np.ndarray, tally: Tally, *, options: FitOptions, device: str,
+                 kept: Kept | None = None) -> None:
     """Score every candidate of `tally` on one crop: `truth` as `read_class_truth` gives it, 0 outside `known`."""
     probs_MZYX = np.stack([read_on_grid(stores[i], crop, name, grid) for i in plan.members_of[name]])
-    num_known = int(np.count_nonzero(known))
-    extra = {"num_voxels": num_known, "voxel_size": list(grid.voxel_size_nm)}
+    extra = {"num_voxels": int(np.count_nonzero(known)), "voxel_size": list(grid.voxel_size_nm)}
     if tally.key == "combined_score":  # the official instance scorer on 26-connected components
         for p, w in enumerate(tally.candidates):
             pred = (_mix(probs_MZYX, w) > options.threshold) & known
             scores = score_class(pred, truth, label=name, era=options.metric, voxel_size_nm=grid.voxel_size_nm)
             tally.crop_scores[p][crop] = {**scores, **extra}
-    else:  # foreground IoU from counts (instance truth: its objects' union)
-        counts = candidate_counts(probs_MZYX[:, known], truth[known] > 0, tally.candidates,
-                                  threshold=options.threshold, device=device)
-        for p, (tp, fp, fn) in enumerate(counts.tolist()):
-            tally.crop_scores[p][crop] = {**semantic_from_counts(tp, fp, fn, options.metric), **extra}
+        tally.num_crops += 1
+        tally.truth_voxels += int(np.count_nonzero(truth))
+        return
+    # foreground IoU from counts (instance truth: its objects' union)
+    probs_MN, truth_N = probs_MZYX[:, known], truth[known] > 0
+    if kept is not None:
+        kept.put((crop, name), probs_MN, truth_N, extra)
+    _tally_counts(tally, crop, probs_MN, truth_N, extra, options=options, device=device)
+
+
+def _tally_counts(tally: Tally, crop: str, probs_MN: np.ndarray, truth_N: np.ndarray, extra: dict[str, Any], *,
+                  options: FitOptions, device: str) -> None:
+    """Every candidate's IoU scores on one crop from the members' values at its known voxels."""
+    counts = candidate_counts(probs_MN, truth_N, tally.candidates, threshold=options.threshold, device=device)
+    for p, (tp, fp, fn) in enumerate(counts.tolist()):
+        tally.crop_scores[p][crop] = {**semantic_from_counts(tp, fp, fn, options.metric), **extra}
     tally.num_crops += 1
-    tally.truth_voxels += int(np.count_nonzero(truth))
+    tally.truth_voxels += int(np.count_nonzero(truth_N))
 
 
 # -------------------------------------------------------------------------------------------------- fitting
@@ -372,9 +418,10 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
         else:
             fittable.append(c)
     check_annotated(fittable, entries)
+    kept = Kept()  # the first pass's values, for the second
     tallies = score_candidates(stores, plan, entries, {c: candidate_weights(len(plan.members_of[c]))
                                                         for c in fittable}, grid=grid, options=options,
-                               progress=progress)
+                               progress=progress, kept=kept)
     fits = {c: _fit_class(tallies[c], options) for c in fittable}
     second, known = {}, {}
     for c, f in fits.items():
@@ -386,7 +433,8 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
                 f["fitted_weights"], f["weights"] = (tallies[c].candidates[r] for r in rows)
                 first = tallies[c].scores(options.metric)
                 known[c] = (float(first[rows[0]]), float(first[rows[1]]))
-    final = score_candidates(stores, plan, entries, second, grid=grid, options=options, progress=progress)
+    final = score_candidates(stores, plan, entries, second, grid=grid, options=options, progress=progress, kept=kept)
+    log.info("weight fit: %.1f MB of member values kept between the passes", kept.nbytes / 2**20)
     report_classes: dict[str, Any] = {c: {"method": note, "members": list(plan.members_of[c])}
                                       for c, note in notes.items()}
     for c, f in fits.items():

@@ -66,3 +66,30 @@ def test_guard_prefers_the_simplest_of_tied_candidates_and_a_member_only_when_st
     best = guard(fit([0.6, 0.9], 0.5), 0.8, float("nan"), [2, 5])
     assert best["chosen"] == "member 5" and list(best["weights"]) == [0.0, 1.0]
     assert best["scores"]["final"] == 0.9 and best["scores"]["fitted"] == 0.8
+
+
+def test_the_second_pass_on_kept_values_equals_reading_them_again(tiny_synth_root, tmp_path, monkeypatch, caplog):
+    """Members of different quality (the truth blended with noise) give fitted and shrunk weights outside the
+    first pass's candidates; the second pass scores them on the values kept from the first, and the fit is the
+    same as with nothing kept (every value read and resampled again)."""
+    import cellseg.infer.ensemble_fit as ensemble_fit
+
+    classes = ("mito", "er")
+    truth = {crop: crop_truth(tiny_synth_root, crop, classes) for crop in ("crop1", "crop2", "crop3")}
+    rng = np.random.default_rng(0)
+    provenance = {"data_root": str(tiny_synth_root)}
+    members = []
+    for k, trust in enumerate((0.9, 0.6, 0.3, 0.45, 0.75)):  # five members: softmax weights, not a grid point
+        data = {crop: (grid, {c: (trust * p + (1 - trust) * rng.random(p.shape)).astype(np.float32)
+                              for c, p in t.items()}) for crop, (grid, t) in truth.items()}
+        members.append(write_store(tmp_path / f"m{k}.zarr", data, channels=classes, provenance=provenance))
+    caplog.set_level("INFO", logger="cellseg.infer.ensemble_fit")
+    kept = ensemble(members, tmp_path / "kept.zarr", weights="auto").weights.report["classes"]
+    assert "weight fit: 0.0 MB" not in caplog.text and "MB of member values kept" in caplog.text
+    monkeypatch.setattr(ensemble_fit, "KEEP_MAX_BYTES", 0)
+    caplog.clear()
+    read = ensemble(members, tmp_path / "read.zarr", weights="auto").weights.report["classes"]
+    assert "weight fit: 0.0 MB of member values kept" in caplog.text
+    for c in classes:
+        assert kept[c]["fitted_weights"] not in ([0.2] * 5, *np.eye(5).tolist())  # a second pass was needed
+        assert kept[c] == read[c]
