@@ -269,7 +269,7 @@ def test_learning_rule() -> None:
 DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train.max_steps", "train.val_every_min",
               "train.val_every", "train.checkpoint_every", "train.num_gpus", "train.compile",
               "optim.warmup_steps", "optim.warmup_min"}  # configs/quality/_budget.yaml and docs/quality.md
-RECIPE = {"unet_3d": {"train.batch_size", "optim.name", "optim.lr", "optim.schedule"},  # docs/quality.md, 3D recipe
+RECIPE = {"unet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # docs/quality.md, 3D recipe
           "resnet_3d": {"train.batch_size", "optim.name", "optim.lr", "optim.schedule"},
           "swin_3d": {"optim.lr"}, "vit_3d": {"optim.lr"},
           "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},
