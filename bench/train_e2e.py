@@ -74,10 +74,11 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
     cfg = load_run_config(config, [f"data.root={root}", f"run_dir={run_dir}", f"train.max_steps={warmup + steps + 1}",
                                    *QUIET, *overrides])
     imports_s = time.time() - PROCESS_START  # the interpreter, torch and cellseg, the config
-    trainer = Trainer(cfg)
+    stop = StopRequest()
+    trainer = Trainer(cfg, stop=stop)  # as `cellseg train`: the loader's workers start before compilation
     s = trainer.s
     device = s.dist.device
-    batches = trainer._batches(StopRequest())
+    batches = trainer.batch_stream(stop)
     fetch_start = time.perf_counter()
     first = next(batches)
     step_start = time.perf_counter()

@@ -35,6 +35,7 @@ from cellseg.data.split import (
     write_datasplit,
 )
 from cellseg.data.targets import CropSource, NoRequestedClass
+from cellseg.data.threads import ordered_map
 
 log = logging.getLogger(__name__)
 DATASPLIT_FILE = "datasplit.csv"  # a data root's own split (the official one, or a user's)
@@ -79,16 +80,18 @@ def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
     """Open the crops of a split; crops annotating none of the classes are skipped with a log line, crops that
     cannot be used (their box wholly outside their EM, say) with a warning."""
     cache_dir = resolve_cache_dir(cfg.boundary_cache)
-    crops = []
-    for entry in entries:
+
+    def open_one(entry: SplitEntry) -> CropSource | None:
         try:
-            crops.append(CropSource.open(entry, cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
-                                         boundaries=cfg.instance_boundaries, boundary_cache_dir=cache_dir))
+            return CropSource.open(entry, cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
+                                   boundaries=cfg.instance_boundaries, boundary_cache_dir=cache_dir)
         except NoRequestedClass as err:  # skipping is what users want here: a split lists crops of every class
             log.info("skipping %s: %s", entry.crop_name, err)
         except ValueError as err:
             log.warning("skipping %s: %s", entry.crop_name, err)
-    return crops
+        return None
+
+    return [crop for crop in ordered_map(open_one, entries) if crop is not None]
 
 
 def warm_boundary_caches(crops: Sequence[CropSource], voxel_size_nm: Sequence[float]) -> None:

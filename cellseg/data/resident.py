@@ -48,6 +48,8 @@ from cellseg.data.blocks import Block, BlockStore, Layout, block_grid, block_nby
 from cellseg.data.dataset import PatchDataset
 from cellseg.data.gather import GATHER_VOXELS, WindowGather
 from cellseg.data.grid import Grid
+from cellseg.data.targets import CropSource
+from cellseg.data.threads import ordered_map, read_threads
 
 log = logging.getLogger(__name__)
 Placement = Literal["gpu", "host", "off"]
@@ -332,15 +334,19 @@ def _fill(blocks: Sequence[Block], dataset: PatchDataset, layout: Layout, *, pro
     from tqdm import tqdm
 
     stats: dict[str, tuple[int, int, float]] = {}
-    total = sum(b.nbytes for b in blocks)
+    total, start = sum(b.nbytes for b in blocks), time.perf_counter()
     with tqdm(total=total, unit="B", unit_scale=True, desc="resident training data", disable=not progress,
               leave=False) as bar:
-        for block, crop in zip(blocks, dataset.crops, strict=True):
-            start = time.perf_counter()
-            fill_block(block, crop, dataset, layout, bar)
-            crops, nbytes, seconds = stats.get(block.dataset, (0, 0, 0.0))
-            stats[block.dataset] = (crops + 1, nbytes + block.nbytes, seconds + time.perf_counter() - start)
-    for name, (crops, nbytes, seconds) in sorted(stats.items()):
-        log.info("resident training data, %s: %d crops, %s, read in %.1f s", name, crops, _gb(nbytes), seconds)
-    log.info("resident training data: %d crops, %s on %s, read in %.1f s", len(blocks), _gb(total),
-             blocks[0].em.device, sum(s[2] for s in stats.values()))
+        def fill(pair: tuple[Block, CropSource]) -> float:
+            began = time.perf_counter()
+            fill_block(*pair, dataset, layout, bar)
+            return time.perf_counter() - began
+
+        seconds = ordered_map(fill, list(zip(blocks, dataset.crops, strict=True)))  # blocks in threads
+    for block, s in zip(blocks, seconds, strict=True):
+        crops, nbytes, busy = stats.get(block.dataset, (0, 0, 0.0))
+        stats[block.dataset] = (crops + 1, nbytes + block.nbytes, busy + s)
+    for name, (crops, nbytes, busy) in sorted(stats.items()):
+        log.info("resident training data, %s: %d crops, %s, %.1f s of reading", name, crops, _gb(nbytes), busy)
+    log.info("resident training data: %d crops, %s on %s, read in %.1f s (%d threads)", len(blocks), _gb(total),
+             blocks[0].em.device, time.perf_counter() - start, read_threads())

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellseg.data.targets import CropSource
+from cellseg.data.threads import ordered_map
 
 log = logging.getLogger(__name__)
 MAX_POINTS = 4096  # foreground points kept per (crop, class); enough variety, little memory
@@ -43,10 +44,12 @@ class ForegroundIndex:
         return np.array([c for c, per_class in enumerate(self.points) if len(per_class[k])], dtype=np.int64)
 
 
-def _class_points(crop: CropSource, k: int, voxel_size_nm: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+def _foreground(crop: CropSource, k: int, voxel_size_nm: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Class k's foreground voxels in `crop` on the index grid: (their indices, the grid's origin and voxel size
+    in nm); no indices when the crop does not annotate k."""
     plan = crop.plans[k]
     if not plan.read:
-        return np.zeros((0, 3))
+        return np.zeros((0, 3), dtype=np.int64), np.zeros(3), np.ones(3)
     # The crop box on a grid INDEX_COARSENING x coarser than training (never finer than the labels).
     vs = np.maximum(np.asarray(voxel_size_nm) * INDEX_COARSENING, crop.label_voxel_size_nm)
     start, stop = np.asarray(crop.start_nm), np.asarray(crop.stop_nm)
@@ -55,17 +58,22 @@ def _class_points(crop: CropSource, k: int, voxel_size_nm: Sequence[float], rng:
     grid = {"translation_nm": tuple(origin), "shape_vox": tuple(int(n) for n in shape), "voxel_size_nm": tuple(vs)}
     fg = np.logical_or.reduce([crop.image(n).read(**grid, interpolation="nearest", pad_value=0) > 0
                                for n in plan.read])
-    idx = np.argwhere(fg)
-    if len(idx) > MAX_POINTS:
-        idx = idx[rng.choice(len(idx), MAX_POINTS, replace=False)]
-    return origin + idx * vs
+    return np.argwhere(fg), origin, vs
 
 
 def build_foreground_index(crops: Sequence[CropSource], voxel_size_nm: Sequence[float], *, seed: int = 0
                            ) -> ForegroundIndex:
-    """Scan every (crop, class) for foreground points (see the module docstring)."""
+    """Scan every (crop, class) for foreground points (see the module docstring). The crops are read in threads;
+    the subsampling draws from one generator in (crop, class) order, so the index does not depend on them."""
     rng = np.random.default_rng(seed)
-    points = tuple(tuple(_class_points(c, k, voxel_size_nm, rng) for k in range(len(c.plans))) for c in crops)
+    scanned = ordered_map(lambda c: [_foreground(c, k, voxel_size_nm) for k in range(len(c.plans))], crops)
+
+    def points_of(idx: np.ndarray, origin: np.ndarray, vs: np.ndarray) -> np.ndarray:
+        if len(idx) > MAX_POINTS:
+            idx = idx[rng.choice(len(idx), MAX_POINTS, replace=False)]
+        return origin + idx * vs if len(idx) else np.zeros((0, 3))
+
+    points = tuple(tuple(points_of(*fg) for fg in per_class) for per_class in scanned)
     for k, name in enumerate(crops[0].classes if crops else ()):
         if not any(len(p[k]) for p in points):
             log.warning("class %s has no foreground in any training crop: it is only ever a negative", name)

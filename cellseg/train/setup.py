@@ -14,7 +14,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,10 +251,13 @@ class Phases:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
-def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
+def build_setup(cfg: RunConfig, *, resume: bool | str = False,
+                before_compile: Callable[[Setup], None] | None = None) -> Setup:
     """Assemble a training job (module docstring); resumes from the run's newest intact checkpoint if asked.
 
-    `resume="auto"` continues when a checkpoint exists and starts fresh otherwise.
+    `resume="auto"` continues when a checkpoint exists and starts fresh otherwise. `before_compile(setup)` runs
+    once the data and the resumed state are in place, before compilation (the trainer starts its loader workers
+    there, so that their start-up overlaps the compilation).
 
     Raises:
         FileExistsError: another training holds `run_dir`, or it holds a run and `resume` is not given.
@@ -276,7 +279,7 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
     lock = _claim(run_dir, d)
     try:
         return _assemble(cfg, d, precision, model, batch, fmt, lock=lock, resume=_resume_wanted(resume, ckpt_dir),
-                         phase=phase)
+                         phase=phase, before_compile=before_compile)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -284,7 +287,8 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False) -> Setup:
 
 
 def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, model: torch.nn.Module, batch: int,
-              fmt: torch.memory_format, *, lock: RunLock | None, resume: bool, phase: Phases) -> Setup:
+              fmt: torch.memory_format, *, lock: RunLock | None, resume: bool, phase: Phases,
+              before_compile: Callable[[Setup], None] | None = None) -> Setup:
     """The rest of `build_setup`, holding the run directory's lock."""
     tc, run_dir = cfg.train, Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -333,6 +337,9 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
         if override.is_file():
             s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
         log.info("resumed %s at step %d from %s", run_dir, s.state.step, s.resumed_from.name)
+    if before_compile is not None:
+        with phase("loader start"):
+            before_compile(s)
     with phase("compile"):  # "auto" times eager against compiled here; "on" compiles at the first step
         compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
                                                   batch=s.state.micro_batch)

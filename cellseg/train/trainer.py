@@ -60,10 +60,16 @@ class Trainer:
         self.cfg = cfg
         self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
         self._job_start = time.perf_counter()
-        self.s: Setup = build_setup(cfg, resume=resume)
+        self._started: Iterator[Batch] | None = None  # the batch stream begun during set-up (`_start_batches`)
+        try:
+            self.s: Setup = build_setup(cfg, resume=resume, before_compile=self._start_early if stop else None)
+        except BaseException:
+            self._close_started()
+            raise
         try:
             validation_sets(self.s.data.val_crops)  # no tuning crop to rank checkpoints on: an error now, not later
         except ValueError:
+            self._close_started()
             self.s.close()
             raise
         if now is not None:  # another time source for the training clock (tests)
@@ -75,9 +81,15 @@ class Trainer:
         self.val_pool: ValidationPool | None = None  # the validation workers of `fit` (started at its first validation)
 
     def close(self) -> None:
-        """End the validation workers, if any, and release the run directory (its lock)."""
+        """End the loader and validation workers, if any, and release the run directory (its lock)."""
         self._close_val_pool()
+        self._close_started()
         self.s.close()
+
+    def _close_started(self) -> None:
+        started, self._started = self._started, None
+        if started is not None:
+            started.close()  # its DataLoader iterator goes with it, and with that its workers
 
     def _close_val_pool(self) -> None:
         pool, self.val_pool = self.val_pool, None
@@ -85,17 +97,36 @@ class Trainer:
             pool.close()
 
     # -- data -------------------------------------------------------------------------------------------
-    def _batches(self, stop: StopRequest) -> Iterator[Batch]:
-        """Loader batches from where the run stands (the sample stream is a pure function of the index)."""
-        sampler, loader = self.s.data.sampler, self.s.data.loader
+    def _start_early(self, s: Setup) -> None:
+        """Set-up's hook before compilation: the loader's workers start now and import while the model compiles
+        (a 2D job's first batch waited 7-8 s for them after compilation on the GPU host)."""
+        assert self.stop is not None
+        self._started = self._start_batches(s, self.stop)
+
+    def batch_stream(self, stop: StopRequest) -> Iterator[Batch]:
+        """Loader batches from where the run stands: the stream begun during set-up, else one begun now."""
+        started, self._started = self._started, None
+        return started or self._start_batches(self.s, stop)
+
+    def _start_batches(self, s: Setup, stop: StopRequest) -> Iterator[Batch]:
+        """Loader batches from where the run stands (the sample stream is a pure function of the index); the
+        first epoch's workers start here, not at the first batch."""
+        sampler, loader = s.data.sampler, s.data.loader
         loader.worker_init_fn = stop.worker_init_fn
-        epoch, offset = divmod(self.s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
+        epoch, offset = divmod(s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
+        sampler.set_epoch(epoch, start_batch=offset)
+        with stop.shield_workers():  # workers start here (and every epoch if not persistent)
+            first = iter(loader)
+        return self._epochs(first, epoch, stop)
+
+    def _epochs(self, batches: Iterator[Batch], epoch: int, stop: StopRequest) -> Iterator[Batch]:
+        sampler, loader = self.s.data.sampler, self.s.data.loader
         while True:
-            sampler.set_epoch(epoch, start_batch=offset)
-            with stop.shield_workers():  # workers start here (the first time, or every epoch if not persistent)
-                batches = iter(loader)
             yield from batches
-            epoch, offset = epoch + 1, 0
+            epoch += 1
+            sampler.set_epoch(epoch, start_batch=0)
+            with stop.shield_workers():
+                batches = iter(loader)
 
     def _to_device(self, batch: Batch) -> Batch:
         return {k: v.to(self.s.dist.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -167,7 +198,7 @@ class Trainer:
         if s.dist.is_main and s.data.val_crops:  # the ranks that validate; workers start at the first validation
             self.val_pool = ValidationPool(validation_workers(self.cfg, s.data.val_crops),
                                            worker_init=stop.worker_init_fn, shield=stop.shield_workers)
-        batches, last = self._batches(stop), {}
+        batches, last = self.batch_stream(stop), {}
         window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
         wait_s = 0.0  # host seconds of this logging window spent waiting for the loader's next batch
         loss_sum = torch.zeros((), device=s.dist.device)

@@ -334,3 +334,22 @@ def test_a_black_hole_inside_the_volume_stays_data_and_the_black_border_does_not
     edge = round((16 - origin[2]) / vs)  # a box voxel of x < 24 nm, in the black slab
     assert known["edge"][hole].all() and not known["value"][hole].any()
     assert edge >= 0 and not known["edge"][:, :, edge].any() and not known["value"][:, :, edge].any()
+
+
+def test_reading_in_threads_gives_the_same_index_and_blocks(root, monkeypatch):
+    """Set-up reads the crops in threads (`cellseg.data.threads`); the crops, their foreground index (subsampled
+    from one generator) and the resident blocks are those of reading one crop after another."""
+    from cellseg.data import threads
+
+    def build(n):
+        monkeypatch.setattr(threads, "MAX_READ_THREADS", n)
+        monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(4)))
+        return _build(_data(root, resident="host"))
+
+    one, four = build(1), build(4)
+    assert [c.name for c in one.train_crops] == [c.name for c in four.train_crops]
+    for a, b in zip(one.dataset.sampler.index.points, four.dataset.sampler.index.points, strict=True):
+        for pa, pb in zip(a, b, strict=True):
+            np.testing.assert_array_equal(pa, pb)
+    for a, b in zip(one.loader.data.store.blocks, four.loader.data.store.blocks, strict=True):
+        assert torch.equal(a.em, b.em) and torch.equal(a.targets, b.targets)

@@ -43,7 +43,7 @@ def test_loss_falls(tiny_synth_root, tmp_path):
     # Where the time before the first step went: one "startup" record, the set-up's phases in meta.json too.
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     (startup,) = [r["startup"] for r in records if "startup" in r]
-    assert list(startup["setup"]) == ["devices", "model", "batch size", "data", "compile"]
+    assert list(startup["setup"]) == ["devices", "model", "batch size", "data", "loader start", "compile"]
     assert all(v >= 0 for v in startup["setup"].values()) and startup["first_step"] > 0
     assert startup["job_to_first_step"] >= sum(startup["setup"].values()) + startup["first_step"]
     assert startup["process_to_first_step"] >= startup["job_to_first_step"]  # imports and config loading too
@@ -67,6 +67,45 @@ def test_resume_continues_exactly(tiny_synth_root, tmp_path):
     assert train(_cfg(tiny_synth_root, tmp_path / "b", "train.max_steps=7", *common), resume="auto")
     assert max(_losses(tmp_path / "b")) == 7
     train(_cfg(tiny_synth_root, tmp_path / "c", "train.max_steps=1", *common), resume="auto")
+
+
+def test_loader_workers_start_before_compilation_with_the_same_batches(tiny_synth_root, tmp_path):
+    """`train` starts the loader's workers during set-up (they import while the model compiles); the batches,
+    hence the losses, are those of a trainer that starts them at its first batch."""
+    import multiprocessing
+
+    from cellseg.train.stop import StopRequest
+
+    def workers_after(trainer_of_stop):
+        before, stop = set(multiprocessing.active_children()), StopRequest()
+        try:
+            trainer = trainer_of_stop(stop)
+            started = set(multiprocessing.active_children()) - before
+            return trainer, started
+        finally:
+            stop.restore()
+
+    common = ["train.max_steps=4", "train.log_every=1", "train.val_every=100", "data.resident=off",
+              "loader.num_workers=1"]
+    early, started = workers_after(lambda stop: Trainer(_cfg(tiny_synth_root, tmp_path / "early", *common),
+                                                        stop=stop))
+    assert started, "no loader worker started during set-up"
+    assert "loader start" in early.s.startup_s and list(early.s.startup_s)[-1] == "compile"
+    early.fit()
+    early.close()
+    late = Trainer(_cfg(tiny_synth_root, tmp_path / "late", *common))  # no stop request: workers at the first batch
+    late.fit()
+    late.close()
+    assert _losses(tmp_path / "early") == _losses(tmp_path / "late")
+    # A trainer closed before it trained ends the workers it started (not kept by a persistent loader).
+    unused, started = workers_after(lambda stop: Trainer(
+        _cfg(tiny_synth_root, tmp_path / "unused", *common, "loader.persistent_workers=false"), stop=stop))
+    assert started
+    unused.close()
+    deadline = time.time() + 30
+    while any(p.is_alive() for p in started) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(p.is_alive() for p in started), "a loader worker outlived close()"
 
 
 def test_sigterm_checkpoints_and_exits_resumable(tiny_synth_root, tmp_path):
