@@ -62,7 +62,8 @@ class Trainer:
         self._job_start = time.perf_counter()
         self._started: Iterator[Batch] | None = None  # the batch stream begun during set-up (`_start_batches`)
         try:
-            self.s: Setup = build_setup(cfg, resume=resume, before_compile=self._start_early if stop else None)
+            early = self._start_early if stop is not None else None
+            self.s: Setup = build_setup(cfg, resume=resume, before_compile=early)
         except BaseException:
             self._close_started()
             raise
