@@ -125,6 +125,15 @@ class TrainData:
         """Where the training data lives: "gpu" or "host" (resident), or "off" (streamed from zarr)."""
         return self.loader.placement if isinstance(self.loader, ResidentLoader) else "off"
 
+    def close(self) -> None:
+        """End the loader's persistent workers now: torch ends them only once the DataLoader is garbage, so a
+        notebook that trains again would otherwise keep every earlier run's workers."""
+        loader = self.loader.windows if isinstance(self.loader, ResidentLoader) else self.loader
+        workers = getattr(loader, "_iterator", None)  # where a persistent DataLoader keeps its workers' iterator
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()
+            loader._iterator = None
+
 
 def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
                      rank: int = 0, world_size: int = 1, run_dir: str | Path | None = None,

@@ -81,7 +81,8 @@ class Setup:
     startup_s: dict[str, float] = field(default_factory=dict)  # set-up phase → seconds (`Phases`), in order
 
     def close(self) -> None:
-        """Release the run directory."""
+        """End the loader's workers and release the run directory."""
+        self.data.close()
         if self.lock is not None:
             self.lock.release()
 

@@ -86,13 +86,17 @@ def test_loader_workers_start_before_compilation_with_the_same_batches(tiny_synt
             stop.restore()
 
     common = ["train.max_steps=4", "train.log_every=1", "train.val_every=100", "data.resident=off",
-              "loader.num_workers=1"]
+              "loader.num_workers=1", "loader.persistent_workers=true"]
     early, started = workers_after(lambda stop: Trainer(_cfg(tiny_synth_root, tmp_path / "early", *common),
                                                         stop=stop))
     assert started, "no loader worker started during set-up"
     assert "loader start" in early.s.startup_s and list(early.s.startup_s)[-1] == "compile"
     early.fit()
-    early.close()
+    early.close()  # ends the persistent loader's workers, not only at the end of the process
+    deadline = time.time() + 30
+    while any(p.is_alive() for p in started) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(p.is_alive() for p in started), "a persistent loader's worker outlived close()"
     late = Trainer(_cfg(tiny_synth_root, tmp_path / "late", *common))  # no stop request: workers at the first batch
     late.fit()
     late.close()
