@@ -15,8 +15,11 @@ MAX_READ_THREADS = 8  # beyond this the Python parts (json, planning) serialise 
 
 
 def read_threads() -> int:
-    """Threads for set-up reads: this process's CPU cores (its affinity, as SLURM or taskset set it), at most 8."""
-    return max(1, min(MAX_READ_THREADS, len(os.sched_getaffinity(0))))
+    """Threads for set-up reads: this process's CPU cores (its affinity, as SLURM or taskset set it; all cores
+    where the platform has no affinity, e.g. macOS), at most 8."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(1, min(MAX_READ_THREADS, cores))
 
 
 def ordered_map(fn: Callable[[T], R], items: Sequence[T], threads: int | None = None) -> list[R]:
