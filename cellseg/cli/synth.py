@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cellseg.eval.pool import usable_cores
+from cellseg.pool import usable_cores
 
 ORDER = 20
 

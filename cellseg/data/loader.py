@@ -35,7 +35,8 @@ from cellseg.data.split import (
     write_datasplit,
 )
 from cellseg.data.targets import CropSource, NoRequestedClass
-from cellseg.data.threads import ordered_map
+from cellseg.data.threads import read_threads
+from cellseg.pool import map_bounded
 
 log = logging.getLogger(__name__)
 DATASPLIT_FILE = "datasplit.csv"  # a data root's own split (the official one, or a user's)
@@ -91,7 +92,7 @@ def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
             log.warning("skipping %s: %s", entry.crop_name, err)
         return None
 
-    return [crop for crop in ordered_map(open_one, entries) if crop is not None]
+    return [crop for crop in map_bounded(open_one, entries, read_threads()) if crop is not None]
 
 
 def warm_boundary_caches(crops: Sequence[CropSource], voxel_size_nm: Sequence[float]) -> None:

@@ -49,7 +49,8 @@ from cellseg.data.dataset import PatchDataset
 from cellseg.data.gather import GATHER_VOXELS, WindowGather
 from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
-from cellseg.data.threads import ordered_map, read_threads
+from cellseg.data.threads import read_threads
+from cellseg.pool import map_bounded
 
 log = logging.getLogger(__name__)
 Placement = Literal["gpu", "host", "off"]
@@ -342,7 +343,7 @@ def _fill(blocks: Sequence[Block], dataset: PatchDataset, layout: Layout, *, pro
             fill_block(*pair, dataset, layout, bar)
             return time.perf_counter() - began
 
-        seconds = ordered_map(fill, list(zip(blocks, dataset.crops, strict=True)))  # blocks in threads
+        seconds = map_bounded(fill, list(zip(blocks, dataset.crops, strict=True)), read_threads())  # in threads
     for block, s in zip(blocks, seconds, strict=True):
         crops, nbytes, busy = stats.get(block.dataset, (0, 0, 0.0))
         stats[block.dataset] = (crops + 1, nbytes + block.nbytes, busy + s)

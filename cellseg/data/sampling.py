@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellseg.data.targets import CropSource
-from cellseg.data.threads import ordered_map
+from cellseg.data.threads import read_threads
+from cellseg.pool import map_bounded
 
 log = logging.getLogger(__name__)
 MAX_POINTS = 4096  # foreground points kept per (crop, class); enough variety, little memory
@@ -66,12 +67,13 @@ def build_foreground_index(crops: Sequence[CropSource], voxel_size_nm: Sequence[
     """Scan every (crop, class) for foreground points (see the module docstring). The crops are read in threads;
     the subsampling draws from one generator in (crop, class) order, so the index does not depend on them."""
     rng = np.random.default_rng(seed)
-    scanned = ordered_map(lambda c: [_foreground(c, k, voxel_size_nm) for k in range(len(c.plans))], crops)
+    scanned = map_bounded(lambda c: [_foreground(c, k, voxel_size_nm) for k in range(len(c.plans))], crops,
+                          read_threads())
 
     def points_of(idx: np.ndarray, origin: np.ndarray, vs: np.ndarray) -> np.ndarray:
         if len(idx) > MAX_POINTS:
             idx = idx[rng.choice(len(idx), MAX_POINTS, replace=False)]
-        return origin + idx * vs if len(idx) else np.zeros((0, 3))
+        return origin + idx * vs  # (0, 3) where the class has no foreground (or is not annotated)
 
     points = tuple(tuple(points_of(*fg) for fg in per_class) for per_class in scanned)
     for k, name in enumerate(crops[0].classes if crops else ()):

@@ -55,8 +55,8 @@ import numpy as np
 from cellseg.data import resample as grid
 from cellseg.data.crops import Catalog, Crop, Geometry
 from cellseg.data.write import sweep_stale, temp_sibling, with_path
-from cellseg.eval.pool import default_budget, map_bounded, usable_cores
 from cellseg.eval.rules import is_scored_as_instance
+from cellseg.pool import default_budget, map_bounded, usable_cores
 
 log = logging.getLogger(__name__)
 TRAIN_HEADER = "crop_name,dataset,class_label,voxel_size,translation,shape\n"

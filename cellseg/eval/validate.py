@@ -31,7 +31,6 @@ from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
 from cellseg.eval.layout import discover
 from cellseg.eval.missing import MissingCost, missing_costs
-from cellseg.eval.pool import default_budget, map_bounded
 from cellseg.eval.resample import (
     BadAttributes,
     Target,
@@ -47,6 +46,7 @@ from cellseg.eval.rules import (
     ratio_cutoff_2026,
 )
 from cellseg.eval.submit import default_workers
+from cellseg.pool import default_budget, map_bounded
 
 BOTH: tuple[str, ...] = ERAS
 

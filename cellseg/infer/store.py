@@ -44,7 +44,7 @@ from cellseg.data.write import (
     sweep_stale,
     with_path,
 )
-from cellseg.eval.pool import usable_cores
+from cellseg.pool import usable_cores
 
 Kind = Literal["probabilities", "segmentation"]
 KINDS: tuple[str, ...] = ("probabilities", "segmentation")

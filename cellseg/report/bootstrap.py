@@ -109,7 +109,7 @@ def uncertainties(groups: Mapping[str, Mapping[Era, Sequence[Mapping[str, Any]]]
     """`stage_uncertainty` of several lists of documents in every era, the documents' draws spread over
     `workers` processes (the intervals do not depend on it): `groups` is name → era → documents, e.g.
     {"stages": ..., "singles": ...}; returns era → name → the `stage_uncertainty` result."""
-    from cellseg.eval.pool import map_bounded
+    from cellseg.pool import map_bounded
 
     jobs, where = [], []
     for name, by_era in groups.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.eval.eras import ERAS, Era
-from cellseg.eval.pool import usable_cores
+from cellseg.pool import usable_cores
 from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
 from cellseg.report.scoring import EraScores
 

@@ -31,13 +31,13 @@ from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
 from cellseg.eval.eras import Era
 from cellseg.eval.io import open_source
-from cellseg.eval.pool import one_thread_per_process
 from cellseg.eval.report import to_json
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.score import evaluate
 from cellseg.eval.submit import default_workers, write_submission
 from cellseg.eval.validate import crops_from_truth
 from cellseg.infer.store import PredictionStore
+from cellseg.pool import one_thread_per_process
 from cellseg.postprocess.annotation import AnnotationGrids
 from cellseg.postprocess.apply import segment_crop
 from cellseg.postprocess.native import plain_params
@@ -245,7 +245,7 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
 
     from tqdm import tqdm
 
-    from cellseg.eval.pool import default_budget
+    from cellseg.pool import default_budget
 
     done = {i: cached for i, job in enumerate(jobs) if (cached := _read_back(job.submission, eras)) is not None}
     todo = [i for i in range(len(jobs)) if i not in done]

@@ -45,8 +45,8 @@ from cellseg.data.grid import Grid
 from cellseg.data.targets import CropSource
 from cellseg.eval.crop_score import score_class
 from cellseg.eval.eras import get_era
-from cellseg.eval.pool import one_thread_per_process
 from cellseg.eval.truth import read_class_truth
+from cellseg.pool import one_thread_per_process
 from cellseg.postprocess.native import decode_on_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
 

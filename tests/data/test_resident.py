@@ -343,7 +343,7 @@ def test_reading_in_threads_gives_the_same_index_and_blocks(root, monkeypatch):
 
     def build(n):
         monkeypatch.setattr(threads, "MAX_READ_THREADS", n)
-        monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(4)))
+        monkeypatch.setattr(threads, "usable_cores", lambda: 4)
         return _build(_data(root, resident="host"))
 
     one, four = build(1), build(4)

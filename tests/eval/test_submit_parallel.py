@@ -152,7 +152,7 @@ def test_map_bounded_processes_survive_a_dead_worker():
 PINNED = """
 import os, sys
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as `taskset` or a SLURM allocation of one core
-from cellseg.eval.pool import usable_cores
+from cellseg.pool import usable_cores
 from cellseg.report.results import ReportOptions
 opts = ReportOptions(runs=("a", "b"), out="r")
 print(usable_cores(), opts.scoring_workers, os.cpu_count())
