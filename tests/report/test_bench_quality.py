@@ -270,10 +270,11 @@ DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train
               "train.val_every", "train.checkpoint_every", "train.num_gpus", "train.compile",
               "optim.warmup_steps", "optim.warmup_min"}  # configs/quality/_budget.yaml and docs/quality.md
 RECIPE = {"unet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # docs/quality.md, 3D recipe
-          "resnet_3d": {"train.batch_size", "optim.name", "optim.lr", "optim.schedule"},
-          "swin_3d": {"optim.lr"}, "vit_3d": {"optim.lr"},
-          "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},
-          "swin_2d": {"optim.lr"}}  # docs/quality.md, 2D learning rate
+          "resnet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # ... and every architecture's patch
+          "swin_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
+          "vit_3d": {"data.patch_shape_vox", "train.batch_size", "model.params.patch_size", "optim.lr"},
+          "swin_2d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
+          "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}, "unet_2d": {"optim.lr"}}  # docs/quality.md, 2D learning rate
 
 
 def _flat(doc: dict, prefix: str = "") -> dict:
