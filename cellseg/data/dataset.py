@@ -27,6 +27,7 @@ A boundary channels:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -96,6 +97,47 @@ class EpochSampler(torch.utils.data.Sampler[int]):
         return (self.batches_per_epoch - self.start_batch) * self.batch_size
 
 
+@dataclass(frozen=True, kw_only=True)
+class WindowRule:
+    """Where sample i lies, without reading anything: the sampler, the rotation draw and the sample's grid.
+
+    It holds no array handles, and the foreground index travels as shared memory, so it pickles to a few kB: the
+    resident loader's window workers (`cellseg.data.resident.WindowSpecs`) all start at once.
+    """
+
+    sampler: PatchSampler
+    voxel_size_nm: tuple[float, ...]  # (z, y, x)
+    read_shape_vox: tuple[int, ...]
+    patch_shape_vox: tuple[int, ...]
+    rotate_p: float
+    lattices: tuple[tuple[float, ...] | None, ...]  # per crop: `em_lattice`
+
+    def rotates(self, spec: PatchSpec) -> bool:
+        """Whether the GPU will rotate this sample (drawn from the sample's own seed)."""
+        return self.read_shape_vox != self.patch_shape_vox and np.random.default_rng(spec.seed).random() < self.rotate_p
+
+    def grid_for(self, spec: PatchSpec, shape_vox: Sequence[int] | None = None) -> Grid:
+        """The world grid of a sample (default: the read shape), oriented by the slicing axis, centred on the spec.
+
+        The origin snaps to the lattice of the EM level at the training voxel size when there is one, so
+        EM reads are plain slices (no interpolation) and EM and labels share voxel centres.
+        """
+        shape = oriented_shape(shape_vox or self.read_shape_vox, spec.slice_axis)
+        vs = self.voxel_size_nm
+        origin = [c - (n - 1) / 2 * v for c, n, v in zip(spec.centre_nm, shape, vs, strict=True)]
+        lattice = self.lattices[spec.crop]
+        if lattice is not None:
+            origin = [t + round((o - t) / v) * v for o, t, v in zip(origin, lattice, vs, strict=True)]
+        return Grid(translation_nm=tuple(origin), shape_vox=tuple(shape), voxel_size_nm=vs)  # type: ignore[arg-type]
+
+
+def em_lattice(crop: CropSource, voxel_size_nm: Sequence[float]) -> tuple[float, ...] | None:
+    """Origin (nm) of the crop's EM level at `voxel_size_nm` (within 1 %), None where no level has that size."""
+    level = crop.em().choose_level(voxel_size_nm)
+    same = all(abs(lv - v) <= 0.01 * v for lv, v in zip(level.voxel_size_nm, voxel_size_nm, strict=True))
+    return tuple(float(t) for t in level.translation_nm) if same else None
+
+
 class PatchDataset(torch.utils.data.Dataset):
     """Map-style dataset indexed by a *global* sample index; sample i is a pure function of (seed, rank, i).
 
@@ -131,27 +173,20 @@ class PatchDataset(torch.utils.data.Dataset):
         self.em_pad_value = em_pad_value
         self.padding_mask, self.padding_mask_by_dataset = padding_mask, dict(padding_mask_by_dataset or {})
         self.use_all = use_all
+        lattices = tuple(em_lattice(c, self.voxel_size_nm) for c in self.crops)
+        self.rule = WindowRule(sampler=sampler, voxel_size_nm=self.voxel_size_nm, read_shape_vox=self.read_shape_vox,
+                               patch_shape_vox=self.patch_shape_vox, rotate_p=rotate_p, lattices=lattices)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def rotates(self, spec: PatchSpec) -> bool:
-        """Whether the GPU will rotate this sample (drawn from the sample's own seed)."""
-        return self.read_shape_vox != self.patch_shape_vox and np.random.default_rng(spec.seed).random() < self.rotate_p
+        """Whether the GPU will rotate this sample (`WindowRule.rotates`)."""
+        return self.rule.rotates(spec)
 
     def grid_for(self, spec: PatchSpec, shape_vox: Sequence[int] | None = None) -> Grid:
-        """The world grid of a sample (default: the read shape), oriented by the slicing axis, centred on the spec.
-
-        The origin snaps to the lattice of the EM level at the training voxel size when there is one, so
-        EM reads are plain slices (no interpolation) and EM and labels share voxel centres.
-        """
-        shape = oriented_shape(shape_vox or self.read_shape_vox, spec.slice_axis)
-        vs = self.voxel_size_nm
-        origin = [c - (n - 1) / 2 * v for c, n, v in zip(spec.centre_nm, shape, vs, strict=True)]
-        level = self.crops[spec.crop].em().choose_level(vs)
-        if all(abs(lv - v) <= 0.01 * v for lv, v in zip(level.voxel_size_nm, vs, strict=True)):
-            origin = [t + round((o - t) / v) * v for o, t, v in zip(origin, level.translation_nm, vs, strict=True)]
-        return Grid(translation_nm=tuple(origin), shape_vox=tuple(shape), voxel_size_nm=vs)  # type: ignore[arg-type]
+        """The world grid of a sample (`WindowRule.grid_for`)."""
+        return self.rule.grid_for(spec, shape_vox)
 
     @property
     def target_mode(self) -> str:

@@ -101,16 +101,21 @@ class WindowSpecs(torch.utils.data.Dataset):
     """
 
     def __init__(self, dataset: PatchDataset, grids: Sequence[Grid]):
-        self.dataset, self.grids = dataset, list(grids)
+        self.dataset: PatchDataset | None = dataset  # the training process's (`ResidentLoader`)
+        self.rule, self.num_samples, self.grids = dataset.rule, len(dataset), list(grids)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Workers get the dataset's `WindowRule` only, not its crops: a pickle of a few kB (see `WindowRule`)."""
+        return {**self.__dict__, "dataset": None}
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.num_samples
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        ds = self.dataset
-        spec = ds.sampler(int(i))
-        rotate = ds.rotates(spec)
-        window = ds.grid_for(spec, None if rotate else ds.patch_shape_vox)
+        rule = self.rule
+        spec = rule.sampler(int(i))
+        rotate = rule.rotates(spec)
+        window = rule.grid_for(spec, None if rotate else rule.patch_shape_vox)
         moved = spec.slice_axis if spec.slice_axis != 0 and window.shape_vox[spec.slice_axis] == 1 else 0
         return torch.tensor([spec.crop, spec.seed, int(rotate), moved, *window_start(self.grids[spec.crop], window)])
 

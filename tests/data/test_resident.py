@@ -3,6 +3,7 @@ where the budgets allow (GPU, host memory, or streaming with a notice)."""
 
 import logging
 import math
+import pickle
 import shutil
 from pathlib import Path
 
@@ -353,3 +354,19 @@ def test_reading_in_threads_gives_the_same_index_and_blocks(root, monkeypatch):
             np.testing.assert_array_equal(pa, pb)
     for a, b in zip(one.loader.data.store.blocks, four.loader.data.store.blocks, strict=True):
         assert torch.equal(a.em, b.em) and torch.equal(a.targets, b.targets)
+
+
+def test_window_workers_receive_a_small_payload(root):
+    """A spawned worker's payload beyond a pipe's buffer (64 KiB on Linux) makes each worker's start wait until the
+    worker has imported torch, one after another: the window workers get the sampling rule without the crops, and
+    the foreground index as shared memory."""
+    from multiprocessing.reduction import ForkingPickler
+
+    td = _build(_data(root), batch=SPEC_IN_PROCESS_MAX_BATCH + 1, workers=2)
+    specs = td.loader.windows.dataset
+    payload = ForkingPickler.dumps(specs)  # what DataLoader's spawn context sends each worker
+    assert len(payload) < 16 * 1024
+    clone = pickle.loads(payload)
+    assert clone.dataset is None and len(clone) == len(specs)
+    for i in range(32):
+        assert torch.equal(clone[i], specs[i])
