@@ -136,29 +136,34 @@ class TrainData:
             loader._iterator = None
 
 
-def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
-                     rank: int = 0, world_size: int = 1, run_dir: str | Path | None = None,
-                     mp_context: str = "spawn", device: torch.device | None = None,
-                     gpu_room_bytes: int | None = None) -> TrainData:
-    """Split, open crops, index foreground, and build the training batches (resident or streamed, see
-    `data.resident`) and the GPU augmentation.
+@dataclass(frozen=True)
+class TrainCrops:
+    """The set-up's reading, before it knows where the batches come from: the split, the open training and
+    validation crops, and the dataset (its sampling rule over the crops' foreground index). `read_train_crops`
+    touches no GPU and writes nothing in a run directory, so `cellseg.train.setup` runs it beside the GPU probe."""
 
-    `device` is where training runs (default: CUDA when there is one); `gpu_room_bytes` what the model and its
-    training step leave free there (default: what is free now).
+    split: list[SplitEntry]
+    train: list[CropSource]
+    val: list[CropSource]
+    dataset: PatchDataset
+
+
+def read_train_crops(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, seed: int,
+                     warm_caches: bool = False) -> TrainCrops:
+    """Split, open the crops, index their foreground; `warm_caches` also builds their missing boundary caches
+    (one process of a run does: the others then read them).
 
     Raises:
         ValueError: when no training crop annotates any requested class.
     """
     split = make_split(data)
-    if run_dir is not None:
-        write_datasplit(split, Path(run_dir) / "datasplit.csv")
     train = open_crops([e for e in split if e.split == "train"], data)
     val = open_crops([e for e in split if e.split == "validate"], data)
     if not train:
         raise ValueError(f"no training crop annotates any of {list(data.classes)} (data root {data.root})")
     log.info("%d training and %d validation crops for %d classes", len(train), len(val), len(data.classes))
-    if run_dir is not None and data.instance_boundaries and data.boundary_cache:
-        warm_boundary_caches(train, data.voxel_size_nm)  # rank 0 builds them before the workers start
+    if warm_caches and data.instance_boundaries and data.boundary_cache:
+        warm_boundary_caches(train, data.voxel_size_nm)  # before any worker starts
     index = build_foreground_index(train, data.voxel_size_nm, seed=seed)
     extent = [n * v for n, v in zip(data.patch_shape_vox, data.voxel_size_nm, strict=True)]
     sampler = PatchSampler(train, index, patch_extent_nm=extent, mode=data.sampler,
@@ -171,6 +176,29 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                            padding_mask=data.padding_mask, padding_mask_by_dataset=data.padding_mask_by_dataset,
                            patch_shape_vox=data.patch_shape_vox,
                            rotate_p=augment.rotate_p if augment.enabled else 0.0)
+    return TrainCrops(split=split, train=train, val=val, dataset=dataset)
+
+
+def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
+                     rank: int = 0, world_size: int = 1, run_dir: str | Path | None = None,
+                     mp_context: str = "spawn", device: torch.device | None = None,
+                     gpu_room_bytes: int | None = None, crops: TrainCrops | None = None) -> TrainData:
+    """Split, open crops, index foreground, and build the training batches (resident or streamed, see
+    `data.resident`) and the GPU augmentation.
+
+    `device` is where training runs (default: CUDA when there is one); `gpu_room_bytes` what the model and its
+    training step leave free there (default: what is free now); `crops` what `read_train_crops` read already
+    (with `warm_caches` where `run_dir` is given), default: read now. `run_dir` receives the split
+    (datasplit.csv).
+
+    Raises:
+        ValueError: when no training crop annotates any requested class.
+    """
+    if crops is None:
+        crops = read_train_crops(data, loader, augment, seed=seed, warm_caches=run_dir is not None)
+    if run_dir is not None:
+        write_datasplit(crops.split, Path(run_dir) / "datasplit.csv")
+    dataset = crops.dataset
     epochs = EpochSampler(loader.samples_per_epoch, batch_size=batch_size, rank=rank, world_size=world_size)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resident = read_resident(dataset, data, device=device, gpu_room_bytes=gpu_room_bytes, progress=run_dir is not None)
@@ -184,8 +212,8 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
     gpu_augment = GpuAugment(augment, num_classes=data.num_target_channels, num_boundaries=len(data.boundary_classes),
                              patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
-    return TrainData(loader=batches, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=train,
-                     val_crops=val, split=split)
+    return TrainData(loader=batches, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=crops.train,
+                     val_crops=crops.val, split=crops.split)
 
 
 def _worker_loader(dataset: torch.utils.data.Dataset, epochs: EpochSampler, cfg: LoaderConfig, *, batch_size: int,

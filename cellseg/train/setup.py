@@ -15,6 +15,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 from cellseg import runtime
 from cellseg.config.load import dump, to_dict
 from cellseg.config.schema import RunConfig
-from cellseg.data.loader import TrainData, build_train_data
+from cellseg.data.loader import TrainData, build_train_data, read_train_crops
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, get_entry
 from cellseg.runtime.checkpoint import git_commit, versions
@@ -295,13 +296,20 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     ckpt_dir = run_dir / "checkpoints"
     if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
-    with phase("batch size"):
-        room = _gpu_room(cfg, model, d, precision, fmt, batch)
+    # The crops are opened and indexed in a thread while the GPU probe runs (it touches no GPU and writes nothing
+    # in the run directory); the main process of a run also builds the boundary caches there, before the barrier.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-crops") as reader:
+        reading = reader.submit(read_train_crops, cfg.data, cfg.loader, cfg.augment, seed=tc.seed,
+                                warm_caches=d.is_main)
+        with phase("batch size"):
+            room = _gpu_room(cfg, model, d, precision, fmt, batch)
+        with phase("data"):  # what of the reading the probe did not hide, then the rest
+            crops = reading.result()
     runtime.barrier(d)
     with phase("data"):
         data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
                                 world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
-                                gpu_room_bytes=room)
+                                gpu_room_bytes=room, crops=crops)
     weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
               [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
     criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,

@@ -8,7 +8,7 @@ from crafted import write_root
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.augment import unpack_bits
 from cellseg.data.dataset import pack_bits
-from cellseg.data.loader import build_train_data
+from cellseg.data.loader import build_train_data, read_train_crops
 from cellseg.data.split import read_datasplit
 
 NO_INTENSITY = dict(
@@ -196,3 +196,21 @@ def test_ids_and_bits_encodings_give_the_same_targets(tmp_path):
     bits_batch = _batch(td, 4)
     for a, b in zip(td.augment(ids_batch, 7), td.augment(bits_batch, 7), strict=True):
         assert torch.equal(a, b)
+
+
+def test_crops_read_ahead_give_the_same_batches_and_write_nothing(root, tmp_path):
+    """`cellseg.train.setup` reads the crops in a thread beside the GPU probe (`read_train_crops`), then builds
+    the batches from them: the same batches as reading inside `build_train_data`; the run directory receives the
+    split only from `build_train_data` (the lock is held by then)."""
+    data, loader = _data(root), LoaderConfig(num_workers=0, samples_per_epoch=8)
+    augment = AugmentConfig(rotate_p=0.5, **NO_INTENSITY)
+    run = tmp_path / "run"
+    run.mkdir()
+    crops = read_train_crops(data, loader, augment, seed=1, warm_caches=True)
+    assert not any(run.iterdir())
+    ahead = build_train_data(data, loader, augment, batch_size=2, seed=1, run_dir=run, crops=crops)
+    inside = build_train_data(data, loader, augment, batch_size=2, seed=1)
+    assert (run / "datasplit.csv").is_file() and read_datasplit(run / "datasplit.csv") == inside.split
+    assert [c.name for c in ahead.train_crops] == [c.name for c in inside.train_crops]
+    for a, b in zip(_batch(ahead).values(), _batch(inside).values(), strict=True):
+        assert torch.equal(a, b) if torch.is_tensor(a) else a == b
