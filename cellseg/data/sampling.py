@@ -46,11 +46,10 @@ class ForegroundIndex:
 
     def __init__(self, points: Sequence[Sequence[np.ndarray]]):
         """`points[crop][class]`: (n, 3) float64 world coordinates, n >= 0."""
-        classes = len(points[0]) if len(points) else 0
+        crops, classes = len(points), len(points[0]) if len(points) else 0
         counts = np.array([[len(p) for p in per_class] for per_class in points], dtype=np.int64)
-        ends = np.cumsum(counts.reshape(-1)).reshape(len(points), classes)  # runs in (crop, class) order
-        bounds = np.concatenate([ends[:, :1] - counts[:, :1] if classes else np.zeros((len(points), 1), np.int64),
-                                 ends], axis=1)
+        starts = np.concatenate([[0], np.cumsum(counts.reshape(-1))])  # the (crop, class) runs back to back
+        bounds = starts[np.arange(crops)[:, None] * classes + np.arange(classes + 1)]
         flat = [np.asarray(p, dtype=np.float64).reshape(-1, 3) for per_class in points for p in per_class]
         self.coords = torch.from_numpy(np.concatenate(flat) if flat else np.zeros((0, 3)))
         self.bounds = torch.from_numpy(bounds)  # (crops, classes + 1): crop c's class k is coords[b[c, k]:b[c, k + 1]]

@@ -9,6 +9,7 @@ from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.augment import unpack_bits
 from cellseg.data.dataset import pack_bits
 from cellseg.data.loader import build_train_data, read_train_crops
+from cellseg.data.sampling import ForegroundIndex
 from cellseg.data.split import read_datasplit
 
 NO_INTENSITY = dict(
@@ -214,3 +215,15 @@ def test_crops_read_ahead_give_the_same_batches_and_write_nothing(root, tmp_path
     assert [c.name for c in ahead.train_crops] == [c.name for c in inside.train_crops]
     for a, b in zip(_batch(ahead).values(), _batch(inside).values(), strict=True):
         assert torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def test_foreground_index_keeps_every_run_in_one_tensor():
+    rng = np.random.default_rng(0)
+    points = [[rng.random((n, 3)) for n in counts] for counts in ([3, 0, 2], [0, 0, 5], [1, 1, 0])]
+    index = ForegroundIndex(points)
+    assert index.coords.shape == (12, 3) and index.bounds.tolist() == [[0, 3, 3, 5], [5, 5, 5, 10], [10, 11, 12, 12]]
+    for c, per_class in enumerate(points):
+        for k, p in enumerate(per_class):
+            np.testing.assert_array_equal(index.of(c, k), p)
+    assert [index.crops_with(k).tolist() for k in range(3)] == [[0, 2], [2], [0, 1]]
+    assert ForegroundIndex([]).num_crops == 0 and ForegroundIndex([[], []]).bounds.tolist() == [[0], [0]]
