@@ -26,6 +26,7 @@ A boundary channels:
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -180,6 +181,19 @@ class PatchDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.num_samples
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickled as one byte tensor beside the sampling rule (its foreground index a tensor too): a spawned
+        DataLoader worker receives both as shared memory, so its start waits for nothing (a payload beyond a
+        pipe's buffer would hold the parent until the worker has imported torch, one worker after another; the
+        crops alone pickle to about 12 kB each). The bytes are made once and kept: the workers map them (a
+        dataset does not change once built)."""
+        blob = self.__dict__.get("_pickled")
+        if blob is None:
+            state = {k: v for k, v in self.__dict__.items() if k not in _SHIPPED_APART}
+            data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = self.__dict__["_pickled"] = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+        return _restore_dataset, (blob, self.sampler, self.rule)
+
     def rotates(self, spec: PatchSpec) -> bool:
         """Whether the GPU will rotate this sample (`WindowRule.rotates`)."""
         return self.rule.rotates(spec)
@@ -241,6 +255,16 @@ class PatchDataset(torch.utils.data.Dataset):
             t_lut, k_lut = crop.lookup_tables
             sample.update(target_lut=torch.from_numpy(t_lut), known_lut=torch.from_numpy(k_lut))
         return sample
+
+
+_SHIPPED_APART = ("_pickled", "sampler", "rule")  # `PatchDataset.__reduce__`: what is not in its bytes
+
+
+def _restore_dataset(state: torch.Tensor, sampler: PatchSampler, rule: WindowRule) -> PatchDataset:
+    """A `PatchDataset` from the pieces of `PatchDataset.__reduce__`."""
+    dataset = PatchDataset.__new__(PatchDataset)
+    dataset.__dict__.update(pickle.loads(state.numpy().tobytes()), sampler=sampler, rule=rule)  # the parent's bytes
+    return dataset
 
 
 def _centre_pad(a: np.ndarray, shape: Sequence[int]) -> np.ndarray:

@@ -1,5 +1,7 @@
 """The training pipeline end to end on a crafted root whose EM intensity encodes the labels."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +229,20 @@ def test_foreground_index_keeps_every_run_in_one_tensor():
             np.testing.assert_array_equal(index.of(c, k), p)
     assert [index.crops_with(k).tolist() for k in range(3)] == [[0, 2], [2], [0, 1]]
     assert ForegroundIndex([]).num_crops == 0 and ForegroundIndex([[], []]).bounds.tolist() == [[0], [0]]
+
+
+def test_streaming_workers_receive_a_small_payload(root):
+    """The streaming dataset reaches a spawned worker as shared memory (its bytes and its sampling rule): a
+    payload beyond a pipe's buffer would start the workers one after another (`PatchDataset.__reduce__`)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    td = build_train_data(_data(root, resident="off"), LoaderConfig(num_workers=0, samples_per_epoch=8),
+                          AugmentConfig(rotate_p=0.5, **NO_INTENSITY), batch_size=2, seed=1)
+    payload = ForkingPickler.dumps(td.dataset)  # what the DataLoader's spawn context sends each worker
+    assert len(payload) < 16 * 1024
+    clone = pickle.loads(payload)
+    assert len(clone) == len(td.dataset) and [c.name for c in clone.crops] == [c.name for c in td.dataset.crops]
+    for i in range(4):
+        for key, value in clone[i].items():
+            expected = td.dataset[i][key]
+            assert torch.equal(value, expected) if torch.is_tensor(value) else value == expected
