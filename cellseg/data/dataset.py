@@ -165,18 +165,21 @@ class PatchDataset(torch.utils.data.Dataset):
                  patch_shape_vox: Sequence[int] | None = None, rotate_p: float = 0.0, use_all: bool = True,
                  padding_mask: PaddingMode = "edge", padding_mask_by_dataset: Mapping[str, PaddingMode] | None = None):
         self.crops = list(crops)
-        self.sampler = sampler
-        self.voxel_size_nm = tuple(float(v) for v in voxel_size_nm)
-        self.read_shape_vox = tuple(int(n) for n in read_shape_vox)
-        self.patch_shape_vox = tuple(int(n) for n in (patch_shape_vox or read_shape_vox))
-        self.rotate_p = rotate_p
+        vs = tuple(float(v) for v in voxel_size_nm)
+        self.rule = WindowRule(sampler=sampler, voxel_size_nm=vs, read_shape_vox=tuple(int(n) for n in read_shape_vox),
+                               patch_shape_vox=tuple(int(n) for n in (patch_shape_vox or read_shape_vox)),
+                               rotate_p=rotate_p, lattices=tuple(em_lattice(c, vs) for c in self.crops))
         self.num_samples = int(num_samples)
         self.em_pad_value = em_pad_value
         self.padding_mask, self.padding_mask_by_dataset = padding_mask, dict(padding_mask_by_dataset or {})
         self.use_all = use_all
-        lattices = tuple(em_lattice(c, self.voxel_size_nm) for c in self.crops)
-        self.rule = WindowRule(sampler=sampler, voxel_size_nm=self.voxel_size_nm, read_shape_vox=self.read_shape_vox,
-                               patch_shape_vox=self.patch_shape_vox, rotate_p=rotate_p, lattices=lattices)
+
+    # The sampling rule's fields, read through (`rule` holds them once).
+    sampler = property(lambda self: self.rule.sampler)
+    voxel_size_nm = property(lambda self: self.rule.voxel_size_nm)
+    read_shape_vox = property(lambda self: self.rule.read_shape_vox)
+    patch_shape_vox = property(lambda self: self.rule.patch_shape_vox)
+    rotate_p = property(lambda self: self.rule.rotate_p)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -192,7 +195,7 @@ class PatchDataset(torch.utils.data.Dataset):
             state = {k: v for k, v in self.__dict__.items() if k not in _SHIPPED_APART}
             data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
             blob = self.__dict__["_pickled"] = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
-        return _restore_dataset, (blob, self.sampler, self.rule)
+        return _restore_dataset, (blob, self.rule)
 
     def rotates(self, spec: PatchSpec) -> bool:
         """Whether the GPU will rotate this sample (`WindowRule.rotates`)."""
@@ -257,13 +260,13 @@ class PatchDataset(torch.utils.data.Dataset):
         return sample
 
 
-_SHIPPED_APART = ("_pickled", "sampler", "rule")  # `PatchDataset.__reduce__`: what is not in its bytes
+_SHIPPED_APART = ("_pickled", "rule")  # `PatchDataset.__reduce__`: what is not in its bytes
 
 
-def _restore_dataset(state: torch.Tensor, sampler: PatchSampler, rule: WindowRule) -> PatchDataset:
+def _restore_dataset(state: torch.Tensor, rule: WindowRule) -> PatchDataset:
     """A `PatchDataset` from the pieces of `PatchDataset.__reduce__`."""
     dataset = PatchDataset.__new__(PatchDataset)
-    dataset.__dict__.update(pickle.loads(state.numpy().tobytes()), sampler=sampler, rule=rule)  # the parent's bytes
+    dataset.__dict__.update(pickle.loads(state.numpy().tobytes()), rule=rule)  # the parent's bytes
     return dataset
 
 
