@@ -10,7 +10,10 @@ back-off) or over DDP ranks gives exactly the same gradient.
 - BCE: per sample and channel, the mean over known voxels; then the weighted mean over the channels that
   have known voxels in that sample (an unannotated class does not dilute the loss).
 - Soft Dice: per sample and channel, 1 − (2·Σpt + ε) / (Σp + Σt + ε) over known voxels; the same
-  weighted mean over channels.
+  weighted mean over channels. `dice_empty` says what a sample whose known voxels hold no foreground of a
+  channel does: "count" (the default) scores ε / (Σp + ε) there, a pull of every probability towards 0 that is
+  strongest while the class is predicted nowhere; "skip" leaves such pairs to BCE, so that a rare class, absent
+  from most samples of a batch, is scored by Dice only where it is (false positives stay penalised by BCE).
 
 Computed in float32 whatever the autocast dtype (logits are upcast).
 Shapes: `B` batch, `C` channels (K classes + A boundary channels), `S` spatial axes.
@@ -19,11 +22,13 @@ Shapes: `B` batch, `C` channels (K classes + A boundary channels), `S` spatial a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 DICE_EPS = 1.0  # additive smoothing in voxels: a channel with no foreground anywhere is not forced to 0
+DiceEmpty = Literal["count", "skip"]
 
 
 def _spatial(x: torch.Tensor) -> tuple[int, ...]:
@@ -48,8 +53,9 @@ def masked_bce(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: to
 
 
 def masked_soft_dice(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: torch.Tensor,
-                     weights_C: torch.Tensor | None = None) -> torch.Tensor:
-    """1 − soft Dice per sample and channel over known voxels, averaged over channels then samples."""
+                     weights_C: torch.Tensor | None = None, *, empty: DiceEmpty = "count") -> torch.Tensor:
+    """1 − soft Dice per sample and channel over known voxels, averaged over channels then samples; `empty`:
+    whether a sample and channel without known foreground counts ("count") or not ("skip", module docstring)."""
     known = known_BCS.float()
     prob = torch.sigmoid(logits_BCS.float()) * known
     target = target_BCS.float() * known
@@ -57,7 +63,10 @@ def masked_soft_dice(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_B
     intersection = (prob * target).sum(dim=dims)
     denominator = prob.sum(dim=dims) + target.sum(dim=dims)
     dice = (2 * intersection + DICE_EPS) / (denominator + DICE_EPS)
-    return _weighted(1 - dice, known.sum(dim=dims) > 0, weights_C)
+    scored = known.sum(dim=dims) > 0
+    if empty == "skip":
+        scored = scored & (target.sum(dim=dims) > 0)
+    return _weighted(1 - dice, scored, weights_C)
 
 
 class SegmentationLoss(torch.nn.Module):
@@ -66,12 +75,15 @@ class SegmentationLoss(torch.nn.Module):
     Args:
         bce_weight, dice_weight: mix of the two terms.
         channel_weights: one weight per output channel (default 1 each).
+        dice_empty: Dice of a sample and channel without known foreground, "count" or "skip" (module docstring).
     """
 
     def __init__(self, *, bce_weight: float = 1.0, dice_weight: float = 1.0,
-                 channel_weights: Sequence[float] | None = None):
+                 channel_weights: Sequence[float] | None = None, dice_empty: DiceEmpty = "count"):
         super().__init__()
-        self.bce_weight, self.dice_weight = bce_weight, dice_weight
+        if dice_empty not in ("count", "skip"):
+            raise ValueError(f"dice_empty must be 'count' or 'skip', got {dice_empty!r}")
+        self.bce_weight, self.dice_weight, self.dice_empty = bce_weight, dice_weight, dice_empty
         weights = torch.tensor(channel_weights, dtype=torch.float32) if channel_weights is not None else None
         self.register_buffer("weights", weights, persistent=False)
 
@@ -92,7 +104,8 @@ class SegmentationLoss(torch.nn.Module):
         if self.bce_weight:
             loss = loss + self.bce_weight * masked_bce(logits, target, known, self.weights)
         if self.dice_weight:
-            loss = loss + self.dice_weight * masked_soft_dice(logits, target, known, self.weights)
+            loss = loss + self.dice_weight * masked_soft_dice(logits, target, known, self.weights,
+                                                              empty=self.dice_empty)
         return loss
 
 

@@ -293,12 +293,16 @@ class LossConfig:
         dice_weight: weight of the masked soft Dice term.
         class_weights: class name → weight of its channel (default 1.0); names not in `data.classes` have
             no effect.
+        boundary_weight: weight of each instance-boundary channel.
+        dice_empty: the soft Dice of a sample whose known voxels hold no foreground of a class: "count" (scored,
+            a pull towards predicting nothing) or "skip" (left to BCE; Dice only where the class is).
     """
 
     bce_weight: float = 1.0
     dice_weight: float = 1.0
     class_weights: dict[str, float] = field(default_factory=dict)
-    boundary_weight: float = 1.0  # weight of each instance-boundary channel
+    boundary_weight: float = 1.0
+    dice_empty: Literal["count", "skip"] = "count"
 
     def __post_init__(self) -> None:
         _check(self.bce_weight >= 0 and self.dice_weight >= 0 and self.bce_weight + self.dice_weight > 0,

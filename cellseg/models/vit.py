@@ -54,6 +54,10 @@ class ViTParams:
             patch's grid (8³ in 3D, 16² in 2D). Other grids are interpolated.
         drop_path_rate: stochastic depth, rising linearly to this value over the blocks.
         norm: decoder norm, ``"batch"`` (default), ``"instance"`` or ``"group"``.
+        qk_norm: LayerNorm on each head's queries and keys before attention: bounds the attention logits, whose
+            growth is the usual cause of a ViT trained from scratch diverging at a high learning rate.
+        layer_scale: initial value of LayerScale (a learned per-channel factor on each residual branch, CaiT);
+            ``None``: off. Small values (1e-5 .. 1e-1) start every block close to the identity.
         use_checkpoint: activation checkpointing of every transformer block in training (the block's
             activations are recomputed in backward: less memory, about one more forward of compute).
     """
@@ -67,6 +71,8 @@ class ViTParams:
     pos_embed_grid: int | None = None
     drop_path_rate: float = 0.0
     norm: str = "batch"
+    qk_norm: bool = False
+    layer_scale: float | None = None
     use_checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -75,6 +81,8 @@ class ViTParams:
         check_norm(self.norm)
         if self.patch_size < 4 or self.patch_size & (self.patch_size - 1):
             raise ValueError(f"patch_size must be a power of two >= 4 (e.g. 8, 16), got {self.patch_size}")
+        if self.layer_scale is not None and not 0 < self.layer_scale <= 1:
+            raise ValueError(f"layer_scale must be in (0, 1] or null, got {self.layer_scale}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.depth < self.num_levels:
@@ -110,6 +118,8 @@ class ViTEncoder(nn.Module):
                 params.num_heads,
                 mlp_ratio=params.mlp_ratio,
                 qkv_bias=True,
+                qk_norm=params.qk_norm,
+                init_values=params.layer_scale,
                 drop_path=rate,
                 norm_layer=partial(nn.LayerNorm, eps=1e-6),
             )

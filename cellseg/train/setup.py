@@ -313,7 +313,7 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
               [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
     criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
-                                 channel_weights=weights).to(d.device)
+                                 channel_weights=weights, dice_empty=cfg.loss.dice_empty).to(d.device)
     optimizer = build_optimizer(model, cfg.optim, d.device)
     clock = TrainClock()
     budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else None

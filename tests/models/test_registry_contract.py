@@ -149,3 +149,20 @@ def test_activation_checkpointing_gives_the_same_gradients(name: str) -> None:
         (out[0] if isinstance(out, list) else out).square().mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("name", ["vit_2d", "vit_3d"])
+def test_vit_stabilisers_add_their_parameters_and_train(name: str) -> None:
+    """`qk_norm` adds a LayerNorm on queries and keys per block, `layer_scale` one learned factor per residual
+    branch starting at its value; both take part in backward."""
+    plain, stable = _tiny(name), _tiny(name, qk_norm=True, layer_scale=1e-4)
+    extra = {key for key, _ in stable.named_parameters()} - {key for key, _ in plain.named_parameters()}
+    assert any(".attn.q_norm." in key for key in extra) and any(".attn.k_norm." in key for key in extra)
+    gammas = [param for key, param in stable.named_parameters() if key.endswith(("ls1.gamma", "ls2.gamma"))]
+    assert len(gammas) == 2 * len(stable.encoder.blocks)
+    assert all(torch.all(g == 1e-4) for g in gammas)
+    out = stable(torch.randn(BATCH, 1, *stable.spec.default_patch_vox))
+    (out[0] if isinstance(out, list) else out).square().mean().backward()
+    assert all(param.grad is not None for key, param in stable.named_parameters() if key in extra)
+    with pytest.raises(ValueError, match=r"layer_scale must be in \(0, 1\]"):
+        resolve_params(name, layer_scale=0.0)

@@ -1,6 +1,7 @@
 """The training loss: deep-supervision targets pooled by strided sampling equal nearest-neighbour
 interpolation, and the deep-supervision loss is the weighted sum of its levels."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -27,3 +28,27 @@ def test_deep_supervision_loss_is_the_halving_weighted_mean_of_levels():
     loss = SegmentationLoss()
     expected = sum(0.5**i * loss(out, *_downsample(target, known, out.shape[2:])) for i, out in enumerate(levels))
     torch.testing.assert_close(loss(levels, target, known), expected / (1 + 0.5 + 0.25))
+
+
+def test_dice_empty_skip_scores_dice_only_where_the_class_is():
+    """With `dice_empty="skip"` a sample without foreground of a channel leaves that channel's Dice out; the
+    loss of the batch is still the mean of its samples' losses."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn((3, 2, 8, 8), generator=g)
+    target = torch.zeros((3, 2, 8, 8), dtype=torch.bool)
+    target[0, 0, 2:5, 2:5] = True  # channel 0 present in sample 0 only; channel 1 in samples 0 and 1
+    target[:2, 1, 4:, :] = True
+    known = torch.ones_like(target)
+    skip = SegmentationLoss(bce_weight=0.0, dice_empty="skip")
+    count = SegmentationLoss(bce_weight=0.0)
+    per_sample = []
+    for b, channels in enumerate([[0, 1], [1], []]):
+        prob, t = torch.sigmoid(logits[b, channels]), target[b, channels].float()
+        dice = (2 * (prob * t).sum((1, 2)) + 1) / (prob.sum((1, 2)) + t.sum((1, 2)) + 1)
+        per_sample.append((1 - dice).mean() if channels else torch.tensor(0.0))
+    torch.testing.assert_close(skip(logits, target, known), torch.stack(per_sample).mean())
+    whole = sum(skip(logits[b:b + 1], target[b:b + 1], known[b:b + 1]) for b in range(3)) / 3
+    torch.testing.assert_close(skip(logits, target, known), whole)
+    assert count(logits, target, known) > skip(logits, target, known)  # the empty pairs' pull, counted
+    with pytest.raises(ValueError, match="dice_empty must be 'count' or 'skip'"):
+        SegmentationLoss(dice_empty="never")
