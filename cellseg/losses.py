@@ -11,9 +11,11 @@ back-off) or over DDP ranks gives exactly the same gradient.
   have known voxels in that sample (an unannotated class does not dilute the loss).
 - Soft Dice: per sample and channel, 1 − (2·Σpt + ε) / (Σp + Σt + ε) over known voxels; the same
   weighted mean over channels. `dice_empty` says what a sample whose known voxels hold no foreground of a
-  channel does: "count" (the default) scores ε / (Σp + ε) there, a pull of every probability towards 0 that is
-  strongest while the class is predicted nowhere; "skip" leaves such pairs to BCE, so that a rare class, absent
-  from most samples of a batch, is scored by Dice only where it is (false positives stay penalised by BCE).
+  channel does: "skip" (the default) leaves such pairs to BCE, so that a rare class, absent from most samples
+  of a batch, is scored by Dice only where it is (false positives stay penalised by BCE); "count" scores
+  ε / (Σp + ε) there, a pull of every probability towards 0 that is strongest while the class is predicted
+  nowhere: with it, 2D models (one slice a sample, most slices without a given small organelle) never learned
+  lipid droplets, lysosomes, peroxisomes, endosomes or the Golgi (docs/quality.md).
 
 Computed in float32 whatever the autocast dtype (logits are upcast).
 Shapes: `B` batch, `C` channels (K classes + A boundary channels), `S` spatial axes.
@@ -53,7 +55,7 @@ def masked_bce(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: to
 
 
 def masked_soft_dice(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_BCS: torch.Tensor,
-                     weights_C: torch.Tensor | None = None, *, empty: DiceEmpty = "count") -> torch.Tensor:
+                     weights_C: torch.Tensor | None = None, *, empty: DiceEmpty = "skip") -> torch.Tensor:
     """1 − soft Dice per sample and channel over known voxels, averaged over channels then samples; `empty`:
     whether a sample and channel without known foreground counts ("count") or not ("skip", module docstring)."""
     known = known_BCS.float()
@@ -79,7 +81,7 @@ class SegmentationLoss(torch.nn.Module):
     """
 
     def __init__(self, *, bce_weight: float = 1.0, dice_weight: float = 1.0,
-                 channel_weights: Sequence[float] | None = None, dice_empty: DiceEmpty = "count"):
+                 channel_weights: Sequence[float] | None = None, dice_empty: DiceEmpty = "skip"):
         super().__init__()
         if dice_empty not in ("count", "skip"):
             raise ValueError(f"dice_empty must be 'count' or 'skip', got {dice_empty!r}")

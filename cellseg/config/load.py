@@ -89,7 +89,7 @@ def _form(tp: Any) -> str:
     return _type_name(tp)
 
 
-def _convert(value: Any, tp: Any, key: str) -> Any:
+def convert_value(value: Any, tp: Any, key: str) -> Any:
     """Check and convert one value to the annotated type (YAML lists become tuples where declared)."""
     origin, args = get_origin(tp), get_args(tp)
     if tp is Any:
@@ -101,7 +101,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         errors = []
         for arg in options:
             try:
-                return _convert(value, arg, key)
+                return convert_value(value, arg, key)
             except ValueError as err:
                 errors.append(str(err))
         if len(errors) == 1:
@@ -123,14 +123,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ValueError(f"{key}: expected {len(args)} values, got {len(value)} ({value!r})")
-            return tuple(_convert(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-        items = [_convert(v, args[0] if args else Any, f"{key}[{i}]") for i, v in enumerate(value)]
+            return tuple(convert_value(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+        items = [convert_value(v, args[0] if args else Any, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin in (dict, Mapping) or tp in (dict,):
         if not isinstance(value, Mapping):
             raise ValueError(f"{key}: expected a mapping, got {value!r}")
         vt = args[1] if len(args) == 2 else Any
-        return {str(k): _convert(v, vt, f"{key}.{k}") for k, v in value.items()}
+        return {str(k): convert_value(v, vt, f"{key}.{k}") for k, v in value.items()}
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # PyYAML (YAML 1.1) reads `3e-4` as a string
@@ -156,7 +156,7 @@ def from_dict(cls: type[T], data: Any, *, prefix: str = "") -> T:
                          f"{', '.join(sorted(fields))}")
     kwargs = {}
     for name, value in data.items():
-        kwargs[name] = _convert(value, hints[name], f"{prefix}.{name}" if prefix else name)
+        kwargs[name] = convert_value(value, hints[name], f"{prefix}.{name}" if prefix else name)
     missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -294,15 +294,16 @@ class LossConfig:
         class_weights: class name → weight of its channel (default 1.0); names not in `data.classes` have
             no effect.
         boundary_weight: weight of each instance-boundary channel.
-        dice_empty: the soft Dice of a sample whose known voxels hold no foreground of a class: "count" (scored,
-            a pull towards predicting nothing) or "skip" (left to BCE; Dice only where the class is).
+        dice_empty: the soft Dice of a sample whose known voxels hold no foreground of a class: "skip" (left to
+            BCE; Dice only where the class is) or "count" (scored: a pull towards predicting the class nowhere,
+            which kept the 2D models from learning rare classes; docs/quality.md, empty samples in the Dice).
     """
 
     bce_weight: float = 1.0
     dice_weight: float = 1.0
     class_weights: dict[str, float] = field(default_factory=dict)
     boundary_weight: float = 1.0
-    dice_empty: Literal["count", "skip"] = "count"
+    dice_empty: Literal["count", "skip"] = "skip"
 
     def __post_init__(self) -> None:
         _check(self.bce_weight >= 0 and self.dice_weight >= 0 and self.bce_weight + self.dice_weight > 0,

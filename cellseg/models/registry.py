@@ -21,10 +21,12 @@ parameters override the preset's values. The built model carries a :class:`Model
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cellseg.config.load import convert_value
 from cellseg.models.base import AXES_BY_DIMS, ModelSpec, SegModel
 
 DEFAULT_VOXEL_SIZE_NM = 8.0
@@ -119,9 +121,10 @@ def get_entry(name: str) -> ModelEntry:
 def resolve_params(name: str, *, preset: str = "default", **params: Any) -> Any:
     """The params dataclass of ``name`` for ``preset`` with ``params`` overriding its values.
 
-    Lists (as YAML gives them) become tuples so that params stay hashable and comparable.
-    Unknown keys raise ``ValueError`` listing the valid ones; value checks live in each params
-    dataclass's ``__post_init__``.
+    Each value is checked against the field's annotation and converted as the config loader does (lists, as
+    YAML gives them, become tuples so that params stay hashable and comparable; ``1e-4``, a string to YAML 1.1,
+    becomes a float). Unknown keys and wrong types raise ``ValueError`` naming the parameter; value checks
+    live in each params dataclass's ``__post_init__``.
     """
     entry = get_entry(name)
     chosen = _get_preset(entry, preset)
@@ -130,7 +133,9 @@ def resolve_params(name: str, *, preset: str = "default", **params: Any) -> Any:
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown} for model {name!r}; valid: {', '.join(valid)}")
     values = {**chosen.params, **params}
-    return entry.params_type(**{key: _as_tuples(value) for key, value in values.items()})
+    hints = typing.get_type_hints(entry.params_type)
+    return entry.params_type(**{key: convert_value(_as_tuples(value), hints[key], f"model.params.{key}")
+                                for key, value in values.items()})
 
 
 def build_model(

@@ -123,6 +123,10 @@ def test_params_are_checked_by_name_and_value() -> None:
         resolve_params("vit_3d", patch_size=12)
     with pytest.raises(ValueError, match=r"unknown timm encoder"):
         resolve_params("resnet_2d", encoder="not_a_model")
+    with pytest.raises(ValueError, match=r"model.params.qk_norm: expected bool, got 'yes'"):
+        resolve_params("vit_3d", qk_norm="yes")
+    # `--set ...layer_scale=1e-4` or YAML's 1e-4 (a string to YAML 1.1) is the float it means
+    assert resolve_params("vit_3d", layer_scale="1e-4").layer_scale == 1e-4
 
 
 def test_yaml_lists_become_tuples_and_keyword_params_override_the_preset() -> None:

@@ -31,7 +31,7 @@ def test_deep_supervision_loss_is_the_halving_weighted_mean_of_levels():
 
 
 def test_dice_empty_skip_scores_dice_only_where_the_class_is():
-    """With `dice_empty="skip"` a sample without foreground of a channel leaves that channel's Dice out; the
+    """With `dice_empty="skip"` (the default) a sample without foreground of a channel leaves that channel's Dice out; the
     loss of the batch is still the mean of its samples' losses."""
     g = torch.Generator().manual_seed(2)
     logits = torch.randn((3, 2, 8, 8), generator=g)
@@ -39,8 +39,8 @@ def test_dice_empty_skip_scores_dice_only_where_the_class_is():
     target[0, 0, 2:5, 2:5] = True  # channel 0 present in sample 0 only; channel 1 in samples 0 and 1
     target[:2, 1, 4:, :] = True
     known = torch.ones_like(target)
-    skip = SegmentationLoss(bce_weight=0.0, dice_empty="skip")
-    count = SegmentationLoss(bce_weight=0.0)
+    skip = SegmentationLoss(bce_weight=0.0)  # the default
+    count = SegmentationLoss(bce_weight=0.0, dice_empty="count")
     per_sample = []
     for b, channels in enumerate([[0, 1], [1], []]):
         prob, t = torch.sigmoid(logits[b, channels]), target[b, channels].float()
