@@ -52,3 +52,13 @@ def test_dice_empty_skip_scores_dice_only_where_the_class_is():
     assert count(logits, target, known) > skip(logits, target, known)  # the empty pairs' pull, counted
     with pytest.raises(ValueError, match="dice_empty must be 'count' or 'skip'"):
         SegmentationLoss(dice_empty="never")
+
+
+def test_dice_empty_is_a_checked_config_key_defaulting_to_skip():
+    from cellseg.config.load import load
+    from cellseg.config.schema import RunConfig
+
+    assert load(RunConfig, "configs/experiments/unet_2d.yaml").loss.dice_empty == "skip"
+    assert load(RunConfig, "configs/experiments/unet_2d.yaml", ["loss.dice_empty=count"]).loss.dice_empty == "count"
+    with pytest.raises(ValueError, match="loss.dice_empty"):
+        load(RunConfig, "configs/experiments/unet_2d.yaml", ["loss.dice_empty=never"])
