@@ -60,5 +60,5 @@ def test_dice_empty_is_a_checked_config_key_defaulting_to_skip():
 
     assert load(RunConfig, "configs/experiments/unet_2d.yaml").loss.dice_empty == "skip"
     assert load(RunConfig, "configs/experiments/unet_2d.yaml", ["loss.dice_empty=count"]).loss.dice_empty == "count"
-    with pytest.raises(ValueError, match="loss.dice_empty"):
+    with pytest.raises(ValueError, match=r"loss\.dice_empty"):
         load(RunConfig, "configs/experiments/unet_2d.yaml", ["loss.dice_empty=never"])
