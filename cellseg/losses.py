@@ -62,12 +62,11 @@ def masked_soft_dice(logits_BCS: torch.Tensor, target_BCS: torch.Tensor, known_B
     prob = torch.sigmoid(logits_BCS.float()) * known
     target = target_BCS.float() * known
     dims = _spatial(known)
-    intersection = (prob * target).sum(dim=dims)
-    denominator = prob.sum(dim=dims) + target.sum(dim=dims)
-    dice = (2 * intersection + DICE_EPS) / (denominator + DICE_EPS)
+    intersection, foreground = (prob * target).sum(dim=dims), target.sum(dim=dims)
+    dice = (2 * intersection + DICE_EPS) / (prob.sum(dim=dims) + foreground + DICE_EPS)
     scored = known.sum(dim=dims) > 0
     if empty == "skip":
-        scored = scored & (target.sum(dim=dims) > 0)
+        scored = scored & (foreground > 0)
     return _weighted(1 - dice, scored, weights_C)
 
 

@@ -134,7 +134,7 @@ def resolve_params(name: str, *, preset: str = "default", **params: Any) -> Any:
         raise ValueError(f"unknown parameter(s) {unknown} for model {name!r}; valid: {', '.join(valid)}")
     values = {**chosen.params, **params}
     hints = typing.get_type_hints(entry.params_type)
-    return entry.params_type(**{key: convert_value(_as_tuples(value), hints[key], f"model.params.{key}")
+    return entry.params_type(**{key: convert_value(value, hints[key], f"model.params.{key}")
                                 for key, value in values.items()})
 
 
@@ -185,9 +185,3 @@ def _get_preset(entry: ModelEntry, preset: str) -> Preset:
     if preset not in entry.presets:
         raise ValueError(f"unknown preset {preset!r} for {entry.name}; valid: {', '.join(entry.presets)}")
     return entry.presets[preset]
-
-
-def _as_tuples(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(_as_tuples(item) for item in value)
-    return value
