@@ -72,6 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "after the other in the report's process; default auto: on CUDA min(runs, 4 per GPU, GPU "
                              "memory GiB // 16 per GPU, with TTA // 32), spread over the GPUs; on CPU 1; a member "
                              "out of GPU memory is predicted again alone on a GPU)")
+    parser.add_argument("--reuse", nargs="+", default=[], metavar="STORE",
+                        help="prediction stores of the runs written by `cellseg predict` (no TTA or --tta 8, e.g. "
+                             "those of a submission) to use instead of predicting again, each where it holds every "
+                             "crop the report needs from the same checkpoint, overlap, channels and data root (the "
+                             "log names what keeps a store out; the stores are never changed)")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
-                         workers=args.workers, predict_jobs=args.predict_jobs, overwrite=args.overwrite,
+                         workers=args.workers, predict_jobs=args.predict_jobs, reuse=tuple(args.reuse), overwrite=args.overwrite,
                          progress=sys.stderr.isatty() and not args.quiet)
     report = run_report(opts)
     print(console(report))

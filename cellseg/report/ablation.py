@@ -40,6 +40,9 @@ interrupted report resumes; `--overwrite` starts over):
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
     stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_tta8_switched.zarr,
     stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are)
+
+A member's store named by `--reuse` (`cellseg predict`'s, holding every crop from the same checkpoint and
+settings: `cellseg.report.reuse`) is read where it is instead of predicting into stores/predict_tta*.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, pla
 from cellseg.report.predictions import BackgroundPredictions, predict_all, predict_jobs
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
+from cellseg.report.reuse import open_candidates
 from cellseg.report.scoring import (
     ScoreJob,
     plain_segmentations,
@@ -426,6 +430,7 @@ def run_report(opts: ReportOptions) -> Report:
     runs = check_runs(opts.runs, checkpoint=opts.checkpoint, data_root=opts.data_root)
     root = data_root_of(runs, opts.data_root)
     plan = plan_crops(runs, root, crops=opts.crops, tune_crops=opts.tune_crops, explicit_root=opts.data_root)
+    open_candidates(opts.reuse, runs)  # a store named for reuse that is none of the runs': an error now
     layout = Layout(Path(opts.out))
     resuming = prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint,
                                                 tune_metric=opts.tuning_era, overlap=opts.overlap),

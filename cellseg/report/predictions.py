@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cellseg import logs
-from cellseg.report.plan import CropPlan, RunInfo, checkpoint_file
+from cellseg.report.plan import CropPlan, RunInfo
 from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
+from cellseg.report.reuse import open_candidates, reused_store, store_differences
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
@@ -229,7 +230,8 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
 
 def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int,
                 skip: Callable[[RunInfo], bool] | None = None) -> list[Path]:
-    """Every run's predictions of every crop the report needs (a finished store is only checked), in
+    """Every run's predictions of every crop the report needs (a finished store is only checked; a store named by
+    `opts.reuse` that stands for the prediction is used as it is, `cellseg.report.reuse`), in
     `opts.predict_jobs` processes (module docstring); the stores' paths, in the order of `runs`. A run for which
     `skip` is true when its turn comes is not predicted (its store is left as it is).
 
@@ -239,7 +241,9 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
         RuntimeError: a member out of GPU memory even alone on a GPU (with TTA: with one TTA pass per forward).
     """
     started = time.perf_counter()
-    every = [(run, layout.predictions(run, tta)) for run in runs]
+    candidates = open_candidates(opts.reuse, runs)
+    every = [(run, reused_store(run, candidates, plan.predicted, checkpoint=opts.checkpoint, overlap=opts.overlap,
+                                data_root=opts.data_root, tta=tta) or layout.predictions(run, tta)) for run in runs]
     members = [(run, out) for run, out in every if not finished_store(run, out, plan.predicted, opts, tta)]
     if len(members) < len(every):
         log.info("%d of %d members' stores (tta=%d) hold every crop from their current checkpoint: not loaded",
@@ -334,21 +338,8 @@ class BackgroundPredictions:
 
 def finished_store(run: RunInfo, out: Path, crops: Sequence[str], opts: ReportOptions, tta: int) -> bool:
     """True when the member's store `out` holds every crop of `crops`, written with `tta` transforms and the
-    report's overlap from the checkpoint the member would load now (the same file, unchanged since the store's
-    first crop): a resumed report then spends no process and no model load on it. Anything else (a missing or
-    partial store, another checkpoint) is left to `predict_run`, which resumes the store or names what differs."""
-    from cellseg.infer.store import PredictionStore
-
-    try:
-        store = PredictionStore.open(out)
-        checkpoint = checkpoint_file(run.run_dir, opts.checkpoint).resolve()
-        if not all(c in store for c in crops):
-            return False
-        written = min((out / c / ".zattrs").stat().st_mtime for c in crops)
-        same = {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(checkpoint), "tta": tta,
-                "overlap": opts.overlap}
-        return (all(store.provenance.get(k) == v for k, v in same.items())
-                and checkpoint.stat().st_mtime <= written)
-    except (OSError, ValueError):
-        return False
-
+    report's settings from the checkpoint the member would load now (`cellseg.report.reuse.store_differences`): a
+    resumed report then spends no process and no model load on it. Anything else (a missing or partial store,
+    another checkpoint) is left to `predict_run`, which resumes the store or names what differs."""
+    return not store_differences(run, out, crops, checkpoint=opts.checkpoint, overlap=opts.overlap,
+                                 data_root=opts.data_root, tta=tta)

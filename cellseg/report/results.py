@@ -57,6 +57,8 @@ class ReportOptions:
         predict_jobs: processes predicting the members at once, each one member at a time (1: one after the
             other in this process; "auto": on CUDA up to 4, one per 16 GiB of GPU memory, on CPU 1;
             `cellseg.report.predictions`).
+        reuse: prediction stores written by `cellseg predict` that members use instead of predicting when they
+            hold every crop from the same checkpoint and settings (`cellseg.report.reuse`).
         overwrite: start over (delete the stores of an earlier report in `out`).
     """
 
@@ -73,6 +75,7 @@ class ReportOptions:
     slices: int = 2
     workers: int | None = None
     predict_jobs: int | str = "auto"
+    reuse: tuple[str, ...] = ()
     overwrite: bool = False
     progress: bool = True
 
