@@ -53,7 +53,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,13 +250,15 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
     on_tuning = {r.name: jobs.get(single_key(r, tuning=True), jobs[single_key(r)])[1] for r in runs}
     beside = max(1, opts.scoring_workers // 2)
     with scoring_beside([job for _, job in jobs.values() if job not in on_tuning.values()], opts.eras,
-                        workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS)):
-        return _later_stages(runs, tta1, on_tuning, truth, root, plan, layout, opts, timings)
+                        workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS)) as scoring:
+        return _later_stages(runs, tta1, on_tuning, truth, root, plan, layout, opts, timings, scoring.done)
 
 
 def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[str, ScoreJob], truth: Path,
-                  root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions, timings: Timings) -> Stores:
-    """Stages 2-5 from the single models' stores `tta1` and their jobs on the tuning crops (`make_stores`)."""
+                  root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions, timings: Timings,
+                  beside_done: Callable[[], bool]) -> Stores:
+    """Stages 2-5 from the single models' stores `tta1` and their jobs on the tuning crops (`make_stores`);
+    `beside_done`: whether the single models' scoring beside the stages has finished (its cores are free)."""
     from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.postprocess.apply import postprocess_store, resolve
 
@@ -273,9 +275,14 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
             uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
         with timings.step("uniform ensemble: switch it off for the classes it does not help against the best single "
                           "model on the tuning crops", resumed=layout.submission("tuning_uniform").exists()):
+            # Every scoring worker and the whole memory budget once the scoring beside the stages is done (on one
+            # H200 it was, 14 s before this step, which then scored 9 stores 2 at a time on 8 of 16 cores);
+            # else what that scoring leaves.
+            alone = beside_done()
             uniform, uniform_switch = switch_uniform(
                 uniform, on_tuning, layout, plan, truth, era, opts.eras, progress=opts.progress,
-                workers=max(1, opts.scoring_workers - opts.scoring_workers // 2), memory_share=0.5)
+                workers=opts.scoring_workers if alone else max(1, opts.scoring_workers - opts.scoring_workers // 2),
+                memory_share=1.0 if alone else 0.5)
         with timings.step(f"3. weighted ensemble: fit weights on {len(plan.tuning)} crops ({era} metric)",
                           resumed=layout.ensemble("weighted").exists()):
             weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", truth_root=root,

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,7 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
         done.update({i: _run_job(jobs[i], eras, workers, shared, progress) for i in todo})
         return [done[i] for i in range(len(jobs))]
     each, budget = workers // at_once, (shared or default_budget()) // at_once
+    log.info("scoring %d stores, %d at a time with %d processes each", len(todo), at_once, each)
     level = logging.getLogger("cellseg").getEffectiveLevel()
     context = multiprocessing.get_context("spawn")  # no inherited threads or CUDA state
     with ProcessPoolExecutor(at_once, mp_context=context, initializer=one_thread_per_process) as pool, \
@@ -275,11 +277,12 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
 
 @contextlib.contextmanager
 def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, plain_processes: int
-                   ) -> Iterator[None]:
+                   ) -> Iterator[Future[None]]:
     """Threshold and score `jobs` in a background thread, with half the memory budget, while the `with` block runs
-    (the report's GPU stages leave the cores idle). Their evaluations are kept next to their submissions
-    (`scores_file`), so scoring them again afterwards reads them back. On leaving: waits for the thread and raises
-    what it raised (an error of the block itself wins; the thread's is then only logged)."""
+    (the report's GPU stages leave the cores idle); the block gets the thread's future (`done()`: the cores are
+    free again). Their evaluations are kept next to their submissions (`scores_file`), so scoring them again
+    afterwards reads them back. On leaving: waits for the thread and raises what it raised (an error of the block
+    itself wins; the thread's is then only logged)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def work() -> None:
@@ -292,7 +295,7 @@ def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: in
     with ThreadPoolExecutor(1, thread_name_prefix="score-beside") as pool:
         future = pool.submit(work)
         try:
-            yield
+            yield future
         except BaseException:
             error = future.exception()  # waits: its processes must not outlive the report's error
             if error is not None:

@@ -44,3 +44,12 @@ def test_scores_switches_and_intervals_do_not_depend_on_the_workers(report_runs,
     assert [t["resumed"] for t in redo["timings"] if t["step"][0].isdigit()] == [True] * 5
     assert json.loads((out / TIMINGS_FILE).read_text()) == [steps, redo["timings"]]  # both runs
     assert json.dumps(_comparable(redo), sort_keys=True) == json.dumps(_comparable(doc), sort_keys=True)
+
+
+def test_the_stages_see_when_the_scoring_beside_them_is_done(tmp_path):
+    # Stage 2's switch takes every scoring worker once the single models' scoring beside the stages has finished.
+    from cellseg.report.scoring import scoring_beside
+
+    with scoring_beside([], ["2026"], workers=1, plain_processes=1) as scoring:
+        scoring.result(timeout=60)
+        assert scoring.done()
