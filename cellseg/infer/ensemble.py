@@ -23,7 +23,10 @@ common grid (probabilities are averaged, never labels):
    validation predictions, apply to the test predictions of the same members).
 6. **Output**: a probability store (float16, or uint8 with `quantise`), written under a temporary name
    and renamed into place only when every crop is done, so an interrupted run leaves nothing behind;
-   an existing output is replaced only with `overwrite`. The weights go into the store's provenance
+   an existing output is replaced only with `overwrite`. With `resume` (`cellseg report`) the temporary
+   store has a fixed hidden name beside the output (`.NAME.partial`) and is kept when a run is interrupted:
+   the next run with the same members, weights and grid adds only the crops it lacks (another one is
+   started over). The weights go into the store's provenance
    and into `weights.json` inside the store directory (it travels with the store; zarr ignores it).
 
 The members (rules 1-4: `cellseg.infer.members`) and the weights (rule 5: `cellseg.infer.weights`) have
@@ -37,6 +40,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,7 +51,7 @@ import numpy as np
 
 from cellseg import __version__
 from cellseg.data.grid import Grid
-from cellseg.data.write import atomic_dir
+from cellseg.data.write import atomic_dir, check_replaceable, replace_dir
 from cellseg.infer.members import (
     RESAMPLING,
     ChannelPlan,
@@ -100,11 +104,12 @@ def _data_root(stores: Sequence[PredictionStore]) -> str | None:
     return roots.pop() if len(roots) == 1 else None
 
 
-def _provenance(stores: Sequence[PredictionStore], weights: Weights, grid: GridChoice, plan: ChannelPlan
-                ) -> dict[str, Any]:
+def _provenance(stores: Sequence[PredictionStore], weights: Weights, grid: GridChoice, plan: ChannelPlan, *,
+                uint8: bool) -> dict[str, Any]:
     provenance: dict[str, Any] = {
         "ensemble": {"members": member_summary(stores), "grid": grid, "resampling": RESAMPLING,
-                     "weights": weights.to_json(), "members_of": {c: list(m) for c, m in plan.members_of.items()}},
+                     "weights": weights.to_json(), "members_of": {c: list(m) for c, m in plan.members_of.items()},
+                     "dtype": "uint8" if uint8 else "float16"},
         "member_provenance": [dict(s.provenance) for s in stores],
         "cellseg_version": __version__,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -117,48 +122,85 @@ def _provenance(stores: Sequence[PredictionStore], weights: Weights, grid: GridC
 
 def write_ensemble(stores: Sequence[PredictionStore], out: str | os.PathLike[str], plan: ChannelPlan,
                    weights: Weights, crops: Sequence[str], *, grid: GridChoice = "finest", uint8: bool = False,
-                   overwrite: bool = False, progress: bool = False) -> PredictionStore:
-    """Write the ensemble of `crops` to `out` atomically (the whole store appears at once, or nothing).
+                   overwrite: bool = False, resume: bool = False, progress: bool = False) -> PredictionStore:
+    """Write the ensemble of `crops` to `out` atomically (the whole store appears at once, or nothing); with
+    `resume`, the crops an interrupted run with the same members, weights and grid finished are kept (rule 6).
 
     Raises:
         FileExistsError: `out` exists and `overwrite` is not given.
     """
+    out = Path(out)
+    provenance = _provenance(stores, weights, grid, plan, uint8=uint8)
+    doc = {**weights.to_json(), "members": member_summary(stores), "grid": grid, "crops": list(crops)}
+    if not resume:
+        with atomic_dir(out, overwrite=overwrite, kind="probabilities store") as tmp:
+            store = PredictionStore.create(tmp, kind="probabilities", channels=plan.channels,
+                                           instance_channels=plan.instance_channels, provenance=provenance)
+            _write_crops(store, stores, plan, weights, crops, grid=grid, uint8=uint8, progress=progress)
+            (tmp / WEIGHTS_FILE).write_text(json.dumps(doc, indent=2))
+        return PredictionStore.open(out)
+    if out.exists() or out.is_symlink():
+        check_replaceable(out, overwrite=overwrite, kind="probabilities store")
+    partial = out.with_name(f".{out.name}.partial")
+    store = _reopen_partial(partial, plan, provenance)
+    done = [c for c in crops if c in store]
+    if done:
+        log.info("%s: resuming, %d of %d crops written by an interrupted run", out, len(done), len(crops))
+    _write_crops(store, stores, plan, weights, [c for c in crops if c not in done], grid=grid, uint8=uint8,
+                 progress=progress)
+    (partial / WEIGHTS_FILE).write_text(json.dumps(doc, indent=2))
+    replace_dir(partial, out)
+    return PredictionStore.open(out)
+
+
+def _reopen_partial(partial: Path, plan: ChannelPlan, provenance: Mapping[str, Any]) -> PredictionStore:
+    """The hidden store an interrupted `write_ensemble(resume=True)` left, when made with the same members, weights,
+    grid and storage (its finished crops are kept); else a new one in its place."""
+    wanted = json.loads(json.dumps(provenance["ensemble"]))  # as stored: lists for tuples
+    if partial.exists():
+        try:
+            same = PredictionStore.open(partial).provenance.get("ensemble") == wanted
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            log.info("%s: made with other members, weights or grid: started over", partial)
+            shutil.rmtree(partial)
+    return PredictionStore.create(partial, kind="probabilities", channels=plan.channels,
+                                  instance_channels=plan.instance_channels, provenance=dict(provenance),
+                                  resume=partial.exists())
+
+
+def _write_crops(store: PredictionStore, stores: Sequence[PredictionStore], plan: ChannelPlan, weights: Weights,
+                 crops: Sequence[str], *, grid: GridChoice, uint8: bool, progress: bool) -> None:
+    """Each crop's ensemble into `store`, committed crop by crop."""
     from tqdm import tqdm
 
-    out = Path(out)
-    provenance = _provenance(stores, weights, grid, plan)
-    doc = {**weights.to_json(), "members": member_summary(stores), "grid": grid, "crops": list(crops)}
-    with atomic_dir(out, overwrite=overwrite, kind="probabilities store") as tmp:
-        store = PredictionStore.create(tmp, kind="probabilities", channels=plan.channels,
-                                       instance_channels=plan.instance_channels, provenance=provenance)
-        for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):
-            target, source = ensemble_grid(stores, crop, grid)
-            held = [set(s.crop_channels(crop)) for s in stores]
-            channels = [c for c in plan.channels if all(c in held[i] for i in plan.members_of[c])]
-            writer = store.crop_writer(crop, target, channels=channels)  # a test crop: what every member holds
+    for crop in tqdm(crops, desc="ensemble", unit="crop", disable=not progress, leave=False):
+        target, source = ensemble_grid(stores, crop, grid)
+        held = [set(s.crop_channels(crop)) for s in stores]
+        channels = [c for c in plan.channels if all(c in held[i] for i in plan.members_of[c])]
+        writer = store.crop_writer(crop, target, channels=channels)  # a test crop: what every member holds
 
-            def one(channel: str, writer: CropWriter = writer, target: Grid = target, crop: str = crop) -> None:
-                probs = ensemble_channel(stores, crop, channel, plan, weights, target)
-                writer.write(channel, quantise(probs) if uint8 else probs)
+        def one(channel: str, writer: CropWriter = writer, target: Grid = target, crop: str = crop) -> None:
+            probs = ensemble_channel(stores, crop, channel, plan, weights, target)
+            writer.write(channel, quantise(probs) if uint8 else probs)
 
-            # A few channels at a time (memory-bounded), each read member by member: crops of any size.
-            with ThreadPoolExecutor(parallel_channels(math.prod(target.shape_vox))) as pool:
-                list(pool.map(one, channels))
-            attrs = {k: v for k, v in stores[source].crop_attrs(crop).items() if k != "grid"}
-            attrs["ensemble"] = {"grid_from": str(stores[source].path),
-                                 "member_grids": [grid_to_json(s.grid(crop)) for s in stores]}
-            writer.commit(attrs)
-            log.info("%s: %s voxels at %s nm from %d members", crop, "x".join(map(str, target.shape_vox)),
-                     "x".join(f"{v:g}" for v in target.voxel_size_nm), len(stores))
-        (tmp / WEIGHTS_FILE).write_text(json.dumps(doc, indent=2))
-    return PredictionStore.open(out)
+        # A few channels at a time (memory-bounded), each read member by member: crops of any size.
+        with ThreadPoolExecutor(parallel_channels(math.prod(target.shape_vox))) as pool:
+            list(pool.map(one, channels))
+        attrs = {k: v for k, v in stores[source].crop_attrs(crop).items() if k != "grid"}
+        attrs["ensemble"] = {"grid_from": str(stores[source].path),
+                             "member_grids": [grid_to_json(s.grid(crop)) for s in stores]}
+        writer.commit(attrs)
+        log.info("%s: %s voxels at %s nm from %d members", crop, "x".join(map(str, target.shape_vox)),
+                 "x".join(f"{v:g}" for v in target.voxel_size_nm), len(stores))
 
 
 def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
              weights: str | Sequence[float] | os.PathLike[str] = "uniform", grid: GridChoice = "finest",
              allow_partial: bool = False, truth_root: str | os.PathLike[str] | None = None,
              val_crops: Sequence[str] | None = None, fit: FitOptions | None = None, uint8: bool = False,
-             overwrite: bool = False, progress: bool = False) -> EnsembleResult:
+             overwrite: bool = False, resume: bool = False, progress: bool = False) -> EnsembleResult:
     """Ensemble member prediction stores into `out` (the steps are in the module docstring).
 
     Args:
@@ -172,6 +214,7 @@ def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[s
         fit: `ensemble_fit.FitOptions` for `auto` (metric era, shrinkage, instance scoring, device).
         uint8: store uint8-quantised probabilities instead of float16.
         overwrite: replace an existing `out`.
+        resume: keep the crops an interrupted run with the same members, weights and grid wrote (rule 6).
         progress: show progress bars.
 
     Raises:
@@ -206,5 +249,5 @@ def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[s
     else:
         chosen = explicit_weights(plan, list(spec), len(stores))  # type: ignore[arg-type]
     store = write_ensemble(stores, out, plan, chosen, crops, grid=grid, uint8=uint8, overwrite=overwrite,
-                           progress=progress)
+                           resume=resume, progress=progress)
     return EnsembleResult(store=store, weights=chosen, crops=tuple(crops), skipped=skipped)

@@ -40,6 +40,7 @@ interrupted report resumes; `--overwrite` starts over):
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
     stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_tta8_switched.zarr,
     stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are)
+    stores/.ensemble_*.zarr.partial    an ensemble a cut report was writing: the next run adds the crops it lacks
 
 A member's store named by `--reuse` (`cellseg predict`'s, holding every crop from the same checkpoint and
 settings: `cellseg.report.reuse`) is read where it is instead of predicting into stores/predict_tta*.
@@ -168,7 +169,8 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> PredictionStore:
-    """`cellseg.infer.ensemble.ensemble` into `out`, or the store already there from the same members.
+    """`cellseg.infer.ensemble.ensemble` into `out` (resuming the crops a cut report wrote), or the store already
+    there from the same members.
 
     Raises:
         ValueError: `out` exists but was made from other members.
@@ -182,7 +184,7 @@ def ensemble_once(members: Sequence[Path], out: Path, **kwargs: Any) -> Predicti
             raise ValueError(f"{out}: an ensemble of {recorded}, not of {[str(m) for m in members]}; pass --overwrite")
         log.info("reusing %s", out)
         return store
-    return ensemble([str(m) for m in members], out, **kwargs).store
+    return ensemble([str(m) for m in members], out, resume=True, **kwargs).store  # a cut report keeps its crops
 
 
 def tuned_params(store: PredictionStore, layout: Layout, root: Path, plan: CropPlan, *, era: Era, device: str,

@@ -183,6 +183,42 @@ def test_output_is_written_atomically_and_replaced_only_with_overwrite(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "b.zarr", "ens.zarr"]
 
 
+def test_resume_keeps_the_crops_an_interrupted_run_wrote(tmp_path, caplog):
+    crops = {f"crop{i}": (GRID, random_channels(i)) for i in (1, 2, 3)}
+    a = write_store(tmp_path / "a.zarr", crops)
+    b = write_store(tmp_path / "b.zarr", {k: (g, random_channels(10 + i)) for i, (k, (g, _)) in enumerate(crops.items())})
+    fresh = ensemble([a, b], tmp_path / "fresh.zarr").store
+    out, partial = tmp_path / "ens.zarr", tmp_path / ".ens.zarr.partial"
+
+    # A member breaking at crop2 (as a report cut there): crop1 stays in the hidden partial store, no output yet.
+    zarray = b / "crop2" / "er" / "s0" / ".zarray"
+    saved = zarray.read_bytes()
+    zarray.unlink()
+    with pytest.raises(FileNotFoundError):
+        ensemble([a, b], out, resume=True)
+    assert not out.exists() and PredictionStore.open(partial).completed() == ["crop1"]
+    zarray.write_bytes(saved)
+
+    caplog.set_level(logging.INFO, logger="cellseg")
+    done = ensemble([a, b], out, resume=True).store
+    assert "resuming, 1 of 3 crops written by an interrupted run" in caplog.text
+    assert not partial.exists() and done.completed() == fresh.completed() == ["crop1", "crop2", "crop3"]
+    for crop in crops:
+        for c in CHANNELS:
+            np.testing.assert_array_equal(done.read(crop, c), fresh.read(crop, c))
+    assert json.loads((out / "weights.json").read_text())["crops"] == ["crop1", "crop2", "crop3"]
+
+    # A partial made with other weights is started over, not mixed in.
+    zarray.unlink()
+    with pytest.raises(FileNotFoundError):
+        ensemble([a, b], tmp_path / "other.zarr", weights="0,1", resume=True)  # crop1 from b alone
+    zarray.write_bytes(saved)
+    caplog.clear()
+    other = ensemble([a, b], tmp_path / "other.zarr", weights="1,0", resume=True).store
+    assert "made with other members, weights or grid: started over" in caplog.text
+    np.testing.assert_allclose(other.read("crop1", "er"), PredictionStore.open(a).read("crop1", "er"), atol=5e-4)
+
+
 def test_bad_members_are_clear_errors(tmp_path):
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0))})
     seg = PredictionStore.create(tmp_path / "seg.zarr", kind="segmentation", channels=("er",))
