@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     opts = ReportOptions(runs=tuple(args.runs), out=args.out, data_root=args.data_root, crops=args.crops,
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
-                         workers=args.workers, predict_jobs=args.predict_jobs, reuse=tuple(args.reuse), overwrite=args.overwrite,
-                         progress=sys.stderr.isatty() and not args.quiet)
+                         workers=args.workers, predict_jobs=args.predict_jobs, reuse=tuple(args.reuse),
+                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
     report = run_report(opts)
     print(console(report))
     print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")

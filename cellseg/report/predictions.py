@@ -241,10 +241,11 @@ def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: R
         RuntimeError: a member out of GPU memory even alone on a GPU (with TTA: with one TTA pass per forward).
     """
     started = time.perf_counter()
-    candidates = open_candidates(opts.reuse, runs)
-    every = [(run, reused_store(run, candidates, plan.predicted, checkpoint=opts.checkpoint, overlap=opts.overlap,
-                                data_root=opts.data_root, tta=tta) or layout.predictions(run, tta)) for run in runs]
-    members = [(run, out) for run, out in every if not finished_store(run, out, plan.predicted, opts, tta)]
+    wanted, candidates = infer_config(opts, tta, progress=False), open_candidates(opts.reuse, runs)
+    reused = {run.name: reused_store(run, candidates, plan.predicted, wanted) for run in runs}
+    every = [(run, reused[run.name] or layout.predictions(run, tta)) for run in runs]
+    members = [(run, out) for run, out in every
+               if not reused[run.name] and store_differences(run, out, plan.predicted, wanted)]
     if len(members) < len(every):
         log.info("%d of %d members' stores (tta=%d) hold every crop from their current checkpoint: not loaded",
                  len(every) - len(members), len(every), tta)
@@ -334,12 +335,3 @@ class BackgroundPredictions:
         if isinstance(self._outcome, BaseException):
             raise self._outcome
         return self._outcome
-
-
-def finished_store(run: RunInfo, out: Path, crops: Sequence[str], opts: ReportOptions, tta: int) -> bool:
-    """True when the member's store `out` holds every crop of `crops`, written with `tta` transforms and the
-    report's settings from the checkpoint the member would load now (`cellseg.report.reuse.store_differences`): a
-    resumed report then spends no process and no model load on it. Anything else (a missing or partial store,
-    another checkpoint) is left to `predict_run`, which resumes the store or names what differs."""
-    return not store_differences(run, out, crops, checkpoint=opts.checkpoint, overlap=opts.overlap,
-                                 data_root=opts.data_root, tta=tta)

@@ -2,10 +2,10 @@
 
 A store stands for the report's own prediction of a member (`store_differences` is empty) when it holds every crop
 the report needs, was written from the checkpoint the report would load (the same file, not modified since the
-store's first crop) by the same run, with the same transforms, overlap, blending, channels, stored dtype and data
-root, and slicing a 2D model across z only (the report's). How it was computed is not compared: a store predicted
-in bf16 on a GPU stands for one the report would predict in fp32 on the CPU (the values differ by rounding, as
-between two GPUs).
+store's first crop) by the same run, with the settings the report predicts with (its `InferConfig`: transforms,
+overlap, blending, channels, stored dtype, data root, a 2D model's slicing). How it was computed is not compared:
+a store predicted in bf16 on a GPU stands for one the report would predict in fp32 on the CPU (the values differ by
+rounding, as between two GPUs).
 
 `cellseg report --reuse STORE ...` names stores written by `cellseg predict` (e.g. the 8× TTA stores of a
 submission): each member and stage (no TTA, 8× TTA) takes the first named store that stands for its prediction,
@@ -20,12 +20,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cellseg.report.plan import RunInfo, checkpoint_file
 
+if TYPE_CHECKING:
+    from cellseg.config.inference import InferConfig
+
 log = logging.getLogger(__name__)
-AXES_2D = "z"  # how the report's 2D members slice a crop (`InferConfig.axes_2d`'s default); 3D stores record None
 
 
 @dataclass(frozen=True)
@@ -67,28 +69,28 @@ def open_candidates(paths: Sequence[str], runs: Sequence[RunInfo]) -> list[Candi
     return out
 
 
-def store_differences(run: RunInfo, path: Path, crops: Sequence[str], *, checkpoint: str, overlap: float,
-                      data_root: str | None, tta: int) -> list[str]:
-    """Why the store at `path` does not stand for the report's own prediction of `run` (module docstring); empty
-    when it does. `checkpoint`, `overlap`, `data_root` are the report's options."""
+def store_differences(run: RunInfo, path: Path, crops: Sequence[str], infer: InferConfig) -> list[str]:
+    """Why the store at `path` does not stand for the prediction of `run` the report makes with `infer`
+    (`cellseg.report.predictions.infer_config`; module docstring); empty when it does."""
     from cellseg.infer.store import PredictionStore
 
     try:
         store = PredictionStore.open(path)
-        ckpt = checkpoint_file(run.run_dir, checkpoint).resolve()
+        ckpt = checkpoint_file(run.run_dir, infer.checkpoint).resolve()
     except (OSError, ValueError) as err:
         return [str(err)]
     missing = [c for c in crops if c not in store]
     if missing:
         return [f"lacks {', '.join(missing)}"]
-    root = Path(data_root or run.cfg.data.root).resolve()
-    expected: dict[str, Any] = {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(ckpt), "tta": tta,
-                                "overlap": overlap, "blend": "gaussian", "channels": "scored", "dtype": "float16"}
+    root = Path(infer.data_root or run.cfg.data.root).resolve()
+    expected: dict[str, Any] = {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(ckpt), "tta": infer.tta,
+                                "overlap": infer.overlap, "blend": infer.blend, "channels": infer.channels,
+                                "dtype": "uint8" if infer.uint8 else "float16"}
     given = store.provenance
     reasons = [f"{key} {given.get(key)!r}, the report's {value!r}" for key, value in expected.items()
                if given.get(key) != value]
-    if given.get("axes_2d") not in (None, AXES_2D):
-        reasons.append(f"axes_2d {given.get('axes_2d')!r}, the report's {AXES_2D!r}")
+    if given.get("axes_2d") not in (None, infer.axes_2d):  # 3D stores record None
+        reasons.append(f"axes_2d {given.get('axes_2d')!r}, the report's {infer.axes_2d!r}")
     if given.get("data_root") is None or Path(given["data_root"]).resolve() != root:
         reasons.append(f"data_root {given.get('data_root')!r}, the report's {str(root)!r}")
     try:
@@ -100,18 +102,17 @@ def store_differences(run: RunInfo, path: Path, crops: Sequence[str], *, checkpo
     return reasons
 
 
-def reused_store(run: RunInfo, candidates: Sequence[Candidate], crops: Sequence[str], *, checkpoint: str,
-                 overlap: float, data_root: str | None, tta: int) -> Path | None:
-    """The first of `candidates` that stands for the report's prediction of `run` with `tta` transforms, or None;
-    each candidate of the run and TTA passed over is logged with its reasons."""
+def reused_store(run: RunInfo, candidates: Sequence[Candidate], crops: Sequence[str], infer: InferConfig
+                 ) -> Path | None:
+    """The first of `candidates` that stands for the report's prediction of `run` with `infer`, or None; each
+    candidate of the run and TTA passed over is logged with its reasons."""
     for candidate in candidates:
-        if candidate.run_dir != run.run_dir.resolve() or candidate.tta != tta:
+        if candidate.run_dir != run.run_dir.resolve() or candidate.tta != infer.tta:
             continue
-        reasons = store_differences(run, candidate.path, crops, checkpoint=checkpoint, overlap=overlap,
-                                    data_root=data_root, tta=tta)
+        reasons = store_differences(run, candidate.path, crops, infer)
         if not reasons:
-            log.info("%s (tta=%d): using %s (every crop, from the same checkpoint and settings)", run.name, tta,
-                     candidate.path)
+            log.info("%s (tta=%d): using %s (every crop, from the same checkpoint and settings)", run.name,
+                     infer.tta, candidate.path)
             return candidate.path
-        log.info("%s (tta=%d): not using %s: %s", run.name, tta, candidate.path, "; ".join(reasons))
+        log.info("%s (tta=%d): not using %s: %s", run.name, infer.tta, candidate.path, "; ".join(reasons))
     return None

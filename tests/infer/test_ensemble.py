@@ -186,7 +186,7 @@ def test_output_is_written_atomically_and_replaced_only_with_overwrite(tmp_path)
 def test_resume_keeps_the_crops_an_interrupted_run_wrote(tmp_path, caplog):
     crops = {f"crop{i}": (GRID, random_channels(i)) for i in (1, 2, 3)}
     a = write_store(tmp_path / "a.zarr", crops)
-    b = write_store(tmp_path / "b.zarr", {k: (g, random_channels(10 + i)) for i, (k, (g, _)) in enumerate(crops.items())})
+    b = write_store(tmp_path / "b.zarr", {name: (GRID, random_channels(10 + i)) for i, name in enumerate(crops)})
     fresh = ensemble([a, b], tmp_path / "fresh.zarr").store
     out, partial = tmp_path / "ens.zarr", tmp_path / ".ens.zarr.partial"
 
