@@ -94,7 +94,10 @@ def apply_taps(volume: np.ndarray, taps: list[AxisTaps], *, offsets: tuple[int, 
     for axis, (t, off) in enumerate(zip(taps, offsets, strict=True)):
         local = t.index - off
         if t.index.shape[1] == 1:
-            out = np.take(out, local[:, 0], axis=axis)
+            index = local[:, 0]
+            if index.size and index[0] == 0 and index.size == out.shape[axis] and (np.diff(index) == 1).all():
+                continue  # the identity (an on-grid read of exactly the region): no copy
+            out = np.take(out, index, axis=axis)
             continue
         acc = None
         shape = [1] * out.ndim

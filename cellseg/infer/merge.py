@@ -3,8 +3,8 @@
 The stores must be of one kind (e.g. an ensemble with and without test-time augmentation, a uniform ensemble
 and one of its members, or a post-processed segmentation and the plain decoding of its probabilities), and each
 must hold the channels taken from it (in any order; the merged store has the first store's channels). Each channel is
-copied as stored (`s0`, same dtype, same grid: a channel on its own grid keeps it), so a class of the merged
-store is bit for bit its source's. The merged store's provenance is the first store's, plus "merged": the
+copied as stored, file by file (`s0`: same dtype, chunks and grid; a channel on its own grid keeps it), so a class
+of the merged store is bit for bit its source's. The merged store's provenance is the first store's, plus "merged": the
 source of every channel; a re-run with the same sources resumes the crops not yet written.
 """
 
@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+from cellseg.infer.store import BOUNDARY_SUFFIX, WRITE_THREADS, PredictionStore
+from cellseg.pool import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,6 @@ def _copy_crop(crop: str, source: Mapping[str, PredictionStore], out: Prediction
     attrs: dict[str, Any] = {k: v for k, v in source[channels[0]].crop_attrs(crop).items()
                              if k not in ("grid", "channels", "channel_grids")}
     writer = out.crop_writer(crop, base, channels=channels, grids=grids)
-    for ch in channels:
-        writer.write(ch, source[ch].image(crop, ch).read_level("s0"))
+    with ThreadPoolExecutor(min(len(channels), usable_cores(), WRITE_THREADS)) as pool:  # file copies: I/O bound
+        list(pool.map(lambda ch: writer.copy(ch, source[ch], crop), channels))
     writer.commit({**attrs, "merged": {ch: str(source[ch].path) for ch in channels}})

@@ -344,6 +344,32 @@ class CropWriter:
         with ThreadPoolExecutor(min(len(arrays), usable_cores(), WRITE_THREADS) or 1) as pool:
             list(pool.map(lambda item: self.write(item[0], item[1], offset), arrays.items()))
 
+    def copy(self, channel: str, source: PredictionStore, crop: str) -> None:
+        """Write `channel` as `source` stores it for `crop`: its multiscale group copied file by file (chunks,
+        dtype and compression kept, nothing decoded), so the channel is bit for bit its source's.
+
+        Raises:
+            ValueError: unknown channel, a source of another kind, lacking the channel, or on another grid.
+        """
+        where = f"{self.store.path}/{self.crop}/{channel}"
+        if channel not in self.channels:
+            raise ValueError(f"{where}: not a channel of this crop ({list(self.channels)})")
+        if source.kind != self.store.kind:
+            raise ValueError(f"{where}: cannot copy {source.kind} from {source.path} into a {self.store.kind} store")
+        if channel not in source.crop_channels(crop):
+            raise ValueError(f"{where}: {source.path}/{crop} does not hold {channel}")
+        if source.grid(crop, channel) != self.grid_of(channel):
+            raise ValueError(f"{where}: {source.path}/{crop}/{channel} lies on {source.grid(crop, channel)}, this "
+                             f"crop writes it on {self.grid_of(channel)}")
+        target = self.path / channel
+        if target.exists():
+            shutil.rmtree(target)  # a partial copy or write of a killed writer
+        self._arrays.pop(channel, None)
+        try:
+            shutil.copytree(source.path / crop / channel, target)
+        except OSError as err:
+            raise with_path(err, Path(where)) from err
+
     def mark_done(self, unit: str) -> None:
         """Record a finished unit of work (after its regions are written)."""
         self._progress["done"].append(unit)

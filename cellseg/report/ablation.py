@@ -54,7 +54,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
 from cellseg.report.reuse import open_candidates
 from cellseg.report.scoring import (
+    Beside,
     ScoreJob,
     plain_segmentations,
     score_segmentations,
@@ -246,21 +247,22 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
         tta1 = predict_all(runs, layout, plan, opts, tta=1)
     truth = tuning_truth(layout, plan, runs, root)  # before the single models are scored on it
     # The single models are thresholded and scored on the CPU while the later stages use the GPU (stage 4's
-    # predictions take minutes); `score_stages` reads their evaluations back. Those on the tuning crops are
-    # scored by stage 2's switch, the others beside the stages.
+    # predictions take minutes); stage 2's switch and `score_stages` read their evaluations back. Those on the
+    # tuning crops first: the switch waits for them, while the uniform ensemble is written.
     jobs = single_jobs(runs, tta1, layout, plan)
     on_tuning = {r.name: jobs.get(single_key(r, tuning=True), jobs[single_key(r)])[1] for r in runs}
     beside = max(1, opts.scoring_workers // 2)
     with scoring_beside([job for _, job in jobs.values() if job not in on_tuning.values()], opts.eras,
-                        workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS)) as scoring:
-        return _later_stages(runs, tta1, on_tuning, truth, root, plan, layout, opts, timings, scoring.done)
+                        workers=beside, plain_processes=max(1, beside // MAX_CLASS_THREADS),
+                        first=list(on_tuning.values())) as scoring:
+        return _later_stages(runs, tta1, on_tuning, truth, root, plan, layout, opts, timings, scoring)
 
 
 def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[str, ScoreJob], truth: Path,
                   root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions, timings: Timings,
-                  beside_done: Callable[[], bool]) -> Stores:
+                  scoring: Beside) -> Stores:
     """Stages 2-5 from the single models' stores `tta1` and their jobs on the tuning crops (`make_stores`);
-    `beside_done`: whether the single models' scoring beside the stages has finished (its cores are free)."""
+    `scoring`: the single models' scoring beside the stages, those on the tuning crops first."""
     from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.postprocess.apply import postprocess_store, resolve
 
@@ -277,10 +279,11 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
             uniform = ensemble_once(tta1, layout.ensemble("uniform"), weights="uniform", progress=opts.progress)
         with timings.step("uniform ensemble: switch it off for the classes it does not help against the best single "
                           "model on the tuning crops", resumed=layout.submission("tuning_uniform").exists()):
-            # Every scoring worker and the whole memory budget once the scoring beside the stages is done (on one
-            # H200 it was, 14 s before this step, which then scored 9 stores 2 at a time on 8 of 16 cores);
-            # else what that scoring leaves.
-            alone = beside_done()
+            # The single models were scored on the tuning crops beside the uniform ensemble (read back here): the
+            # uniform average is scored with every scoring worker and the whole memory budget once the scoring
+            # beside the stages is done, else with what it leaves.
+            scoring.first.result()
+            alone = scoring.all.done()
             uniform, uniform_switch = switch_uniform(
                 uniform, on_tuning, layout, plan, truth, era, opts.eras, progress=opts.progress,
                 workers=opts.scoring_workers if alone else max(1, opts.scoring_workers - opts.scoring_workers // 2),

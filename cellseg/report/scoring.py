@@ -275,32 +275,53 @@ def score_segmentations(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, worker
 
 
 
+@dataclass(frozen=True)
+class Beside:
+    """The scoring beside the stages (`scoring_beside`): `first` resolves when its first jobs are scored (their
+    evaluations on disk), `all` when every job is; each raises what that scoring raised."""
+
+    first: Future[None]
+    all: Future[None]
+
+
 @contextlib.contextmanager
-def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, plain_processes: int
-                   ) -> Iterator[Future[None]]:
-    """Threshold and score `jobs` in a background thread, with half the memory budget, while the `with` block runs
-    (the report's GPU stages leave the cores idle); the block gets the thread's future (`done()`: the cores are
-    free again). Their evaluations are kept next to their submissions (`scores_file`), so scoring them again
-    afterwards reads them back. On leaving: waits for the thread and raises what it raised (an error of the block
-    itself wins; the thread's is then only logged)."""
+def scoring_beside(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int, plain_processes: int,
+                   first: Sequence[ScoreJob] = ()) -> Iterator[Beside]:
+    """Threshold and score `first`, then `jobs`, in a background thread with half the memory budget while the
+    `with` block runs (the report's GPU stages leave the cores idle). The block gets a `Beside`: a stage that needs
+    the `first` jobs' scores waits on `first` and reads their evaluations back (`score_segmentations` does), and
+    `all.done()` says the cores are free again. Evaluations are kept next to their submissions (`scores_file`),
+    so scoring them again afterwards reads them back. On leaving: waits for the thread and raises what it raised
+    (an error of the block itself wins; the thread's is then only logged)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    first_scored: Future[None] = Future()
+
+    def score(batch: Sequence[ScoreJob]) -> None:
+        plain_segmentations(thresholding_of(batch), plain_processes)
+        score_segmentations(batch, eras, workers=workers, memory_share=0.5)
 
     def work() -> None:
         started = time.perf_counter()
-        plain_segmentations(thresholding_of(jobs), plain_processes)
-        score_segmentations(jobs, eras, workers=workers, memory_share=0.5)
-        log.info("%d segmentations scored beside the other stages in %.1f s (%d processes)", len(jobs),
+        try:
+            score(first)
+        except BaseException as error:
+            first_scored.set_exception(error)
+            raise
+        first_scored.set_result(None)
+        score(jobs)
+        log.info("%d segmentations scored beside the other stages in %.1f s (%d processes)", len(first) + len(jobs),
                  time.perf_counter() - started, workers)
 
     with ThreadPoolExecutor(1, thread_name_prefix="score-beside") as pool:
         future = pool.submit(work)
         try:
-            yield future
+            yield Beside(first=first_scored, all=future)
         except BaseException:
             error = future.exception()  # waits: its processes must not outlive the report's error
             if error is not None:
                 log.error("scoring beside the stages failed too: %s", error)
             raise
         if not future.done():
-            log.info("waiting for the %d segmentations scored beside the stages", len(jobs))
+            log.info("waiting for the %d segmentations scored beside the stages", len(first) + len(jobs))
         future.result()

@@ -88,3 +88,21 @@ def test_bad_merges_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match=r"missing from the stores: .*b\.zarr.*crop2"):
         merge_classes([a, b], {"er": 1}, tmp_path / "m.zarr", crops=["crop1", "crop2"])
     assert merge_classes([a, b], {"er": 1}, tmp_path / "m.zarr").completed() == ["crop1"]  # crops in every store
+
+
+def test_a_channel_copied_file_by_file_must_lie_on_the_writers_grid(tmp_path):
+    a = probabilities(tmp_path / "a.zarr", 0)
+    out = PredictionStore.create(tmp_path / "o.zarr", kind="probabilities", channels=CHANNELS)
+    writer = out.crop_writer("crop1", FINE)
+    with pytest.raises(ValueError, match=r"a\.zarr/crop1/mito lies on .*this crop writes it on"):
+        writer.copy("mito", a, "crop1")
+    with pytest.raises(ValueError, match="not a channel of this crop"):
+        writer.copy("golgi", a, "crop1")
+    segmentation = PredictionStore.create(tmp_path / "s.zarr", kind="segmentation", channels=CHANNELS)
+    with pytest.raises(ValueError, match="cannot copy probabilities"):
+        segmentation.crop_writer("crop1", GRID).copy("mito", a, "crop1")
+    writer = out.crop_writer("crop1", GRID)
+    for channel in CHANNELS:
+        writer.copy(channel, a, "crop1")
+    writer.commit()
+    assert all(np.array_equal(out.read("crop1", c), a.read("crop1", c)) for c in CHANNELS)

@@ -272,9 +272,11 @@ DOCUMENTED = {"run_dir", "data.split_margin_nm", "train.time_budget_min", "train
 RECIPE = {"unet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # docs/quality.md, 3D recipe
           "resnet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # ... and every architecture's patch
           "swin_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
-          "vit_3d": {"data.patch_shape_vox", "train.batch_size", "model.params.patch_size", "optim.lr"},
+          "vit_3d": {"data.patch_shape_vox", "train.batch_size", "model.params.patch_size", "optim.lr",
+                     "model.params.hidden_size", "model.params.num_heads"},  # ... and ViT-S
           "swin_2d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
-          "resnet_2d": {"optim.lr"}, "vit_2d": {"optim.lr"}, "unet_2d": {"optim.lr"}}  # docs/quality.md, 2D learning rate
+          "resnet_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},  # docs/quality.md, 2D learning rate
+          "vit_2d": {"optim.lr", "model.params.hidden_size", "model.params.num_heads"}}
 
 
 def _flat(doc: dict, prefix: str = "") -> dict:

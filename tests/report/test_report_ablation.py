@@ -309,6 +309,26 @@ def test_scoring_beside_the_stages_keeps_its_evaluations_and_raises_its_errors(r
         raise RuntimeError("the stage's own error")  # wins over the thread's
 
 
+
+def test_scoring_beside_the_stages_scores_its_first_jobs_first(report_dir, tmp_path):
+    # Stage 2's switch waits for the single models on the tuning crops (`first`) and reads their evaluations back,
+    # while the others are still being scored; a failure among the first reaches the stage that waits for them.
+    layout = Layout(report_dir)
+    first = ScoreJob(layout.segmentation("uniform"), layout.truth, tmp_path / "first.zip")
+    later = ScoreJob(layout.segmentation("uniform"), layout.truth, tmp_path / "later.zip")
+    with scoring_beside([later], ["2026"], workers=1, plain_processes=1, first=[first]) as scoring:
+        scoring.first.result(timeout=120)
+        assert scores_file(first.submission, "2026").is_file()
+        written = scores_file(first.submission, "2026").stat().st_mtime_ns
+        score_segmentations([first], ["2026"], workers=1)  # read back, not scored again
+        assert scores_file(first.submission, "2026").stat().st_mtime_ns == written
+    assert scoring.all.done() and scores_file(later.submission, "2026").is_file()
+    missing = ScoreJob(tmp_path / "missing.zarr", layout.truth, tmp_path / "missing.zip")
+    with pytest.raises(FileNotFoundError, match=r"missing\.zarr"), \
+            scoring_beside([later], ["2026"], workers=1, plain_processes=1, first=[missing]) as scoring:
+        scoring.first.result(timeout=120)
+
+
 def _stage(doc: dict, key: str) -> dict:
     return next(s for s in doc["stages"] if s["key"] == key)
 

@@ -51,5 +51,5 @@ def test_the_stages_see_when_the_scoring_beside_them_is_done(tmp_path):
     from cellseg.report.scoring import scoring_beside
 
     with scoring_beside([], ["2026"], workers=1, plain_processes=1) as scoring:
-        scoring.result(timeout=60)
-        assert scoring.done()
+        scoring.all.result(timeout=60)
+        assert scoring.first.done() and scoring.all.done()
