@@ -12,6 +12,14 @@ are projected up to levels ``1 .. n-1`` with MONAI ``UnetrPrUpBlock``; the last 
 is level ``n``; MONAI ``UnetrUpBlock`` layers climb back. For ``patch_size=16`` and 12 blocks this
 is UNETR: skips from blocks 3, 6 and 9, widths 16-32-64-128.
 
+Token embedding (``embed``): ``"patch"`` is ViT's (one convolution with kernel = stride = patch);
+``"conv"`` is a convolutional stem (Xiao et al. 2021, "Early convolutions help transformers see
+better": stride-2 3×3 convolutions instead of the patchify layer, which trains a ViT from scratch
+faster and more stably): ``n`` nnU-Net stages (two conv-norm-LeakyReLU each, the first with
+stride 2), widths ``feature_size * 2**level``, then a 1×1 convolution to the token width. With
+``skips="embed"`` the stem's stages feed decoder levels ``1 .. n-1`` directly (no transformer
+skips, no ``UnetrPrUpBlock``: a hybrid as TransUNet); ``"tokens"`` keeps UNETR's skips.
+
 Defaults: ViT-B (768 wide, 12 blocks, 12 heads), patch 16, feature size 16 (UNETR's).
 
 Shape legend: ``B`` batch, ``C`` channels, ``D`` token width, ``N`` tokens, ``F`` features,
@@ -32,11 +40,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cellseg.models.base import SegModel
-from cellseg.models.blocks import check_norm, check_positive, norm_spec
+from cellseg.models.blocks import check_norm, check_positive, conv_stage, norm_spec
 from cellseg.models.decoders import UNETRDecoder
 from cellseg.models.registry import register_model
 
 DEFAULT_PATCH_VOX = {2: (256, 256), 3: (128, 128, 128)}
+EMBEDS = ("patch", "conv")
+SKIPS = ("tokens", "embed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +70,10 @@ class ViTParams:
             ``None``: off. Small values (1e-5 .. 1e-1) start every block close to the identity.
         use_checkpoint: activation checkpointing of every transformer block in training (the block's
             activations are recomputed in backward: less memory, about one more forward of compute).
+        embed: how image patches become tokens: ``"patch"`` (ViT's patchify convolution) or ``"conv"``
+            (a convolutional stem of ``log2(patch_size)`` stride-2 stages; see the module docstring).
+        skips: what feeds decoder levels ``1 .. n-1``: ``"tokens"`` (UNETR: evenly spaced transformer
+            blocks, projected up) or ``"embed"`` (the convolutional stem's stages; needs ``embed="conv"``).
     """
 
     patch_size: int = 16
@@ -74,6 +88,8 @@ class ViTParams:
     qk_norm: bool = False
     layer_scale: float | None = None
     use_checkpoint: bool = False
+    embed: str = "patch"
+    skips: str = "tokens"
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "hidden_size", "depth", "num_heads", "feature_size"):
@@ -87,6 +103,13 @@ class ViTParams:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.depth < self.num_levels:
             raise ValueError(f"depth must be >= {self.num_levels} for patch_size {self.patch_size}")
+        if self.embed not in EMBEDS:
+            raise ValueError(f"embed must be one of {', '.join(EMBEDS)}; got {self.embed!r}")
+        if self.skips not in SKIPS:
+            raise ValueError(f"skips must be one of {', '.join(SKIPS)}; got {self.skips!r}")
+        if self.skips == "embed" and self.embed != "conv":
+            raise ValueError(f"skips='embed' takes the decoder's skips from a convolutional stem: it needs "
+                             f"embed='conv', got embed={self.embed!r}")
 
     @property
     def num_levels(self) -> int:
@@ -94,22 +117,49 @@ class ViTParams:
         return int(math.log2(self.patch_size))
 
 
+class ConvEmbed(nn.Module):
+    """Convolutional stem: ``log2(patch_size)`` stride-2 stages, then a 1×1 projection to the token width."""
+
+    def __init__(self, spatial_dims: int, in_channels: int, *, params: ViTParams) -> None:
+        super().__init__()
+        widths = [params.feature_size * 2**level for level in range(1, params.num_levels + 1)]
+        self.stages = nn.ModuleList(
+            conv_stage(spatial_dims, source, out_channels=width, norm=params.norm, stride=2)
+            for source, width in zip([in_channels, *widths[:-1]], widths, strict=True)
+        )
+        self.project = Convolution(
+            spatial_dims, widths[-1], params.hidden_size, kernel_size=1, conv_only=True, bias=True
+        )
+
+    def forward(self, image_BCS: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The stages' outputs at levels ``1 .. n-1`` ``(B, F, *S / 2**level)`` and the token grid ``(B, D, *G)``."""
+        levels_BFS = []
+        features_BFS = image_BCS
+        for stage in self.stages:
+            features_BFS = stage(features_BFS)
+            levels_BFS.append(features_BFS)
+        return levels_BFS[:-1], self.project(features_BFS)
+
+
 class ViTEncoder(nn.Module):
-    """Patch embedding + interpolated learned position embedding + timm transformer blocks."""
+    """Token embedding + interpolated learned position embedding + timm transformer blocks."""
 
     def __init__(
         self, spatial_dims: int, in_channels: int, *, params: ViTParams, grid: tuple[int, ...]
     ) -> None:
         super().__init__()
-        self.patch_embed = Convolution(
-            spatial_dims,
-            in_channels,
-            params.hidden_size,
-            strides=params.patch_size,
-            kernel_size=params.patch_size,
-            padding=0,
-            conv_only=True,
-        )
+        self.conv_embed = ConvEmbed(spatial_dims, in_channels, params=params) if params.embed == "conv" else None
+        self.patch_embed = None
+        if params.embed == "patch":
+            self.patch_embed = Convolution(
+                spatial_dims,
+                in_channels,
+                params.hidden_size,
+                strides=params.patch_size,
+                kernel_size=params.patch_size,
+                padding=0,
+                conv_only=True,
+            )
         self.pos_embed_1DG = nn.Parameter(torch.zeros(1, params.hidden_size, *grid))
         rates = [params.drop_path_rate * index / max(1, params.depth - 1) for index in range(params.depth)]
         self.blocks = nn.ModuleList(
@@ -128,8 +178,10 @@ class ViTEncoder(nn.Module):
         self.norm = nn.LayerNorm(params.hidden_size, eps=1e-6)
         self.use_checkpoint = params.use_checkpoint
         n = params.num_levels
-        # 0-based indices of the blocks whose outputs feed decoder levels 1 .. n-1.
-        self.skip_blocks = tuple(round(params.depth * level / n) - 1 for level in range(1, n))
+        # 0-based indices of the blocks whose outputs feed decoder levels 1 .. n-1 (none: the stem's stages do).
+        self.skip_blocks = (
+            tuple(round(params.depth * level / n) - 1 for level in range(1, n)) if params.skips == "tokens" else ()
+        )
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -148,9 +200,13 @@ class ViTEncoder(nn.Module):
             pos_1DG = F.interpolate(pos_1DG, size=grid, mode=mode, align_corners=False)
         return pos_1DG.flatten(2).transpose(1, 2)
 
-    def forward(self, image_BCS: torch.Tensor) -> list[torch.Tensor]:
-        """Token grids ``(B, D, *G)``: the skip blocks' outputs, then the normed last block."""
-        embedded_BDG = self.patch_embed(image_BCS)
+    def forward(self, image_BCS: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The embedding stem's levels ``1 .. n-1`` (empty for ``embed="patch"``) and the token grids ``(B, D, *G)``: the
+        skip blocks' outputs, then the normed last block."""
+        if self.conv_embed is not None:
+            embed_BFS, embedded_BDG = self.conv_embed(image_BCS)
+        else:
+            embed_BFS, embedded_BDG = [], self.patch_embed(image_BCS)
         grid = tuple(embedded_BDG.shape[2:])
         tokens_BND = embedded_BDG.flatten(2).transpose(1, 2) + self.position_embedding(grid)
         outputs_BDG = []
@@ -163,7 +219,7 @@ class ViTEncoder(nn.Module):
             if index in self.skip_blocks:
                 outputs_BDG.append(_to_grid(tokens_BND, grid))
         outputs_BDG.append(_to_grid(self.norm(tokens_BND), grid))
-        return outputs_BDG
+        return embed_BFS, outputs_BDG
 
 
 def _to_grid(tokens_BND: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
@@ -197,7 +253,7 @@ class ViTUNet(SegModel):
             norm_name=norm_spec(params.norm, width),
             res_block=True,
         )
-        self.project = nn.ModuleList(
+        self.project = nn.ModuleList(  # token skips up to their levels (none when the stem feeds them)
             UnetrPrUpBlock(
                 spatial_dims=spatial_dims,
                 in_channels=params.hidden_size,
@@ -210,7 +266,7 @@ class ViTUNet(SegModel):
                 conv_block=True,
                 res_block=True,
             )
-            for level in range(1, n)
+            for level in range(1, n if params.skips == "tokens" else 1)
         )
         channels = [width * 2**level for level in range(n)] + [params.hidden_size]
         self.decoder = UNETRDecoder(
@@ -218,10 +274,11 @@ class ViTUNet(SegModel):
         )
 
     def forward_logits(self, image_BCS: torch.Tensor) -> torch.Tensor:
-        """Encode to token grids, lift skips to their levels, decode to logits ``(B, K, *S)``."""
-        *skips_BDG, deepest_BDG = self.encoder(image_BCS)
+        """Encode to token grids, lift skips to their levels (or take the stem's), decode to logits ``(B, K, *S)``."""
+        embed_BFS, (*skips_BDG, deepest_BDG) = self.encoder(image_BCS)
         lifted_BFS = [project(skip) for project, skip in zip(self.project, skips_BDG, strict=True)]
-        return self.decoder([self.stem(image_BCS), *lifted_BFS, deepest_BDG])
+        # the stem's levels (skips="embed") or the lifted token skips (skips="tokens"): one list is empty
+        return self.decoder([self.stem(image_BCS), *embed_BFS, *lifted_BFS, deepest_BDG])
 
 
 TINY = {

@@ -170,3 +170,27 @@ def test_vit_stabilisers_add_their_parameters_and_train(name: str) -> None:
     assert all(param.grad is not None for key, param in stable.named_parameters() if key in extra)
     with pytest.raises(ValueError, match=r"layer_scale must be in \(0, 1\]"):
         resolve_params(name, layer_scale=0.0)
+
+
+@pytest.mark.parametrize("name", ["vit_2d", "vit_3d"])
+def test_vit_convolutional_stem_replaces_the_patchify_layer_and_can_feed_the_skips(name: str) -> None:
+    """`embed="conv"` tokenises with log2(patch) stride-2 stages instead of one patch-sized convolution;
+    `skips="embed"` takes decoder levels 1 .. n-1 from those stages, so no transformer skip is projected up."""
+    plain = _tiny(name)
+    stem = _tiny(name, embed="conv")
+    hybrid = _tiny(name, embed="conv", skips="embed")
+    assert stem.encoder.patch_embed is None and len(stem.encoder.conv_embed.stages) == 2  # tiny: patch 4
+    assert plain.encoder.conv_embed is None and len(plain.project) == len(stem.project) == 1
+    assert stem.encoder.skip_blocks == plain.encoder.skip_blocks == (0,)
+    assert len(hybrid.project) == 0 and hybrid.encoder.skip_blocks == ()
+    image = torch.randn(BATCH, 1, *plain.spec.default_patch_vox)
+    for model in (stem, hybrid):
+        out = model.train()(image)
+        assert out.shape == (BATCH, NUM_CLASSES, *plain.spec.default_patch_vox)
+        out.square().mean().backward()
+        stages = model.encoder.conv_embed.stages
+        assert all(param.grad is not None and param.grad.abs().sum() > 0 for param in stages.parameters())
+    with pytest.raises(ValueError, match=r"skips='embed' .* needs embed='conv', got embed='patch'"):
+        resolve_params(name, skips="embed")
+    with pytest.raises(ValueError, match=r"embed must be one of patch, conv; got 'hybrid'"):
+        resolve_params(name, embed="hybrid")

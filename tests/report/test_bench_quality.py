@@ -273,10 +273,11 @@ RECIPE = {"unet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  
           "resnet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  # ... and every architecture's patch
           "swin_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
           "vit_3d": {"data.patch_shape_vox", "train.batch_size", "model.params.patch_size", "optim.lr",
-                     "model.params.hidden_size", "model.params.num_heads"},  # ... and ViT-S
+                     "model.params.hidden_size", "model.params.num_heads",  # ... and ViT-S
+                     "model.params.embed", "model.params.skips"},  # docs/quality.md, the ViTs' token embedding
           "swin_2d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
           "resnet_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},  # docs/quality.md, 2D learning rate
-          "vit_2d": {"optim.lr", "model.params.hidden_size", "model.params.num_heads"}}
+          "vit_2d": {"optim.lr", "model.params.hidden_size", "model.params.num_heads", "model.params.embed"}}
 
 
 def _flat(doc: dict, prefix: str = "") -> dict:
