@@ -128,7 +128,7 @@ def switch_line(report: Mapping[str, Any]) -> list[str]:
     """How many classes each per-class stage switch turned off on the validation crops (the report's
     `stage_switches`; `cellseg.report.switches`), as one line; empty without switches. The stage titles are the
     report's own (`SWITCHED`, imported here: its module imports torch)."""
-    from cellseg.report.render import SWITCHED
+    from cellseg.report.render import SWITCHED, other_eras
 
     switches = report.get("stage_switches") or {}
     parts = []
@@ -136,7 +136,8 @@ def switch_line(report: Mapping[str, Any]) -> list[str]:
         if key in switches:
             switch = switches[key]
             kept = f" (they keep {switch['best_single']}'s prediction)" if switch.get("best_single") else ""
-            parts.append(f"{title} for {len(switch['off'])} of {len(switch['classes'])} classes{kept}")
+            others = "".join(f"; in {era}'s column {len(own['off'])}" for era, own in other_eras(switch, switches["era"]))
+            parts.append(f"{title} for {len(switch['off'])} of {len(switch['classes'])} classes{kept}{others}")
     return [f"Switched off per class on the validation crops: {'; '.join(parts)}.", ""] if parts else []
 
 

@@ -17,7 +17,8 @@ Stages (each keeps everything of the one before and changes one thing):
    (`postprocess_store`).
 
 Stages 2, 4 and 5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
-tuning crops keeps the previous stage's prediction, and the report names those classes.
+tuning crops keeps the previous stage's prediction, and the report names those classes. Stage 5's switch is made in
+every era scored, each era's column (and submission) taking the store its own switch kept.
 
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
 classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids. Every
@@ -39,7 +40,8 @@ interrupted report resumes; `--overwrite` starts over):
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
     stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_tta8_switched.zarr,
-    stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are)
+    stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are);
+    stores/postprocessed_switched_<era>.zarr: stage 5 as switched in another era, where its switch differs
     stores/.ensemble_*.zarr.partial    an ensemble a cut report was writing: the next run adds the crops it lacks
 
 A member's store named by `--reuse` (`cellseg predict`'s, holding every crop from the same checkpoint and
@@ -234,7 +236,7 @@ class Stores:
     uniform: PredictionStore
     weighted: PredictionStore
     with_tta: PredictionStore  # TTA switched off for the classes it does not help
-    postprocessed: PredictionStore  # post-processing switched off for the classes it does not help
+    postprocessed: dict[str, PredictionStore]  # era → post-processing switched off for the classes it does not help
     params: Any  # the tuned `ParamSet`
     switches: dict[str, Any]  # "uniform", "tta", "postprocess" → `cellseg.report.switches` documents
 
@@ -319,7 +321,7 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
         if unused:
             weights = restrict_weights_file(weights, used, layout.stores / "weights_tta8.json")
         with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weights, progress=opts.progress)
-        with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era,
+        with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era, opts.eras,
                                           workers=opts.scoring_workers, progress=opts.progress)
         tta_switch["without_weight"] = unused
     device = resolve(opts.device)
@@ -332,7 +334,7 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
         segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
                                       progress=opts.progress)
         segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
-                                                  workers=opts.scoring_workers, progress=opts.progress)
+                                                  opts.eras, workers=opts.scoring_workers, progress=opts.progress)
     return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
                   params=params, switches={"era": era, "uniform": uniform_switch, "tta": tta_switch,
                             "postprocess": pp_switch})
@@ -396,9 +398,18 @@ def score_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: Cr
     for key, title, store in ensemble_stages(stores):
         jobs[key] = (title, ScoreJob(store.path, layout.truth, layout.submission(key), layout.segmentation(key),
                                      plan.scored))
-    jobs["postprocess"] = ("5. + post-processing (tuned)",
-                           ScoreJob(stores.postprocessed.path, layout.truth, layout.submission("postprocess")))
+    for key, store in postprocess_stores(stores).items():
+        jobs[key] = ("5. + post-processing (tuned)", ScoreJob(store.path, layout.truth, layout.submission(key)))
     return jobs
+
+
+def postprocess_stores(stores: Stores) -> dict[str, PredictionStore]:
+    """Stage 5's stores to score, key → store: "postprocess" (the tuning era's), and "postprocess_<era>" for an
+    era whose per-class switch kept another store (`switch_postprocess`)."""
+    tuning = stores.postprocessed[stores.switches["era"]]
+    out = {"postprocess": tuning}
+    out.update({f"postprocess_{era}": store for era, store in stores.postprocessed.items() if store.path != tuning.path})
+    return out
 
 
 def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
@@ -427,8 +438,17 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     on_tuning = [results.get(single_key(r, tuning=True), results[single_key(r)]) for r in runs]
     chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
     best, _ = best_single_stage(scored, opts.eras, chosen)
-    stages = [best, *(results[key] for key, _, _ in ensemble_stages(stores)), results["postprocess"]]
+    stages = [best, *(results[key] for key, _, _ in ensemble_stages(stores)), postprocess_stage(results, opts.eras)]
     return scored, stages, chosen
+
+
+def postprocess_stage(results: Mapping[str, StageResult], eras: Sequence[str]) -> StageResult:
+    """Stage 5: in each era the scores of the store its switch kept in that era (`postprocess_stores`); its
+    `store` names the tuning era's first."""
+    kept = {era: results.get(f"postprocess_{era}", results["postprocess"]) for era in eras}
+    stores = dict.fromkeys([results["postprocess"].store, *(s.store for s in kept.values())])
+    return StageResult(key="postprocess", title=results["postprocess"].title, store=", ".join(stores),
+                       scores={era: s.scores[era] for era, s in kept.items()})
 
 
 def run_report(opts: ReportOptions) -> Report:

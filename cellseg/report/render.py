@@ -211,10 +211,17 @@ def switch_lines(report: Report) -> list[str]:
         idle, best = switch.get("without_weight"), switch.get("best_single")
         lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}"
                      + (f" (they keep {best}'s prediction)" if best and switch["off"] else "") + "."
-                     + (f" Not predicted with TTA (weight 0 for every class): {', '.join(idle)}." if idle else ""))
+                     + (f" Not predicted with TTA (weight 0 for every class): {', '.join(idle)}." if idle else "")
+                     + "".join(f" Switched in {other} for its column and submission: off for "
+                               f"{', '.join(own['off']) or 'no class'}." for other, own in other_eras(switch, era)))
         rows += [[title, c, fmt(s["before"]), fmt(s["after"]), "on" if s["on"] else "**off**"]
                  for c, s in switch["classes"].items()]
     return [*lines, "", *_table(["stage", "class", "before (tuning)", "with the stage (tuning)", "switch"], rows)]
+
+
+def other_eras(switch: Mapping[str, Any], era: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The switches a stage made in eras other than the tuning era (stage 5's: `switch_postprocess`)."""
+    return [(other, own) for other, own in (switch.get("eras") or {}).items() if other != era]
 
 
 def markdown(report: Report) -> str:
@@ -240,6 +247,8 @@ def console(report: Report) -> str:
     lines = [f"Ablation on {len(report.plan.scored)} scored crops ({_with_roles(report, report.plan.scored)}); "
              f"decisions made on {_with_roles(report, report.plan.tuning)}", "", *ablation_table(report)]
     switched = [f"{title} switched off for: {', '.join(report.switches[key]['off']) or 'no class'}"
+                + "".join(f" ({other}: {', '.join(own['off']) or 'no class'})"
+                          for other, own in other_eras(report.switches[key], report.switches["era"]))
                 for key, title in SWITCHED.items() if report.switches]
     return "\n".join([*lines, *switched, "", noise_note(report), "", report.plan.notes[0]])
 

@@ -169,6 +169,10 @@ class Layout:
         self.postprocessed = self.stores / "postprocessed.zarr"
         self.postprocessed_switched = self.stores / "postprocessed_switched.zarr"
 
+    def postprocessed_switched_in(self, era: str) -> Path:
+        """Stage 5 switched per class in an era other than the tuning era's (where their switches differ)."""
+        return self.stores / f"postprocessed_switched_{era}.zarr"
+
     def predictions(self, run: RunInfo, tta: int) -> Path:
         """A run's probability store at `tta` transforms."""
         return self.stores / f"predict_tta{tta}" / f"{run.name}.zarr"

@@ -10,7 +10,11 @@ off for that class, which then keeps the previous stage's prediction.
   (`cellseg.infer.merge.merge_classes`), and the post-processing of stage 5 is tuned on that merged store.
 - Stage 5 (post-processing): the tuned segmentation is scored on the tuning crops against the plain default
   decoding of stage 4 (threshold 0.5, 26-connected components: how stage 4 is scored); a class the tuned
-  post-processing does not improve takes that plain decoding.
+  post-processing does not improve takes that plain decoding. This switch is made in every era the report scores,
+  each for its own column of the ablation and its own submission: the eras score objects differently (a watershed
+  split the 2026 metric rewards can cost a 2025 instance class most of its score), and switching a class back to
+  the plain decoding changes nothing upstream, so an era's leaderboard gets the stage-5 prediction decided with its
+  metric for the price of one more merge. The earlier switches and every tuned parameter stay the tuning era's.
 
 "Improve" means a strictly higher class score (IoU, or the combined score of an instance class) through the
 official evaluator in decision mode, on the tuning crops only, so the scored crops never take part in the
@@ -60,10 +64,12 @@ def tuning_job(store: PredictionStore, key: str, layout: Layout, plan: CropPlan,
     return ScoreJob(store.path, truth, layout.submission(f"tuning_{key}"), plain, plan.tuning)
 
 
-def tuning_scores(jobs: Sequence[ScoreJob], era: Era, *, workers: int = 1, progress: bool = False
-                  ) -> list[dict[str, float]]:
-    """class → score in `era` of each of `jobs` (`tuning_job`), scored side by side (`score_segmentations`)."""
-    return [dict(s[era].classes) for s in score_segmentations(jobs, [era], workers=workers, progress=progress)]
+def tuning_scores(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int = 1, progress: bool = False
+                  ) -> list[dict[Era, dict[str, float]]]:
+    """era → class → score of each of `jobs` (`tuning_job`) in every one of `eras`, scored side by side
+    (`score_segmentations`)."""
+    scores = score_segmentations(jobs, eras, workers=workers, progress=progress)
+    return [{era: dict(s[era].classes) for era in eras} for s in scores]
 
 
 def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], layout: Layout, plan: CropPlan,
@@ -96,33 +102,56 @@ def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], la
 
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,
-               era: Era, *, workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
-    """Stage 4 with TTA switched off for the classes it does not help: (its store, the switch document). The two
-    stores are scored on the tuning crops side by side (`score_segmentations`)."""
+               era: Era, eras: Sequence[Era], *, workers: int = 1, progress: bool = False
+               ) -> tuple[PredictionStore, dict[str, Any]]:
+    """Stage 4 with TTA switched off for the classes it does not help in `era`: (its store, the switch document,
+    which keeps the switched store's tuning scores in each of `eras` as "kept": stage 5's switch compares with
+    them). The two stores are scored on the tuning crops side by side (`score_segmentations`)."""
     jobs = [tuning_job(store, key, layout, plan, truth) for store, key in ((weighted, "weighted"), (with_tta, "tta"))]
-    switch = stage_switch(*tuning_scores(jobs, era, workers=workers, progress=progress))
+    every = list(dict.fromkeys([era, *eras]))
+    before, after = tuning_scores(jobs, every, workers=workers, progress=progress)
+    switch = stage_switch(before[era], after[era])
     off = switched_off(switch)
     log.info("TTA switched off for %s", off or "no class")
+    # the switched store's tuning scores in every era: the stage's where it is on, stage 3's where it is off
+    kept = {e: {c: (after[e] if c not in off else before[e]).get(c, math.nan) for c in after[e]} for e in every}
+    doc = {"classes": switch, "off": off, "kept": kept}
     if not off:
-        return with_tta, {"classes": switch, "off": off}
+        return with_tta, doc
     merged = merge_classes([with_tta, weighted], dict.fromkeys(off, 1), layout.ensemble("weighted_tta8_switched"))
-    return merged, {"classes": switch, "off": off}
+    return merged, doc
 
 
 def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, stage4_switch: Mapping[str, Any],
-                       layout: Layout, plan: CropPlan, truth: Path, era: Era, *, workers: int = 1,
-                       progress: bool = False) -> tuple[PredictionStore, dict[str, Any]]:
-    """Stage 5 with post-processing switched off for the classes it does not help against the plain decoding of
-    stage 4 (`stage4_switch`: the stage-4 switch, whose kept scores are stage 4's plain scores): (its store,
-    the switch document)."""
-    plain = {c: s["after"] if s["on"] else s["before"] for c, s in stage4_switch["classes"].items()}
+                       layout: Layout, plan: CropPlan, truth: Path, era: Era, eras: Sequence[Era], *,
+                       workers: int = 1, progress: bool = False
+                       ) -> tuple[dict[Era, PredictionStore], dict[str, Any]]:
+    """Stage 5 with post-processing switched off, in each of `eras`, for the classes it does not help in that era
+    against the plain decoding of stage 4 (`stage4_switch["kept"]`: stage 4's plain scores in every era): (era →
+    its store, the switch document: `era`'s switch as "classes" and "off", every era's in "eras"). Eras that
+    switch off the same classes share a store."""
+    every = list(dict.fromkeys([era, *eras]))
     job = tuning_job(postprocessed, "postprocess", layout, plan, truth, segmented=True)
-    switch = stage_switch(plain, tuning_scores([job], era, workers=workers, progress=progress)[0])
-    off = switched_off(switch)
-    log.info("post-processing switched off for %s", off or "no class")
-    if not off:
-        return postprocessed, {"classes": switch, "off": off}
-    decoded = plain_segmentation(stage4, layout.segmentation("tta"), plan.scored, progress=progress)
-    merged = merge_classes([postprocessed, decoded], dict.fromkeys(off, 1), layout.postprocessed_switched,
-                           crops=plan.scored)
-    return merged, {"classes": switch, "off": off}
+    scores = tuning_scores([job], every, workers=workers, progress=progress)[0]
+    switches = {e: stage_switch(stage4_switch["kept"][e], scores[e]) for e in every}
+    offs = {e: switched_off(switch) for e, switch in switches.items()}
+    for e in every:
+        log.info("post-processing switched off in %s for %s", e, offs[e] or "no class")
+    decoded = None
+    stores: dict[Era, PredictionStore] = {}
+    by_classes: dict[tuple[str, ...], PredictionStore] = {}
+    for e in every:
+        key = tuple(offs[e])
+        if key not in by_classes:
+            if not key:
+                by_classes[key] = postprocessed
+            else:
+                if decoded is None:
+                    decoded = plain_segmentation(stage4, layout.segmentation("tta"), plan.scored, progress=progress)
+                out = layout.postprocessed_switched if e == era else layout.postprocessed_switched_in(e)
+                by_classes[key] = merge_classes([postprocessed, decoded], dict.fromkeys(key, 1), out,
+                                                crops=plan.scored)
+        stores[e] = by_classes[key]
+    doc = {"classes": switches[era], "off": offs[era],
+           "eras": {e: {"classes": switches[e], "off": offs[e]} for e in every}}
+    return stores, doc

@@ -126,8 +126,13 @@ def test_stages_2_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir,
                                                else "ensemble_uniform.zarr")
     assert stages["tta"]["store"].endswith("ensemble_weighted_tta8_switched.zarr" if switches["tta"]["off"]
                                            else "ensemble_weighted_tta8.zarr")
-    assert stages["postprocess"]["store"].endswith("postprocessed_switched.zarr" if switches["postprocess"]["off"]
-                                                   else "postprocessed.zarr")
+    tuning_store, *other_stores = stages["postprocess"]["store"].split(", ")  # the tuning era's first
+    assert tuning_store.endswith("postprocessed_switched.zarr" if switches["postprocess"]["off"]
+                                 else "postprocessed.zarr")
+    # Stage 5 is switched in every era scored, each era's column scoring the store its own switch kept.
+    eras = switches["postprocess"]["eras"]
+    assert sorted(eras) == ["2025", "2026"] and eras[doc["tuning_metric"]]["off"] == switches["postprocess"]["off"]
+    assert len(other_stores) == len({tuple(e["off"]) for e in eras.values()}) - 1
 
 
 def test_stage_4_predicts_the_members_stage_3_weighs(report_dir, report_runs):
@@ -243,7 +248,8 @@ def test_the_thresholding_jobs_name_the_stores_the_scoring_wrote(report_dir, rep
                     uniform=PredictionStore.open(scored["uniform"]),
                     weighted=PredictionStore.open(layout.ensemble("weighted")),
                     with_tta=PredictionStore.open(layout.ensemble("weighted_tta8_switched")),
-                    postprocessed=PredictionStore.open(layout.postprocessed), params=None, switches={})
+                    postprocessed={"2026": PredictionStore.open(layout.postprocessed)}, params=None,
+                    switches={"era": "2026"})
     plan = plan_crops(runs, tiny_synth_root, crops="501", tune_crops="val")
     jobs = plain_jobs(runs, stores, layout, plan)
     assert len(jobs) == 2 * len(runs) + 3

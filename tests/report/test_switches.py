@@ -79,7 +79,7 @@ def test_the_uniform_ensemble_is_switched_off_where_the_best_single_model_is_bet
 
 def test_tta_is_switched_off_where_it_does_not_help(stages):
     weighted, with_tta, layout = stages
-    merged, switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026")
+    merged, switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026", ["2026"])
     # mito: TTA is worse; er: a tie (both empty): neither helps, both keep stage 3's prediction.
     assert sorted(switch["off"]) == ["er", "mito"]
     assert switch["classes"]["mito"]["before"] > switch["classes"]["mito"]["after"]
@@ -90,7 +90,7 @@ def test_tta_is_switched_off_where_it_does_not_help(stages):
             assert np.array_equal(merged.image(crop, c).read_level("s0"), weighted.image(crop, c).read_level("s0"))
     # The other way round TTA helps mito, which keeps it; er still takes the previous stage's.
     other = Layout(layout.root.parent / "other")
-    merged, switch = switch_tta(with_tta, weighted, other, PLAN, layout.tuning_truth, "2026")
+    merged, switch = switch_tta(with_tta, weighted, other, PLAN, layout.tuning_truth, "2026", ["2026"])
     assert switch["off"] == ["er"] and switch["classes"]["mito"]["on"]
     assert merged.provenance["merged"] == {"mito": str(weighted.path), "er": str(with_tta.path)}
     for crop in CROPS:
@@ -99,13 +99,15 @@ def test_tta_is_switched_off_where_it_does_not_help(stages):
 
 def test_post_processing_is_switched_off_where_plain_decoding_is_as_good(stages, tiny_synth_root, tmp_path):
     weighted, with_tta, layout = stages
-    stage4, tta_switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026")
+    stage4, tta_switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026", ["2026"])
     # A "post-processed" segmentation: er decoded from its truth (better than stage 4's empty er), mito the same
     # plain decoding as stage 4 (a tie).
     source = _store(tmp_path / "pp_source.zarr", tiny_synth_root, lambda c, p: p)
     postprocessed = plain_segmentation(source, tmp_path / "postprocessed.zarr", CROPS)
-    merged, switch = switch_postprocess(stage4, postprocessed, tta_switch, layout, PLAN, layout.tuning_truth, "2026")
-    assert switch["off"] == ["mito"]
+    stores, switch = switch_postprocess(stage4, postprocessed, tta_switch, layout, PLAN, layout.tuning_truth, "2026",
+                                        ["2026"])
+    merged = stores["2026"]
+    assert switch["off"] == ["mito"] and list(stores) == ["2026"]
     assert switch["classes"]["er"]["after"] > switch["classes"]["er"]["before"] == 0.0
     assert switch["classes"]["mito"]["before"] == tta_switch["classes"]["mito"]["before"]  # stage 4's plain score
     plain4 = PredictionStore.open(layout.segmentation("tta"))
@@ -114,3 +116,32 @@ def test_post_processing_is_switched_off_where_plain_decoding_is_as_good(stages,
         assert np.array_equal(merged.read(crop, "mito"), plain4.read(crop, "mito"))
         assert np.array_equal(merged.read(crop, "er"), postprocessed.read(crop, "er"))
         assert merged.read(crop, "er").any() and not plain4.read(crop, "er").any()
+
+
+def test_post_processing_is_switched_in_each_era_for_its_own_column(stages, tiny_synth_root, tmp_path):
+    """Stage 5's switch is made in every era scored: where an era's stage-4 score of a class is not beaten, that
+    era's store keeps the plain decoding, while the tuning era keeps the post-processing; eras that agree share one
+    store."""
+    weighted, with_tta, layout = stages
+    stage4, tta_switch = switch_tta(weighted, with_tta, layout, PLAN, layout.tuning_truth, "2026", ["2025", "2026"])
+    assert set(tta_switch["kept"]) == {"2025", "2026"}
+    assert tta_switch["kept"]["2026"]["mito"] == tta_switch["classes"]["mito"]["before"]  # TTA off: stage 3's
+    source = _store(tmp_path / "pp_source.zarr", tiny_synth_root, lambda c, p: p)
+    postprocessed = plain_segmentation(source, tmp_path / "postprocessed.zarr", CROPS)
+    # As scored, both eras keep post-processing for er (truth against an empty stage 4); a 2025 stage 4 that
+    # scored er perfectly on the tuning crops is not beaten there, so 2025 switches er off.
+    kept = {"2026": tta_switch["kept"]["2026"], "2025": {**tta_switch["kept"]["2025"], "er": 1.0}}
+    stores, switch = switch_postprocess(stage4, postprocessed, {**tta_switch, "kept": kept}, layout, PLAN,
+                                        layout.tuning_truth, "2026", ["2025", "2026"])
+    assert switch["off"] == ["mito"] and switch["eras"]["2026"]["off"] == ["mito"]
+    assert sorted(switch["eras"]["2025"]["off"]) == ["er", "mito"]
+    assert stores["2026"].path == layout.postprocessed_switched
+    assert stores["2025"].path == layout.postprocessed_switched_in("2025")
+    plain4 = PredictionStore.open(layout.segmentation("tta"))
+    for crop in PLAN.scored:
+        assert np.array_equal(stores["2025"].read(crop, "er"), plain4.read(crop, "er"))
+        assert np.array_equal(stores["2026"].read(crop, "er"), postprocessed.read(crop, "er"))
+    # Without the difference the eras share the tuning era's store.
+    again, switch = switch_postprocess(stage4, postprocessed, tta_switch, layout, PLAN, layout.tuning_truth, "2026",
+                                       ["2025", "2026"])
+    assert switch["eras"]["2025"]["off"] == switch["off"] and again["2025"].path == again["2026"].path
