@@ -83,6 +83,8 @@ class UNetDecoder(nn.Module):
 
     def forward(self, features_BFS: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         """Decode ``features_BFS`` (full resolution first) to logits ``(B, K, *S)``."""
+        if len(features_BFS) != len(self.ups) + 1:
+            raise ValueError(f"UNETRDecoder: {len(features_BFS)} feature maps for {len(self.ups) + 1} levels")
         x_BFS = features_BFS[-1]
         logits_BKS: list[torch.Tensor] = []
         for level in reversed(range(len(self.stages))):
@@ -126,6 +128,8 @@ class UNETRDecoder(nn.Module):
 
     def forward(self, features_BFS: Sequence[torch.Tensor]) -> torch.Tensor:
         """Decode ``features_BFS`` (full resolution first) to logits ``(B, K, *S)``."""
+        if len(features_BFS) != len(self.ups) + 1:
+            raise ValueError(f"UNETRDecoder: {len(features_BFS)} feature maps for {len(self.ups) + 1} levels")
         x_BFS = features_BFS[-1]
         for level in reversed(range(len(self.ups))):
             x_BFS = self.ups[level](x_BFS, features_BFS[level])

@@ -179,8 +179,9 @@ class ViTEncoder(nn.Module):
         self.use_checkpoint = params.use_checkpoint
         n = params.num_levels
         # 0-based indices of the blocks whose outputs feed decoder levels 1 .. n-1 (none: the stem's stages do).
+        self.skips_from_embed = params.skips == "embed"
         self.skip_blocks = (
-            tuple(round(params.depth * level / n) - 1 for level in range(1, n)) if params.skips == "tokens" else ()
+            () if self.skips_from_embed else tuple(round(params.depth * level / n) - 1 for level in range(1, n))
         )
         self._init_weights()
 
@@ -201,10 +202,11 @@ class ViTEncoder(nn.Module):
         return pos_1DG.flatten(2).transpose(1, 2)
 
     def forward(self, image_BCS: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The embedding stem's levels ``1 .. n-1`` (empty for ``embed="patch"``) and the token grids ``(B, D, *G)``: the
-        skip blocks' outputs, then the normed last block."""
+        """The embedding stem's levels ``1 .. n-1`` (empty unless ``skips="embed"``) and the token grids
+        ``(B, D, *G)``: the skip blocks' outputs, then the normed last block."""
         if self.conv_embed is not None:
             embed_BFS, embedded_BDG = self.conv_embed(image_BCS)
+            embed_BFS = embed_BFS if self.skips_from_embed else []  # token skips: the stem's levels are not used
         else:
             embed_BFS, embedded_BDG = [], self.patch_embed(image_BCS)
         grid = tuple(embedded_BDG.shape[2:])

@@ -277,7 +277,8 @@ RECIPE = {"unet_3d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},  
                      "model.params.embed", "model.params.skips"},  # docs/quality.md, the ViTs' token embedding
           "swin_2d": {"data.patch_shape_vox", "train.batch_size", "optim.lr"},
           "resnet_2d": {"optim.lr"}, "unet_2d": {"optim.lr"},  # docs/quality.md, 2D learning rate
-          "vit_2d": {"optim.lr", "model.params.hidden_size", "model.params.num_heads", "model.params.embed"}}
+          "vit_2d": {"optim.lr", "model.params.hidden_size", "model.params.num_heads", "model.params.embed",
+                     "model.params.skips"}}
 
 
 def _flat(doc: dict, prefix: str = "") -> dict:
