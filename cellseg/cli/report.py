@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             is written as a submission at the truth's geometry and scored with `cellseg evaluate`'s code.
             Stages 2, 4 and 5 are switched off for each class they do not improve on the tuning crops (that
             class keeps the previous stage's prediction; stage 2's is the best single model's); the report
-            names those classes.
+            names those classes. Stage 5's switch is made in each era scored, for that era's column and
+            submission (stores/submissions/postprocess_<era>.zip where it differs).
 
             Writes REPORT_DIR/report.md (tables), report.json (everything) and PNGs (overall and per-class
             bars, slice overlays), and prints the ablation table. Intermediate stores go to REPORT_DIR/stores
