@@ -6,7 +6,8 @@ off for that class, which then keeps the previous stage's prediction.
   and a class the uniform average does not improve takes that model's probabilities. (Stage 3 needs no switch:
   its weight fit keeps, per class, the best of uniform, the fitted mixes and each member alone.)
 - Stage 4 (TTA): stage 3's and stage 4's probabilities, each decoded plainly (`plain_segmentation`), are
-  scored on the tuning crops in the tuning era; a class TTA does not improve takes stage 3's probabilities
+  scored on the tuning crops in every era (stage 5's switches compare with them), the choice made in the tuning
+  era; a class TTA does not improve takes stage 3's probabilities
   (`cellseg.infer.merge.merge_classes`), and the post-processing of stage 5 is tuned on that merged store.
 - Stage 5 (post-processing): the tuned segmentation is scored on the tuning crops against the plain default
   decoding of stage 4 (threshold 0.5, 26-connected components: how stage 4 is scored); a class the tuned
