@@ -26,6 +26,12 @@ from cellseg.models.base import SegModel, cumulative_divisor, resolve_strides
 from cellseg.models.blocks import conv_stage, head_conv, norm_spec, up_conv
 
 
+def check_levels(decoder: nn.Module, features_BFS: Sequence[torch.Tensor], levels: int) -> None:
+    """Raise ``ValueError`` unless one feature map per level reaches `decoder` (a surplus would be ignored)."""
+    if len(features_BFS) != levels:
+        raise ValueError(f"{type(decoder).__name__}: {len(features_BFS)} feature maps for {levels} levels")
+
+
 class UNetDecoder(nn.Module):
     """nnU-Net-style decoder: up-sample, concatenate the skip, convolve; one level at a time.
 
@@ -83,8 +89,7 @@ class UNetDecoder(nn.Module):
 
     def forward(self, features_BFS: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
         """Decode ``features_BFS`` (full resolution first) to logits ``(B, K, *S)``."""
-        if len(features_BFS) != len(self.ups) + 1:
-            raise ValueError(f"UNETRDecoder: {len(features_BFS)} feature maps for {len(self.ups) + 1} levels")
+        check_levels(self, features_BFS, len(self.ups) + 1)
         x_BFS = features_BFS[-1]
         logits_BKS: list[torch.Tensor] = []
         for level in reversed(range(len(self.stages))):
@@ -128,8 +133,7 @@ class UNETRDecoder(nn.Module):
 
     def forward(self, features_BFS: Sequence[torch.Tensor]) -> torch.Tensor:
         """Decode ``features_BFS`` (full resolution first) to logits ``(B, K, *S)``."""
-        if len(features_BFS) != len(self.ups) + 1:
-            raise ValueError(f"UNETRDecoder: {len(features_BFS)} feature maps for {len(self.ups) + 1} levels")
+        check_levels(self, features_BFS, len(self.ups) + 1)
         x_BFS = features_BFS[-1]
         for level in reversed(range(len(self.ups))):
             x_BFS = self.ups[level](x_BFS, features_BFS[level])

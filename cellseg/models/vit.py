@@ -149,17 +149,15 @@ class ViTEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.conv_embed = ConvEmbed(spatial_dims, in_channels, params=params) if params.embed == "conv" else None
-        self.patch_embed = None
-        if params.embed == "patch":
-            self.patch_embed = Convolution(
-                spatial_dims,
-                in_channels,
-                params.hidden_size,
-                strides=params.patch_size,
-                kernel_size=params.patch_size,
-                padding=0,
-                conv_only=True,
-            )
+        self.patch_embed = Convolution(
+            spatial_dims,
+            in_channels,
+            params.hidden_size,
+            strides=params.patch_size,
+            kernel_size=params.patch_size,
+            padding=0,
+            conv_only=True,
+        ) if params.embed == "patch" else None
         self.pos_embed_1DG = nn.Parameter(torch.zeros(1, params.hidden_size, *grid))
         rates = [params.drop_path_rate * index / max(1, params.depth - 1) for index in range(params.depth)]
         self.blocks = nn.ModuleList(

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,9 +170,11 @@ class Layout:
         self.postprocessed = self.stores / "postprocessed.zarr"
         self.postprocessed_switched = self.stores / "postprocessed_switched.zarr"
 
-    def postprocessed_switched_in(self, era: str) -> Path:
-        """Stage 5 switched per class in an era other than the tuning era's (where their switches differ)."""
-        return self.stores / f"postprocessed_switched_{era}.zarr"
+    def postprocessed_in(self, era: str, *, tuning_era: str, off: Sequence[str]) -> Path:
+        """Stage 5 as switched in `era` (`off`: the classes it switched off there; `cellseg.report.switches`)."""
+        if not off:
+            return self.postprocessed
+        return self.postprocessed_switched if era == tuning_era else self.stores / f"postprocessed_switched_{era}.zarr"
 
     def predictions(self, run: RunInfo, tta: int) -> Path:
         """A run's probability store at `tta` transforms."""

@@ -139,20 +139,16 @@ def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, 
     for e in every:
         log.info("post-processing switched off in %s for %s", e, offs[e] or "no class")
     decoded = None
-    stores: dict[Era, PredictionStore] = {}
-    by_classes: dict[tuple[str, ...], PredictionStore] = {}
-    for e in every:
-        key = tuple(offs[e])
-        if key not in by_classes:
-            if not key:
-                by_classes[key] = postprocessed
-            else:
-                if decoded is None:
-                    decoded = plain_segmentation(stage4, layout.segmentation("tta"), plan.scored, progress=progress)
-                out = layout.postprocessed_switched if e == era else layout.postprocessed_switched_in(e)
-                by_classes[key] = merge_classes([postprocessed, decoded], dict.fromkeys(key, 1), out,
-                                                crops=plan.scored)
-        stores[e] = by_classes[key]
+    by_off: dict[tuple[str, ...], PredictionStore] = {(): postprocessed}
+    for e in every:  # the tuning era first: its store keeps stage 5's own name
+        off = tuple(offs[e])
+        if off not in by_off:
+            if decoded is None:
+                decoded = plain_segmentation(stage4, layout.segmentation("tta"), plan.scored, progress=progress)
+            by_off[off] = merge_classes([postprocessed, decoded], dict.fromkeys(off, 1),
+                                        layout.postprocessed_in(e, tuning_era=era, off=off), crops=plan.scored)
+    stores = {e: by_off[tuple(offs[e])] for e in every}
     doc = {"classes": switches[era], "off": offs[era],
            "eras": {e: {"classes": switches[e], "off": offs[e]} for e in every}}
     return stores, doc
+

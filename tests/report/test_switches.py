@@ -136,7 +136,8 @@ def test_post_processing_is_switched_in_each_era_for_its_own_column(stages, tiny
     assert switch["off"] == ["mito"] and switch["eras"]["2026"]["off"] == ["mito"]
     assert sorted(switch["eras"]["2025"]["off"]) == ["er", "mito"]
     assert stores["2026"].path == layout.postprocessed_switched
-    assert stores["2025"].path == layout.postprocessed_switched_in("2025")
+    assert stores["2025"].path == layout.stores / "postprocessed_switched_2025.zarr"
+    assert stores["2025"].path == layout.postprocessed_in("2025", tuning_era="2026", off=["er", "mito"])
     plain4 = PredictionStore.open(layout.segmentation("tta"))
     for crop in PLAN.scored:
         assert np.array_equal(stores["2025"].read(crop, "er"), plain4.read(crop, "er"))
