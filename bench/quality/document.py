@@ -136,7 +136,8 @@ def switch_line(report: Mapping[str, Any]) -> list[str]:
         if key in switches:
             switch = switches[key]
             kept = f" (they keep {switch['best_single']}'s prediction)" if switch.get("best_single") else ""
-            others = "".join(f" ({len(own['off'])} in {era}'s column)" for era, own in other_eras(switch, switches["era"]))
+            others = "".join(f" ({len(own['off'])} in {era}'s column)"
+                             for era, own in other_eras(switch, switches["era"]))
             parts.append(f"{title} for {len(switch['off'])} of {len(switch['classes'])} classes{kept}{others}")
     return [f"Switched off per class on the validation crops: {'; '.join(parts)}.", ""] if parts else []
 

@@ -79,7 +79,8 @@ def write_figures(report: Report, root: Path, *, progress: bool = False) -> list
     crops = [c for c in report.plan.scored if c in report.truth][:report.options.slices]
     era, layout = report.options.tuning_era, Layout(root)
     off = report.switches.get("postprocess", {}).get("off", [])  # stage 5 as switched in the tuning era
-    segmented = {"tta": layout.segmentation("tta"), "postprocessed": layout.postprocessed_in(era, tuning_era=era, off=off)}
+    segmented = {"tta": layout.segmentation("tta"),
+                 "postprocessed": layout.postprocessed_in(era, tuning_era=era, off=off)}
     for crop in crops:
         for name, store in segmented.items():
             view = load_prediction_slice(store, crop, truth_root=report.data_root, progress=progress)

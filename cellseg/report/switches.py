@@ -151,4 +151,3 @@ def switch_postprocess(stage4: PredictionStore, postprocessed: PredictionStore, 
     doc = {"classes": switches[era], "off": offs[era],
            "eras": {e: {"classes": switches[e], "off": offs[e]} for e in every}}
     return stores, doc
-
