@@ -54,6 +54,13 @@ def _rss_gib() -> float:
     return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**30
 
 
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _sync(device) -> None:
     import torch
 
@@ -81,10 +88,12 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
     batches = trainer.batch_stream(stop)
     fetch_start = time.perf_counter()
     first = next(batches)
+    graphs = _graphs_compiled()
     step_start = time.perf_counter()
     trainer.train_step([first])
     _sync(device)
     first_step_s = time.time() - PROCESS_START
+    graphs_at_first_step = _graphs_compiled() - graphs  # > 0: set-up's compile did not cover what training runs
     startup = {"imports": round(imports_s, 2), **s.startup_s, "first batch": round(step_start - fetch_start, 2),
                "first step": round(time.perf_counter() - step_start, 2)}  # the rest: run files, checks
     for _ in range(warmup):
@@ -111,6 +120,8 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
            "precision": s.precision, "compiled": bool(s.meta.get("compile", {}).get("compiled")),
            "resident": s.meta.get("resident_data", cfg.data.resident),
            "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s, "startup_s": startup,
+           "startup_record_reused": bool(s.meta.get("compile", {}).get("reused")),
+           "graphs_compiled_at_first_step": graphs_at_first_step,
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
     if s.peak_tflops:
@@ -139,7 +150,16 @@ def markdown(env: dict, rows: list[dict]) -> str:
               "first step, where torch.compile compiles):", ""]
     for r in rows:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in r.get("startup_s", {}).items())
-        lines.append(f"- {r['name']}: {r['first_step_s']:.1f} = {parts or 'not recorded'}")
+        lines.append(f"- {r['name']}: {r['first_step_s']:.1f} = {parts or 'not recorded'}; graphs compiled at the "
+                     f"first step: {r.get('graphs_compiled_at_first_step', '-')}")
+    warm = [r for r in rows if r.get("startup_warm_s")]
+    if warm:
+        lines += ["", "Warm (the compile cache and the start-up record the cold run left), by phase (s):", ""]
+        for r in warm:
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["startup_warm_s"].items())
+            lines.append(f"- {r['name']}: {r['first_step_warm_s']:.1f} = {parts}; start-up record reused: "
+                         f"{r['warm_reused_startup_record']}; graphs compiled at the first step: "
+                         f"{r['warm_graphs_compiled_at_first_step']}")
     return "\n".join(lines) + "\n"
 
 
@@ -190,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.repeats == 2:
                 warm = _child(args, name, cache, Path(tmp) / "warm.json")
                 row["first_step_warm_s"] = warm["first_step_s"] if warm else None
+                if warm:
+                    row.update(startup_warm_s=warm["startup_s"], warm_reused_startup_record=warm["startup_record_reused"],
+                               warm_graphs_compiled_at_first_step=warm["graphs_compiled_at_first_step"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,

@@ -378,6 +378,9 @@ class TrainConfig:
             "max-autotune" (also times Triton kernel variants and uses CUDA graphs; compiles for minutes);
             "max-autotune-no-cudagraphs". Modes other than "default" need the inductor backend.
         compile_probe_steps: steps timed for eager and for compiled when `compile` is "auto".
+        startup_cache: reuse an earlier job's start-up measurements (the GPU-room probe and the "auto" compile
+            decisions, `cellseg.train.warm_start`) when the model, batch, patch, precision, GPU, software and
+            code are the same; false: measure again every time.
         device: "auto" (CUDA when available), "cuda" or "cpu".
         activation_checkpointing: recompute activations in backward (less memory); models with a
             `use_checkpoint` parameter only (the swin and vit models).
@@ -410,6 +413,7 @@ class TrainConfig:
     compile: Literal["auto", "on", "off"] = "auto"
     compile_mode: CompileMode = "default"
     compile_probe_steps: int = 5
+    startup_cache: bool = True
     device: Literal["auto", "cuda", "cpu"] = "auto"
     activation_checkpointing: bool = False
     memory_fraction: float = 0.85

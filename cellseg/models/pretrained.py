@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from timm.models import adapt_input_conv
 from torch import nn
 
 WRAPPER_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
@@ -151,6 +150,9 @@ def _match_shapes(
         if tensor.shape == wanted.shape:
             usable[key] = tensor
         elif _is_input_conv_variant(tensor, wanted):
+            # timm only when a checkpoint needs it: importing it costs seconds of every job's start-up
+            from timm.models import adapt_input_conv
+
             usable[key] = adapt_input_conv(wanted.shape[1], tensor).to(wanted.dtype)
             adapted.append(key)
         else:

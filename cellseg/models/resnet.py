@@ -19,7 +19,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import timm
 import torch
 from monai.networks.blocks import UnetResBlock
 from torch import nn
@@ -59,6 +58,8 @@ class ResNet2DParams:
         check_positive("stem_features", self.stem_features)
         check_positive("num_decoder_convs", self.num_decoder_convs)
         check_norm(self.norm)
+        import timm  # imported where used: it costs seconds of every training job's start-up
+
         if not timm.is_model(self.encoder):
             examples = ", ".join(timm.list_models("resnet*")[:8])
             raise ValueError(
@@ -108,6 +109,8 @@ class TimmUNet(SegModel):
     """
 
     def __init__(self, in_channels: int, *, out_channels: int, params: ResNet2DParams) -> None:
+        import timm
+
         # pretrained=False always: clusters are offline; local weights come via encoder_checkpoint.
         encoder = timm.create_model(
             params.encoder, features_only=True, pretrained=False, in_chans=in_channels

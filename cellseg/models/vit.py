@@ -35,7 +35,6 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from monai.networks.blocks import Convolution, UnetrBasicBlock, UnetrPrUpBlock
-from timm.models.vision_transformer import Block
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -159,6 +158,8 @@ class ViTEncoder(nn.Module):
             conv_only=True,
         ) if params.embed == "patch" else None
         self.pos_embed_1DG = nn.Parameter(torch.zeros(1, params.hidden_size, *grid))
+        from timm.models.vision_transformer import Block  # timm where used: seconds of every job's start-up
+
         rates = [params.drop_path_rate * index / max(1, params.depth - 1) for index in range(params.depth)]
         self.blocks = nn.ModuleList(
             Block(

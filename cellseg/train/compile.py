@@ -31,12 +31,20 @@ from cellseg.runtime.compile import compile_backend, compile_module
 log = logging.getLogger(__name__)
 
 
-def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision) -> float:
-    """Seconds per forward + backward step after one warm-up step (which triggers compilation)."""
+Layout = list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # a model output's (shape, stride, dtype)s
+
+
+def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: runtime.Precision,
+           seen: list[Layout] | None = None) -> float:
+    """Seconds per forward + backward step after one warm-up step (which triggers compilation); the output's
+    layout goes to `seen` (the loss then compiles for exactly what training feeds it)."""
     def step() -> None:
         with runtime.autocast(image.device, precision):
             out = model(image)
-            out = out[0] if isinstance(out, (list, tuple)) else out
+        if seen is not None and not seen:
+            seen.append([(tuple(o.shape), o.stride(), o.dtype) for o in (out if isinstance(out, (list, tuple))
+                                                                         else [out])])
+        out = out[0] if isinstance(out, (list, tuple)) else out
         out.float().square().mean().backward()
         model.zero_grad(set_to_none=True)
 
@@ -44,10 +52,12 @@ def _probe(model: torch.nn.Module, image: torch.Tensor, steps: int, precision: r
 
 
 def _timed(step: Any, steps: int, device: torch.device) -> float:
-    """Seconds per call of `step` after one warm-up call (which triggers compilation)."""
+    """Seconds per call of `step` after one warm-up call (which triggers compilation); 0.0 for `steps=0`."""
     step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    if not steps:
+        return 0.0
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -56,56 +66,89 @@ def _timed(step: Any, steps: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def _logits(layout: Layout | None, shape: tuple[int, ...], dtype: torch.dtype, fmt: torch.memory_format,
+            device: torch.device) -> torch.Tensor | list[torch.Tensor]:
+    """Random logits laid out as the model's training output (`layout`), or as `shape` in `fmt` without one."""
+    if layout is None:
+        return torch.randn(shape, device=device, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+    out = [torch.empty_strided(size, stride, dtype=kind, device=device).normal_().requires_grad_()
+           for size, stride, kind in layout]
+    return out if len(out) > 1 else out[0]
+
+
 def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
-                       precision: runtime.Precision, batch: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The loss to train with (compiled or not; same policy as the model) and a record for meta.json."""
+                       precision: runtime.Precision, batch: int, fmt: torch.memory_format = torch.contiguous_format,
+                       layout: Layout | None = None, reuse: dict[str, Any] | None = None
+                       ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The loss to train with (compiled or not; same policy as the model) and a record for meta.json.
+
+    The probe calls the loss as the trainer does (under autocast, on logits with the model's output `layout`,
+    boolean targets), so the first training step finds the compiled graph instead of recompiling. `reuse`: an
+    earlier job's record (`cellseg.train.warm_start`): its decision stands and nothing eager is timed."""
     mode = cfg.train.compile
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return criterion, {"mode": mode, "compiled": False, "reason": "off" if mode == "off" else "CPU: eager"}
+    if mode == "auto" and reuse is not None and not reuse.get("compiled"):
+        return criterion, {**reuse, "reused": True}
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     shape = (batch, cfg.data.num_target_channels, *patch)
-    dtype = runtime.DTYPES[precision]
-    logits = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
     target = torch.rand(shape, device=device) > 0.9
     known = torch.rand(shape, device=device) > 0.1
 
     def step(fn: torch.nn.Module) -> Any:
         def run() -> None:
-            fn(logits, target, known).backward()
-            logits.grad = None
+            with runtime.autocast(device, precision):
+                loss = fn(logits, target, known)
+            loss.backward()
+            for tensor in logits if isinstance(logits, list) else [logits]:
+                tensor.grad = None
         return run
 
+    reused = mode == "auto" and reuse is not None
     try:
         compiled = compile_module(criterion)
         start = time.perf_counter()
-        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 3, device)}
+        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 0 if reused else 3, device)}
         record["compile_s"] = time.perf_counter() - start
     except Exception as err:
         log.warning("torch.compile of the loss failed (%s: %s); eager loss", type(err).__name__,
                     str(err).splitlines()[0])
         return criterion, {"mode": mode, "compiled": False, "reason": f"compile error: {type(err).__name__}"}
-    if mode == "auto":
+    if reused:
+        record.update({k: reuse[k] for k in ("compiled_step_s", "eager_step_s") if k in reuse}, reused=True)
+    elif mode == "auto":
         record["eager_step_s"] = _timed(step(criterion), 3, device)
-    record["compiled"] = mode == "on" or record["compiled_step_s"] < record["eager_step_s"]
+    record["compiled"] = mode == "on" or reused or record["compiled_step_s"] < record["eager_step_s"]
     log.info("loss compile %s: %s", mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                     for k, v in record.items()))
     return (compiled if record["compiled"] else criterion), record
 
 
 def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, *, precision: runtime.Precision,
-                  fmt: torch.memory_format, batch: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The module to train (compiled or not, in `train.compile_mode`) and a record of the decision for meta.json."""
+                  fmt: torch.memory_format, batch: int, reuse: dict[str, Any] | None = None
+                  ) -> tuple[torch.nn.Module, dict[str, Any], Layout | None]:
+    """The module to train (compiled or not, in `train.compile_mode`), a record of the decision for meta.json,
+    and the layout of the compiled model's training output (None when it was not run).
+
+    `reuse`: an earlier job's record for the same model, batch and software (`cellseg.train.warm_start`): under
+    "auto" its decision stands, so nothing eager runs and a model found faster eager is not compiled at all;
+    a compiled model runs one step here (compiling, mostly from the compile cache)."""
     mode, compile_mode = cfg.train.compile, cfg.train.compile_mode
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
-                       "reason": "off" if mode == "off" else "CPU: eager"}
+                       "reason": "off" if mode == "off" else "CPU: eager"}, None
+    if mode == "auto" and reuse is not None and not reuse.get("compiled"):
+        return model, {**reuse, "reused": True}, None
+    reused = mode == "auto" and reuse is not None
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     image = torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
+    seen: list[Layout] = []
     try:
         compiled = compile_module(model, mode=compile_mode)
         start = time.perf_counter()
-        t_compiled = _probe(compiled, image, cfg.train.compile_probe_steps, precision)
+        t_compiled = _probe(compiled, image, 0 if reused else cfg.train.compile_probe_steps, precision, seen)
         record = {"mode": mode, "compile_mode": compile_mode, "backend": compile_backend(),
                   "compile_s": time.perf_counter() - start, "compiled_step_s": t_compiled}
     except Exception as err:
@@ -113,12 +156,14 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
         model.zero_grad(set_to_none=True)
         model.load_state_dict(buffers, strict=False)
         return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
-                       "reason": f"compile error: {type(err).__name__}"}
-    if mode == "auto":
+                       "reason": f"compile error: {type(err).__name__}"}, None
+    if reused:
+        record.update({k: reuse[k] for k in ("compiled_step_s", "eager_step_s") if k in reuse}, reused=True)
+    elif mode == "auto":
         record["eager_step_s"] = _probe(model, image, cfg.train.compile_probe_steps, precision)
     model.load_state_dict(buffers, strict=False)
-    use = mode == "on" or record["compiled_step_s"] < record["eager_step_s"]
+    use = mode == "on" or reused or record["compiled_step_s"] < record["eager_step_s"]
     record["compiled"] = use
     log.info("compile %s: %s", mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                for k, v in record.items()))
-    return (compiled if use else model), record
+    return (compiled if use else model), record, (seen[0] if seen else None)

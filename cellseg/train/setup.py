@@ -38,6 +38,7 @@ from cellseg.train.compile import maybe_compile, maybe_compile_loss
 from cellseg.train.lock import RunLock
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
+from cellseg.train.warm_start import StartupRecord, startup_key
 
 log = logging.getLogger(__name__)
 MICRO_BATCH_FILE = "micro_batch.json"
@@ -175,13 +176,44 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     return found
 
 
+def _startup_record(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
+                    fmt: torch.memory_format, batch: int) -> StartupRecord:
+    """An earlier job's start-up measurements for this model, batch and software (`cellseg.train.warm_start`)."""
+    if d.device.type != "cuda" or not cfg.train.startup_cache:
+        return StartupRecord.disabled()
+    record = StartupRecord(startup_key(cfg, model, device=d.device, batch=batch, fmt=fmt, precision=precision))
+    if record.loaded:
+        log.info("start-up record %s: reusing the GPU-room probe and compile decisions of an earlier job "
+                 "(train.startup_cache=false measures again)", record.path)
+    return record
+
+
 def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
-              fmt: torch.memory_format, batch: int) -> int:
+              fmt: torch.memory_format, batch: int, startup: StartupRecord) -> int:
     """GPU bytes that training leaves free for resident data (`data.resident`): free memory once the model, one
     forward + backward at `batch` and the optimizer/EMA state (`STATE_COPIES`) are counted; the minimum over
-    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU."""
+    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU. The step's
+    bytes come from `startup` when an earlier job measured them (the eager probe is then skipped)."""
     if d.device.type != "cuda" or cfg.data.resident not in ("auto", "gpu"):
         return 0
+    state = STATE_COPIES * 4 * sum(p.numel() for p in model.parameters())  # fp32 bytes
+    step = startup.get("gpu_step_bytes")
+    if step is None:
+        step = _step_bytes(cfg, model, d, precision, fmt, batch)
+        if step is not None:  # out of memory may be another process's doing: measured again next time
+            startup.put("gpu_step_bytes", step)
+    room = 0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state)
+    if d.distributed:
+        t = torch.tensor(room, device=d.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        room = int(t)
+    return room
+
+
+def _step_bytes(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
+                fmt: torch.memory_format, batch: int) -> int | None:
+    """Peak GPU bytes of one eager forward + backward at `batch` beyond what is allocated now (None: it does not
+    fit). The model's weights and batch-norm statistics are left as they were."""
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
     free_memory()
@@ -200,13 +232,7 @@ def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision
         model.zero_grad(set_to_none=True)
         model.load_state_dict(buffers, strict=False)  # the probe's batch-norm statistics are not kept
         free_memory()
-    state = STATE_COPIES * 4 * sum(p.numel() for p in model.parameters())  # fp32 bytes
-    room = 0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state)
-    if d.distributed:
-        t = torch.tensor(room, device=d.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-        room = int(t)
-    return room
+    return step
 
 
 def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> None:
@@ -296,13 +322,14 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     ckpt_dir = run_dir / "checkpoints"
     if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
+    startup = _startup_record(cfg, model, d, precision, fmt, batch)
     # The crops are opened and indexed in a thread while the GPU probe runs (it touches no GPU and writes nothing
     # in the run directory); the main process of a run also builds the boundary caches there, before the barrier.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-crops") as reader:
         reading = reader.submit(read_train_crops, cfg.data, cfg.loader, cfg.augment, seed=tc.seed,
                                 warm_caches=d.is_main)
         with phase("batch size"):
-            room = _gpu_room(cfg, model, d, precision, fmt, batch)
+            room = _gpu_room(cfg, model, d, precision, fmt, batch, startup)
         with phase("data"):  # what of the reading the probe did not hide, then the rest
             crops = reading.result()
     runtime.barrier(d)
@@ -349,11 +376,19 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     if before_compile is not None:
         with phase("loader start"):
             before_compile(s)
-    with phase("compile"):  # "auto" times eager against compiled here; "on" compiles at the first step
-        compiled, meta["compile"] = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
-                                                  batch=s.state.micro_batch)
+    if s.state.micro_batch != batch:  # a resumed run's smaller micro-batch: not what the record describes
+        startup = StartupRecord.disabled()
+    with phase("compile"):  # "auto" times eager against compiled here (or reuses `startup`); "on" compiles here
+        compiled, meta["compile"], layout = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
+                                                          batch=s.state.micro_batch, reuse=startup.get("compile"))
         s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
-                                                               batch=s.state.micro_batch)
+                                                               batch=s.state.micro_batch, fmt=fmt, layout=layout,
+                                                               reuse=startup.get("compile_loss"))
+    for name in ("compile", "compile_loss"):
+        if "eager_step_s" in meta[name]:  # decided by timing (or by the record): the next job reuses it
+            startup.put(name, {k: meta[name][k] for k in ("compiled", "compiled_step_s", "eager_step_s")})
+    if d.is_main:
+        startup.save()
     s.net = runtime.wrap_ddp(compiled, d)
     s.startup_s = meta["startup_s"] = phase.seconds
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)

@@ -23,3 +23,7 @@ def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_
     phases = row["startup_s"]  # where the time before the first step went
     assert list(phases)[:3] == ["imports", "devices", "model"] and list(phases)[-2:] == ["first batch", "first step"]
     assert sum(phases.values()) <= row["first_step_s"] + 0.1
+    warm = row["startup_warm_s"]  # the second process, with the caches the first left
+    assert list(warm) == list(phases) and row["warm_reused_startup_record"] is False  # CPU jobs keep no record
+    assert row["graphs_compiled_at_first_step"] == row["warm_graphs_compiled_at_first_step"] == 0  # compile off
+    assert "Warm (the compile cache" in md

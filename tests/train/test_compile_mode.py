@@ -43,7 +43,7 @@ def test_reduce_overhead_compiles_and_matches_eager_on_cpu():
     model = nn.Sequential(conv_stage(3, 1, out_channels=4, norm="batch", num_convs=1),
                           nn.Conv3d(4, cfg.data.num_target_channels, kernel_size=1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    net, record = maybe_compile(model, cfg, torch.device("cpu"), precision="fp32", fmt=torch.contiguous_format,
+    net, record, _ = maybe_compile(model, cfg, torch.device("cpu"), precision="fp32", fmt=torch.contiguous_format,
                                 batch=2)
     assert record["compiled"] is True and record["compile_mode"] == "reduce-overhead"
     assert net is not model
