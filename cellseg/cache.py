@@ -2,7 +2,9 @@
 
 - `matmul_peak.json`: the measured bf16 matmul peak per GPU model (`cellseg.train.perf`, for MFU);
 - `boundaries/`: instance-boundary targets per crop (`cellseg.data.boundary_cache`);
-- `inductor/`: torch.compile's caches (`use_compile_cache`).
+- `inductor/`: torch.compile's caches (`use_compile_cache`);
+- `startup/`: a training job's start-up measurements (GPU-room probe, compile decisions), reused by the next job
+  of the same shape (`cellseg.train.warm_start`).
 
 Why the compile cache moves here: torch keeps it in `/tmp/torchinductor_$USER`, which a cluster's compute
 node wipes between jobs, so every job compiled its models from scratch. `cellseg predict-ensemble` compiles
