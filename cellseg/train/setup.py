@@ -169,11 +169,16 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     with runtime.autocast(d.device, precision):
         found = find_batch_size(model, make_input, loss_fn, device=d.device, memory_fraction=cfg.train.memory_fraction,
                                 max_batch=cfg.train.max_auto_batch)
-    if d.distributed:
-        t = torch.tensor(found, device=d.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-        found = int(t)
-    return found
+    return _min_over_ranks(found, d)
+
+
+def _min_over_ranks(value: int, d: runtime.Dist) -> int:
+    """The smallest `value` of all ranks (itself in a single process), so that every rank decides alike."""
+    if not d.distributed:
+        return value
+    t = torch.tensor(value, device=d.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return int(t)
 
 
 def _startup_record(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
@@ -202,12 +207,7 @@ def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision
         step = _step_bytes(cfg, model, d, precision, fmt, batch)
         if step is not None:  # out of memory may be another process's doing: measured again next time
             startup.put("gpu_step_bytes", step)
-    room = 0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state)
-    if d.distributed:
-        t = torch.tensor(room, device=d.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-        room = int(t)
-    return room
+    return _min_over_ranks(0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state), d)
 
 
 def _step_bytes(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
