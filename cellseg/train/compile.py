@@ -13,7 +13,12 @@ optimizer step; BatchNorm buffers restored). Any compiler error becomes a warnin
 
 The loss is compiled on its own by the same rule (`maybe_compile_loss`): eager, the masked BCE + Dice of
 48 channels over 8 × 128³ voxels makes a dozen float32 passes over 3 GB tensors and cost as much as a
-third of a unet_3d step on an H200; compiled, it is a few fused reductions (docs/benchmarks.md).
+third of a unet_3d step on an H200; compiled, it is a few fused reductions (docs/benchmarks.md). Its probe calls it
+as the trainer does (under autocast, on logits laid out as the compiled model's output), so the first training
+step does not compile it again.
+
+A job that finds an earlier job's start-up record (`cellseg.train.warm_start`) passes its decisions as `reuse`:
+nothing eager is timed, and what was found faster eager is not compiled.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return criterion, {"mode": mode, "compiled": False, "reason": "off" if mode == "off" else "CPU: eager"}
     if mode == "auto" and reuse is not None and not reuse.get("compiled"):
-        return criterion, {**reuse, "reused": True}
+        return criterion, {"mode": mode, **reuse, "reused": True}
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     shape = (batch, cfg.data.num_target_channels, *patch)
     logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
@@ -139,7 +144,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
         return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
                        "reason": "off" if mode == "off" else "CPU: eager"}, None
     if mode == "auto" and reuse is not None and not reuse.get("compiled"):
-        return model, {**reuse, "reused": True}, None
+        return model, {"mode": mode, "compile_mode": compile_mode, **reuse, "reused": True}, None
     reused = mode == "auto" and reuse is not None
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     image = torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
