@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,6 +82,20 @@ def _logits(layout: Layout | None, shape: tuple[int, ...], dtype: torch.dtype, f
     return out if len(out) > 1 else out[0]
 
 
+def _decide(record: dict[str, Any], mode: str, reuse: dict[str, Any] | None, time_eager: Callable[[], float],
+            what: str) -> bool:
+    """Completes `record` with the eager side (an earlier job's `reuse`, else timed now under "auto") and the choice
+    between compiled and eager; logs it and returns whether the compiled module is used."""
+    if reuse is not None:
+        record.update({k: reuse[k] for k in ("compiled_step_s", "eager_step_s") if k in reuse}, reused=True)
+    elif mode == "auto":
+        record["eager_step_s"] = time_eager()
+    record["compiled"] = mode == "on" or reuse is not None or record["compiled_step_s"] < record["eager_step_s"]
+    log.info("%s %s: %s", what, mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in record.items()))
+    return record["compiled"]
+
+
 def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
                        precision: runtime.Precision, batch: int, fmt: torch.memory_format = torch.contiguous_format,
                        layout: Layout | None = None, reuse: dict[str, Any] | None = None
@@ -93,7 +108,8 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
     mode = cfg.train.compile
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return criterion, {"mode": mode, "compiled": False, "reason": "off" if mode == "off" else "CPU: eager"}
-    if mode == "auto" and reuse is not None and not reuse.get("compiled"):
+    reuse = reuse if mode == "auto" else None  # only "auto" defers to an earlier job's decision
+    if reuse is not None and not reuse.get("compiled"):
         return criterion, {"mode": mode, **reuse, "reused": True}
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     shape = (batch, cfg.data.num_target_channels, *patch)
@@ -110,24 +126,17 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
                 tensor.grad = None
         return run
 
-    reused = mode == "auto" and reuse is not None
     try:
         compiled = compile_module(criterion)
         start = time.perf_counter()
-        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 0 if reused else 3, device)}
+        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 0 if reuse is not None else 3, device)}
         record["compile_s"] = time.perf_counter() - start
     except Exception as err:
         log.warning("torch.compile of the loss failed (%s: %s); eager loss", type(err).__name__,
                     str(err).splitlines()[0])
         return criterion, {"mode": mode, "compiled": False, "reason": f"compile error: {type(err).__name__}"}
-    if reused:
-        record.update({k: reuse[k] for k in ("compiled_step_s", "eager_step_s") if k in reuse}, reused=True)
-    elif mode == "auto":
-        record["eager_step_s"] = _timed(step(criterion), 3, device)
-    record["compiled"] = mode == "on" or reused or record["compiled_step_s"] < record["eager_step_s"]
-    log.info("loss compile %s: %s", mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                    for k, v in record.items()))
-    return (compiled if record["compiled"] else criterion), record
+    use = _decide(record, mode, reuse, lambda: _timed(step(criterion), 3, device), "loss compile")
+    return (compiled if use else criterion), record
 
 
 def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, *, precision: runtime.Precision,
@@ -143,9 +152,9 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
                        "reason": "off" if mode == "off" else "CPU: eager"}, None
-    if mode == "auto" and reuse is not None and not reuse.get("compiled"):
+    reuse = reuse if mode == "auto" else None  # only "auto" defers to an earlier job's decision
+    if reuse is not None and not reuse.get("compiled"):
         return model, {"mode": mode, "compile_mode": compile_mode, **reuse, "reused": True}, None
-    reused = mode == "auto" and reuse is not None
     patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     image = torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
@@ -153,7 +162,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     try:
         compiled = compile_module(model, mode=compile_mode)
         start = time.perf_counter()
-        t_compiled = _probe(compiled, image, 0 if reused else cfg.train.compile_probe_steps, precision, seen)
+        t_compiled = _probe(compiled, image, 0 if reuse is not None else cfg.train.compile_probe_steps, precision, seen)
         record = {"mode": mode, "compile_mode": compile_mode, "backend": compile_backend(),
                   "compile_s": time.perf_counter() - start, "compiled_step_s": t_compiled}
     except Exception as err:
@@ -162,13 +171,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
         model.load_state_dict(buffers, strict=False)
         return model, {"mode": mode, "compile_mode": compile_mode, "compiled": False,
                        "reason": f"compile error: {type(err).__name__}"}, None
-    if reused:
-        record.update({k: reuse[k] for k in ("compiled_step_s", "eager_step_s") if k in reuse}, reused=True)
-    elif mode == "auto":
-        record["eager_step_s"] = _probe(model, image, cfg.train.compile_probe_steps, precision)
+    use = _decide(record, mode, reuse, lambda: _probe(model, image, cfg.train.compile_probe_steps, precision),
+                  "compile")
     model.load_state_dict(buffers, strict=False)
-    use = mode == "on" or reused or record["compiled_step_s"] < record["eager_step_s"]
-    record["compiled"] = use
-    log.info("compile %s: %s", mode, ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in record.items()))
     return (compiled if use else model), record, (seen[0] if seen else None)

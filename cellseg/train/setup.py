@@ -376,16 +376,16 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     if before_compile is not None:
         with phase("loader start"):
             before_compile(s)
-    if s.state.micro_batch != batch:  # a resumed run's smaller micro-batch: not what the record describes
-        startup = StartupRecord.disabled()
+    same = s.state.micro_batch == batch  # a resumed run's smaller micro-batch is not what the record describes
     with phase("compile"):  # "auto" times eager against compiled here (or reuses `startup`); "on" compiles here
         compiled, meta["compile"], layout = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
-                                                          batch=s.state.micro_batch, reuse=startup.get("compile"))
+                                                          batch=s.state.micro_batch,
+                                                          reuse=startup.get("compile") if same else None)
         s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
                                                                batch=s.state.micro_batch, fmt=fmt, layout=layout,
-                                                               reuse=startup.get("compile_loss"))
+                                                               reuse=startup.get("compile_loss") if same else None)
     for name in ("compile", "compile_loss"):
-        if "eager_step_s" in meta[name]:  # decided by timing (or by the record): the next job reuses it
+        if same and "eager_step_s" in meta[name]:  # decided by timing (or by the record): the next job reuses it
             startup.put(name, {k: meta[name][k] for k in ("compiled", "compiled_step_s", "eager_step_s")})
     if d.is_main:
         startup.save()

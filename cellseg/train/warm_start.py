@@ -5,7 +5,7 @@ patch, precision, GPU, software and code:
 
 - the GPU-room probe (`cellseg.train.setup`): one eager forward + backward at the batch, whose peak memory sizes
   the GPU memory left for resident data. It is the process's first GPU work, so it also pays cuDNN's autotuning
-  of every eager convolution: 5-13 s on an H200;
+  of every eager convolution: 5-17 s on an H200;
 - `train.compile: auto` (`cellseg.train.compile`): compiled and eager steps timed against each other, for the
   model and for the loss.
 
