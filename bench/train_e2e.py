@@ -11,6 +11,9 @@ overrides applied to every architecture, then:
 - **time to first step**: from the process's start to the end of the first optimizer step (imports, data
   set-up, compilation and the first batch included), with a cold compile cache (`$CELLSEG_CACHE` empty) and
   again with the cache the first run left (`--repeats 2`: warm);
+- **compiled from**: when the model is compiled in the background (`train.background_compile`, a cold cache),
+  the first steps are eager: the time from the process's start until training runs compiled, and the eager
+  steps made meanwhile;
 - **end to end**: optimizer steps per second over `--steps` steps after `--warmup` steps, batches from the
   trainer's own loader, GPU augmentation included;
 - **in memory**: the same trainer's step repeated on one batch already on the GPU (augmentation included,
@@ -96,6 +99,14 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
     graphs_at_first_step = _graphs_compiled() - graphs  # > 0: set-up's compile did not cover what training runs
     startup = {"imports": round(imports_s, 2), **s.startup_s, "first batch": round(step_start - fetch_start, 2),
                "first step": round(time.perf_counter() - step_start, 2)}  # the rest: run files, checks
+    eager_steps, background = 0, s.background is not None
+    while s.background is not None and not s.background.done():  # trains eagerly while the model compiles
+        trainer.train_step([next(batches)])
+        eager_steps += 1
+    if background:
+        trainer.finish_compile()
+    _sync(device)
+    compiled_s = time.time() - PROCESS_START  # from here on the model is the one training keeps
     for _ in range(warmup):
         trainer.train_step([next(batches)])
     _sync(device)
@@ -121,7 +132,10 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
            "resident": s.meta.get("resident_data", cfg.data.resident),
            "loader_workers": cfg.loader.num_workers, "first_step_s": first_step_s, "startup_s": startup,
            "startup_record_reused": bool(s.meta.get("compile", {}).get("reused")),
-           "graphs_compiled_at_first_step": graphs_at_first_step,
+           "graphs_compiled_at_first_step": graphs_at_first_step, "background_compile": background,
+           "compiled_from_s": compiled_s, "eager_steps_while_compiling": eager_steps,
+           "background_s": s.meta["compile"].get("background_s"), "switch_s": s.meta["compile"].get("switch_s"),
+           "background_note": s.meta.get("background_compile"),
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
     if s.peak_tflops:
@@ -138,20 +152,24 @@ def markdown(env: dict, rows: list[dict]) -> str:
              f"Data root: `{env['root']}`; {env['steps']} timed steps after {env['warmup']} warm-up steps; overrides: "
              f"{' '.join(env['overrides']) or 'none'}.", "",
              "| arch | batch | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | MFU e2e | "
-             "first step cold (s) | first step warm (s) | host GiB start → end |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "first step cold (s) | compiled from, cold (s) | eager steps meanwhile | first step warm (s) | "
+             "host GiB start → end |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         warm, mfu = r.get("first_step_warm_s"), r.get("mfu_e2e")
         lines.append(f"| {r['name']} | {r['batch']} | {r['resident']} | {r['e2e_samples_per_s']:.1f} | "
                      f"{r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
                      f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
+                     f"{r['compiled_from_s']:.1f} | {r['eager_steps_while_compiling']} | "
                      f"{'-' if warm is None else f'{warm:.1f}'} | {r['rss_gib_start']:.2f} → {r['rss_gib_end']:.2f} |")
     lines += ["", "Time to the first step, cold, by phase (s; `cellseg.train.setup.Phases`, then the first batch and the "
               "first step, where torch.compile compiles):", ""]
     for r in rows:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in r.get("startup_s", {}).items())
         lines.append(f"- {r['name']}: {r['first_step_s']:.1f} = {parts or 'not recorded'}; graphs compiled at the "
-                     f"first step: {r.get('graphs_compiled_at_first_step', '-')}")
+                     f"first step: {r.get('graphs_compiled_at_first_step', '-')}" + (
+                         f"; compiled in the background in {r['background_s']:.1f} s, loaded in {r['switch_s']:.1f} s"
+                         if r.get("background_compile") else ""))
     warm = [r for r in rows if r.get("startup_warm_s")]
     if warm:
         lines += ["", "Warm (the compile cache and the start-up record the cold run left), by phase (s):", ""]

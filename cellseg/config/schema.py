@@ -378,6 +378,11 @@ class TrainConfig:
             "max-autotune" (also times Triton kernel variants and uses CUDA graphs; compiles for minutes);
             "max-autotune-no-cudagraphs". Modes other than "default" need the inductor backend.
         compile_probe_steps: steps timed for eager and for compiled when `compile` is "auto".
+        background_compile: with `compile` "on"/"auto" in a one-GPU job whose compile cache is cold (no earlier
+            job of the same start-up record compiled), a separate process compiles the model and the loss into
+            the cache while training starts eagerly; the job switches to the compiled model when it is done (a
+            pause of seconds to load it; `cellseg.train.background`). Needs GPU memory for both processes, else
+            it compiles first. false: always compile before the first step (one graph for the whole run).
         startup_cache: reuse an earlier job's start-up measurements (the GPU-room probe and the "auto" compile
             decisions, `cellseg.train.warm_start`) when the model, batch, patch, precision, GPU, software and
             code are the same; false: measure again every time.
@@ -413,6 +418,7 @@ class TrainConfig:
     compile: Literal["auto", "on", "off"] = "auto"
     compile_mode: CompileMode = "default"
     compile_probe_steps: int = 5
+    background_compile: bool = True
     startup_cache: bool = True
     device: Literal["auto", "cuda", "cpu"] = "auto"
     activation_checkpointing: bool = False

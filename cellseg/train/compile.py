@@ -96,6 +96,48 @@ def _decide(record: dict[str, Any], mode: str, reuse: dict[str, Any] | None, tim
     return record["compiled"]
 
 
+def _image(cfg: RunConfig, device: torch.device, *, batch: int, fmt: torch.memory_format) -> torch.Tensor:
+    """A random float32 input batch shaped and laid out as the trainer feeds the model."""
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+    return torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
+
+
+LossInputs = tuple[torch.Tensor | list[torch.Tensor], torch.Tensor, torch.Tensor]  # logits, target, known
+
+
+def _loss_inputs(cfg: RunConfig, device: torch.device, *, precision: runtime.Precision, batch: int,
+                 fmt: torch.memory_format, layout: Layout | None) -> LossInputs:
+    """Random logits as the model hands them to the loss (`_logits`), boolean targets and a known-voxel mask."""
+    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
+    shape = (batch, cfg.data.num_target_channels, *patch)
+    logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
+    return logits, torch.rand(shape, device=device) > 0.9, torch.rand(shape, device=device) > 0.1
+
+
+def _loss_step(fn: torch.nn.Module, inputs: LossInputs, precision: runtime.Precision) -> Callable[[], None]:
+    """One loss forward + backward as the trainer runs it (under autocast), gradients dropped afterwards."""
+    logits, target, known = inputs
+
+    def run() -> None:
+        with runtime.autocast(target.device, precision):
+            loss = fn(logits, target, known)
+        loss.backward()
+        for tensor in logits if isinstance(logits, list) else [logits]:
+            tensor.grad = None
+    return run
+
+
+def loss_step_bytes(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
+                    precision: runtime.Precision, batch: int, fmt: torch.memory_format) -> int:
+    """Peak GPU bytes of one eager loss forward + backward at `batch`, its inputs included, beyond what is
+    allocated now (CUDA; the caller forks the random generators if their state matters)."""
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    _loss_step(criterion, _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=None),
+               precision)()
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
                        precision: runtime.Precision, batch: int, fmt: torch.memory_format = torch.contiguous_format,
                        layout: Layout | None = None, reuse: dict[str, Any] | None = None
@@ -111,31 +153,19 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
     reuse = reuse if mode == "auto" else None  # only "auto" defers to an earlier job's decision
     if reuse is not None and not reuse.get("compiled"):
         return criterion, {"mode": mode, **reuse, "reused": True}
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    shape = (batch, cfg.data.num_target_channels, *patch)
-    logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
-    target = torch.rand(shape, device=device) > 0.9
-    known = torch.rand(shape, device=device) > 0.1
-
-    def step(fn: torch.nn.Module) -> Any:
-        def run() -> None:
-            with runtime.autocast(device, precision):
-                loss = fn(logits, target, known)
-            loss.backward()
-            for tensor in logits if isinstance(logits, list) else [logits]:
-                tensor.grad = None
-        return run
-
+    inputs = _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=layout)
     try:
         compiled = compile_module(criterion)
         start = time.perf_counter()
-        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(step(compiled), 0 if reuse is not None else 3, device)}
+        record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(_loss_step(compiled, inputs, precision),
+                                                                           0 if reuse is not None else 3, device)}
         record["compile_s"] = time.perf_counter() - start
     except Exception as err:
         log.warning("torch.compile of the loss failed (%s: %s); eager loss", type(err).__name__,
                     str(err).splitlines()[0])
         return criterion, {"mode": mode, "compiled": False, "reason": f"compile error: {type(err).__name__}"}
-    use = _decide(record, mode, reuse, lambda: _timed(step(criterion), 3, device), "loss compile")
+    use = _decide(record, mode, reuse, lambda: _timed(_loss_step(criterion, inputs, precision), 3, device),
+                  "loss compile")
     return (compiled if use else criterion), record
 
 
@@ -155,8 +185,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     reuse = reuse if mode == "auto" else None  # only "auto" defers to an earlier job's decision
     if reuse is not None and not reuse.get("compiled"):
         return model, {"mode": mode, "compile_mode": compile_mode, **reuse, "reused": True}, None
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    image = torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
+    image = _image(cfg, device, batch=batch, fmt=fmt)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
     seen: list[Layout] = []
     try:
@@ -175,3 +204,15 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
                   "compile")
     model.load_state_dict(buffers, strict=False)
     return (compiled if use else model), record, (seen[0] if seen else None)
+
+
+def warm_compile_cache(model: torch.nn.Module, criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
+                       precision: runtime.Precision, fmt: torch.memory_format, batch: int) -> None:
+    """Compile the model and the loss exactly as `maybe_compile` and `maybe_compile_loss` do, and run each once
+    (forward + backward, nothing timed): their graphs and kernels land in the compile cache, from which the
+    training process then loads them in seconds (`cellseg.train.background`). Compiler errors propagate."""
+    seen: list[Layout] = []
+    _probe(compile_module(model, mode=cfg.train.compile_mode), _image(cfg, device, batch=batch, fmt=fmt), 0,
+           precision, seen)
+    inputs = _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=seen[0] if seen else None)
+    _timed(_loss_step(compile_module(criterion), inputs, precision), 0, device)

@@ -28,13 +28,14 @@ from cellseg import runtime
 from cellseg.config.load import dump, to_dict
 from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data, read_train_crops
-from cellseg.losses import SegmentationLoss
-from cellseg.models import build_model, get_entry
-from cellseg.runtime.checkpoint import git_commit, versions
+from cellseg.models import build_model
+from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
+from cellseg.train.background import LOG_FILE, BackgroundCompile, background_budget
 from cellseg.train.batch import find_batch_size, free_memory
+from cellseg.train.build import make_criterion, make_model, model_params
 from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.clock import TrainClock
-from cellseg.train.compile import maybe_compile, maybe_compile_loss
+from cellseg.train.compile import loss_step_bytes, maybe_compile, maybe_compile_loss
 from cellseg.train.lock import RunLock
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
@@ -81,9 +82,13 @@ class Setup:
     resumed_from: Path | None = None  # the checkpoint the run continues from
     clock: TrainClock = field(default_factory=TrainClock)  # training seconds (budget and time schedule)
     startup_s: dict[str, float] = field(default_factory=dict)  # set-up phase → seconds (`Phases`), in order
+    startup: StartupRecord = field(default_factory=StartupRecord.disabled)  # `cellseg.train.warm_start`
+    background: BackgroundCompile | None = None  # compiling while training starts (`cellseg.train.background`)
 
     def close(self) -> None:
-        """End the loader's workers and release the run directory."""
+        """End the background compile, the loader's workers, and release the run directory."""
+        if self.background is not None:
+            self.background.close()
         self.data.close()
         if self.lock is not None:
             self.lock.release()
@@ -117,6 +122,47 @@ class Setup:
         model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.ema.state_dict().items()})
         return model
 
+    def compile_now(self) -> None:
+        """Compile the model and the loss as `train.compile` says (`cellseg.train.compile`), reusing the start-up
+        record's decisions when the micro-batch is the one it describes, and record them for the next job."""
+        cfg, d = self.cfg, self.dist
+        same = self.state.micro_batch == self.batch_size  # a resumed run's smaller micro-batch is not the record's
+        compiled, self.meta["compile"], layout = maybe_compile(
+            self.model, cfg, d.device, precision=self.precision, fmt=self.memory_format, batch=self.state.micro_batch,
+            reuse=self.startup.get("compile") if same else None)
+        self.criterion, self.meta["compile_loss"] = maybe_compile_loss(
+            self.criterion, cfg, d.device, precision=self.precision, batch=self.state.micro_batch,
+            fmt=self.memory_format, layout=layout, reuse=self.startup.get("compile_loss") if same else None)
+        for name in ("compile", "compile_loss"):
+            if same and "eager_step_s" in self.meta[name]:  # decided by timing (or by the record): kept for reuse
+                self.startup.put(name, {k: self.meta[name][k] for k in ("compiled", "compiled_step_s", "eager_step_s")})
+        if same and "compile_s" in self.meta["compile"]:  # the compile cache now holds this model's graphs
+            self.startup.put("compile_cache", True)
+        if d.is_main:
+            self.startup.save()
+        self.net = runtime.wrap_ddp(compiled, d)
+
+    def finish_compile(self) -> None:
+        """Once the background compile has ended: compile here from the cache it filled (or, if it failed, from
+        scratch) and train compiled from now on. The random generators are left as they were."""
+        job, self.background = self.background, None
+        assert job is not None
+        job.wait()
+        failure = job.failure()
+        if failure:
+            log.warning("the background compile failed (%s; %s): compiling here", failure, job.log_path)
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[self.dist.device]):
+            self.compile_now()
+        pause = time.perf_counter() - start
+        self.meta["compile"].update(background=True, background_s=round(job.seconds or 0.0, 1),
+                                    background_error=failure, switch_step=self.state.step, switch_s=round(pause, 1))
+        log.info("step %d: the background compile took %.1f s; %s model and %s loss from here (%.1f s to load)",
+                 self.state.step, job.seconds, "compiled" if self.meta["compile"]["compiled"] else "eager",
+                 "compiled" if self.meta["compile_loss"]["compiled"] else "eager", pause)
+        if self.dist.is_main:
+            save_atomic_text(json.dumps(self.meta, indent=1, default=str), self.run_dir / "meta.json")
+
     def persist_micro_batch(self, micro_batch: int) -> None:
         """Record a reduced micro-batch so that an elastic restart picks it up."""
         if self.dist.is_main:
@@ -128,27 +174,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds the legacy generator third-party code may use
     torch.manual_seed(seed)
-
-
-def _model_params(cfg: RunConfig) -> dict[str, Any]:
-    params = dict(cfg.model.params)
-    if cfg.train.activation_checkpointing:
-        if "use_checkpoint" not in get_entry(cfg.model.name).param_names():
-            raise ValueError(f"train.activation_checkpointing: {cfg.model.name} has no activation checkpointing "
-                             "(the swin and vit models do)")
-        params["use_checkpoint"] = True
-    return params
-
-
-def _make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -> torch.nn.Module:
-    model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **_model_params(cfg))
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    try:
-        model.validate_input(torch.empty((1, 1, *patch), device="meta"))  # patch must fit the model's divisor
-    except ValueError as err:
-        raise ValueError(f"data.patch_shape_vox={list(cfg.data.patch_shape_vox)} does not suit {cfg.model.name}: "
-                         f"{err}") from None
-    return model.to(device=device, memory_format=fmt)
 
 
 def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
@@ -197,17 +222,50 @@ def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision
               fmt: torch.memory_format, batch: int, startup: StartupRecord) -> int:
     """GPU bytes that training leaves free for resident data (`data.resident`): free memory once the model, one
     forward + backward at `batch` and the optimizer/EMA state (`STATE_COPIES`) are counted; the minimum over
-    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU. The step's
-    bytes come from `startup` when an earlier job measured them (the eager probe is then skipped)."""
+    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU."""
     if d.device.type != "cuda" or cfg.data.resident not in ("auto", "gpu"):
         return 0
     state = STATE_COPIES * 4 * sum(p.numel() for p in model.parameters())  # fp32 bytes
+    step = _step_bytes_recorded(cfg, model, d, precision, fmt, batch, startup)
+    return _min_over_ranks(0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state), d)
+
+
+def _step_bytes_recorded(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
+                         fmt: torch.memory_format, batch: int, startup: StartupRecord) -> int | None:
+    """`_step_bytes`, from `startup` when an earlier job measured it (the eager probe is then skipped)."""
     step = startup.get("gpu_step_bytes")
     if step is None:
         step = _step_bytes(cfg, model, d, precision, fmt, batch)
         if step is not None:  # out of memory may be another process's doing: measured again next time
             startup.put("gpu_step_bytes", step)
-    return _min_over_ranks(0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state), d)
+    return step
+
+
+def _background_room(s: Setup) -> int | None:
+    """GPU bytes a background compile may use (`cellseg.train.background`), None when it does not apply: not
+    one CUDA process, compiling off or not wanted, a warm compile cache or a recorded decision, a resumed run's
+    smaller micro-batch, or no room beside the job."""
+    cfg, d = s.cfg, s.dist
+    if (d.device.type != "cuda" or d.distributed or cfg.train.compile == "off" or not cfg.train.background_compile
+            or s.startup.get("compile") is not None or s.startup.get("compile_cache")
+            or s.state.micro_batch != s.batch_size):
+        return None
+    with torch.random.fork_rng(devices=[d.device]):  # the probes' draws leave no trace
+        step = _step_bytes_recorded(cfg, s.model, d, s.precision, s.memory_format, s.batch_size, s.startup)
+        loss = loss_step_bytes(s.criterion, cfg, d.device, precision=s.precision, batch=s.batch_size,
+                               fmt=s.memory_format)
+    free_memory()
+    params = sum(p.numel() * p.element_size() for p in s.model.parameters())
+    free = torch.cuda.mem_get_info(d.device)[0]
+    room = None if step is None else background_budget(free=free, step=step, loss=loss, params=params,
+                                                      state_copies=STATE_COPIES)
+    if room is None:
+        s.meta["background_compile"] = (f"not started: {free / 2**30:.1f} GiB free on the GPU is too little for a "
+                                        f"compiling process beside this job's eager step ("
+                                        f"{'out of memory' if step is None else f'{step / 2**30:.1f} GiB'}) and "
+                                        f"loss ({loss / 2**30:.1f} GiB)")
+        log.info("compiling before the first step: %s", s.meta["background_compile"])
+    return room
 
 
 def _step_bytes(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
@@ -301,7 +359,7 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False,
     spatial_dims = 2 if cfg.data.is_2d else 3
     fmt = runtime.memory_format(spatial_dims, tc.channels_last and d.device.type == "cuda")
     with phase("model"):
-        model = _make_model(cfg, d.device, fmt)
+        model = make_model(cfg, d.device, fmt)
     with phase("batch size"):
         batch = _batch_size(cfg, model, d, precision, fmt)
     lock = _claim(run_dir, d)
@@ -337,10 +395,7 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
         data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
                                 world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
                                 gpu_room_bytes=room, crops=crops)
-    weights = [cfg.loss.class_weights.get(c, 1.0) for c in cfg.data.classes] + \
-              [cfg.loss.boundary_weight] * len(cfg.data.boundary_classes)
-    criterion = SegmentationLoss(bce_weight=cfg.loss.bce_weight, dice_weight=cfg.loss.dice_weight,
-                                 channel_weights=weights, dice_empty=cfg.loss.dice_empty).to(d.device)
+    criterion = make_criterion(cfg, d.device)
     optimizer = build_optimizer(model, cfg.optim, d.device)
     clock = TrainClock()
     budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else None
@@ -360,9 +415,9 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
               ema=EMA(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
               keeper=CheckpointKeeper(ckpt_dir, top_k=tc.keep_top_k),
               flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
-                                                      preset=cfg.model.preset, params=_model_params(cfg)),
+                                                      preset=cfg.model.preset, params=model_params(cfg)),
               peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
-              state=TrainState(micro_batch=batch), meta=meta, lock=lock, clock=clock)
+              state=TrainState(micro_batch=batch), meta=meta, lock=lock, clock=clock, startup=startup)
     if d.is_main and ckpt_dir.is_dir():
         s.keeper.remove_partial_files()
     if resume:
@@ -376,20 +431,16 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     if before_compile is not None:
         with phase("loader start"):
             before_compile(s)
-    same = s.state.micro_batch == batch  # a resumed run's smaller micro-batch is not what the record describes
     with phase("compile"):  # "auto" times eager against compiled here (or reuses `startup`); "on" compiles here
-        compiled, meta["compile"], layout = maybe_compile(model, cfg, d.device, precision=precision, fmt=fmt,
-                                                          batch=s.state.micro_batch,
-                                                          reuse=startup.get("compile") if same else None)
-        s.criterion, meta["compile_loss"] = maybe_compile_loss(criterion, cfg, d.device, precision=precision,
-                                                               batch=s.state.micro_batch, fmt=fmt, layout=layout,
-                                                               reuse=startup.get("compile_loss") if same else None)
-    for name in ("compile", "compile_loss"):
-        if same and "eager_step_s" in meta[name]:  # decided by timing (or by the record): the next job reuses it
-            startup.put(name, {k: meta[name][k] for k in ("compiled", "compiled_step_s", "eager_step_s")})
-    if d.is_main:
-        startup.save()
-    s.net = runtime.wrap_ddp(compiled, d)
+        room = _background_room(s)
+        if room is None:
+            s.compile_now()
+        else:  # the model compiles in another process; this one trains eagerly meanwhile
+            s.background = BackgroundCompile.start(cfg, device=d.device, batch=batch, precision=precision,
+                                                   max_bytes=room, log_path=run_dir / LOG_FILE)
+            meta["compile"], meta["compile_loss"] = ({"mode": tc.compile, "background": True, "compiled": False}
+                                                     for _ in range(2))
+            startup.save()  # one process: rank 0
     s.startup_s = meta["startup_s"] = phase.seconds
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
     if d.is_main:

@@ -208,6 +208,8 @@ class Trainer:
                 while s.state.step < tc.max_steps and clock.shared_s < budget_s:
                     if self._stop_requested(stop):
                         self._stop(stop, run_log)
+                    if s.background is not None and s.background.done():
+                        self.finish_compile(run_log)
                     first, fetch_start = not clock.running, time.perf_counter()  # running from the first step on
                     step_batches = self._next_batches(batches, stop, run_log)
                     step_start = time.perf_counter()
@@ -247,6 +249,15 @@ class Trainer:
                     stop.restore()
                 run_log.close()
         return last
+
+    def finish_compile(self, run_log: RunLog | None = None) -> None:
+        """Train compiled from the next step, the background compile having ended (`cellseg.train.background`);
+        the pause to load the compiled graphs is not charged to the training clock."""
+        with self._off_the_clock():
+            self.s.finish_compile()
+        if run_log is not None:
+            keys = ("compiled", "background_s", "switch_s", "background_error")
+            run_log.record(self.s.state.step, {k: self.s.meta["compile"].get(k) for k in keys}, prefix="compile")
 
     def _tick(self) -> None:
         """Refresh the clock value decisions read (`TrainClock.shared_s`): every step in a single process; under
