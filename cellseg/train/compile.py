@@ -18,7 +18,8 @@ as the trainer does (under autocast, on logits laid out as the compiled model's 
 step does not compile it again.
 
 A job that finds an earlier job's start-up record (`cellseg.train.warm_start`) passes its decisions as `reuse`:
-nothing eager is timed, and what was found faster eager is not compiled.
+nothing eager is timed, and what was found faster eager is not compiled. `warm_compile_cache` compiles and runs
+both once, timing nothing: what the background compile process does (`cellseg.train.background`).
 """
 
 from __future__ import annotations

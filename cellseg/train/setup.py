@@ -252,18 +252,21 @@ def _background_room(s: Setup) -> int | None:
         return None
     with torch.random.fork_rng(devices=[d.device]):  # the probes' draws leave no trace
         step = _step_bytes_recorded(cfg, s.model, d, s.precision, s.memory_format, s.batch_size, s.startup)
-        loss = loss_step_bytes(s.criterion, cfg, d.device, precision=s.precision, batch=s.batch_size,
-                               fmt=s.memory_format)
+        try:
+            loss = loss_step_bytes(s.criterion, cfg, d.device, precision=s.precision, batch=s.batch_size,
+                                   fmt=s.memory_format)
+        except torch.OutOfMemoryError:
+            step = loss = None  # no room for the eager loss beside the data: none for a second process either
     free_memory()
     params = sum(p.numel() * p.element_size() for p in s.model.parameters())
     free = torch.cuda.mem_get_info(d.device)[0]
-    room = None if step is None else background_budget(free=free, step=step, loss=loss, params=params,
-                                                      state_copies=STATE_COPIES)
+    room = None if step is None or loss is None else background_budget(free=free, step=step, loss=loss,
+                                                                       params=params, state_copies=STATE_COPIES)
     if room is None:
+        needs = "out of memory" if step is None or loss is None else \
+            f"{step / 2**30:.1f} GiB, its eager loss {loss / 2**30:.1f} GiB"
         s.meta["background_compile"] = (f"not started: {free / 2**30:.1f} GiB free on the GPU is too little for a "
-                                        f"compiling process beside this job's eager step ("
-                                        f"{'out of memory' if step is None else f'{step / 2**30:.1f} GiB'}) and "
-                                        f"loss ({loss / 2**30:.1f} GiB)")
+                                        f"compiling process beside this job's eager step ({needs})")
         log.info("compiling before the first step: %s", s.meta["background_compile"])
     return room
 
@@ -444,5 +447,9 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
     s.startup_s = meta["startup_s"] = phase.seconds
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
     if d.is_main:
-        _write_run_files(cfg, run_dir, meta)
+        try:
+            _write_run_files(cfg, run_dir, meta)
+        except BaseException:
+            s.close()  # the background compile and the loader's workers end with the failed set-up
+            raise
     return s

@@ -9,7 +9,9 @@ patch, precision, GPU, software and code:
 - `train.compile: auto` (`cellseg.train.compile`): compiled and eager steps timed against each other, for the
   model and for the loss.
 
-A job records both in `$CELLSEG_CACHE/startup/<key>.json` (`cellseg.cache`); a later job with the same key
+A job records both, and whether it compiled the model (the compile cache then holds its graphs, so a later job
+compiles before its first step instead of in the background: `cellseg.train.background`), in
+`$CELLSEG_CACHE/startup/<key>.json` (`cellseg.cache`); a later job with the same key
 reuses them: it skips the eager probe and the eager timings, and compiles only what was found faster (from the
 compile cache beside it, so a warm start loads kernels instead of building them). The key hashes everything the
 answers depend on: GPU model, torch/CUDA/cuDNN versions, the model's spec, batch, patch, output channels,
