@@ -72,7 +72,8 @@ def test_a_cold_gpu_job_trains_eagerly_then_compiled_from_the_childs_cache(tiny_
 
     monkeypatch.setenv("CELLSEG_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    overrides = [f"data.root={tiny_synth_root}", "train.compile=on", "train.device=cuda", "train.max_steps=50"]
+    overrides = [f"data.root={tiny_synth_root}", "train.compile=on", "train.device=cuda", "train.max_steps=3",
+                 "train.log_every=1", "train.val_every=100"]
     cfg = load_run_config(SMOKE / "unet_3d.yaml", [*overrides, f"run_dir={tmp_path / 'cold'}"])
     stop = StopRequest()
     trainer = Trainer(cfg, stop=stop)
@@ -81,19 +82,22 @@ def test_a_cold_gpu_job_trains_eagerly_then_compiled_from_the_childs_cache(tiny_
         assert s.background is not None and s.net is s.model  # eager until the child is done
         batches = trainer.batch_stream(stop)
         trainer.train_step([next(batches)])
+        batches.close()
         s.background.wait()
         before = {group: dict(counters[group]) for group in ("inductor", "aot_autograd")}
-        trainer.finish_compile()
-        assert s.background is None and s.net is not s.model
+        trainer.fit()  # finds the child done before its next step: switches, then trains compiled to step 3
+        assert s.background is None and s.net is not s.model and s.state.step == 3
         meta = json.loads((tmp_path / "cold" / "meta.json").read_text())["compile"]
         assert meta["background"] and meta["compiled"] and meta["background_error"] is None and meta["switch_step"] == 1
+        records = [json.loads(line) for line in (tmp_path / "cold" / "metrics.jsonl").read_text().splitlines()]
+        switch = [r for r in records if "compile" in r]
+        assert len(switch) == 1 and switch[0]["step"] == 1 and switch[0]["compile"]["compiled"] is True
         def new(group: str, name: str) -> int:
             return counters[group][name] - before.get(group, {}).get(name, 0)
 
         # the model's forward and backward and the loss's, all from the cache (AOTAutograd's or inductor's)
         assert new("inductor", "fxgraph_cache_miss") == 0, dict(counters["inductor"])
         assert new("inductor", "fxgraph_cache_hit") + new("aot_autograd", "autograd_cache_hit") >= 2
-        trainer.train_step([next(batches)])
     finally:
         trainer.close()
     # the next job of the same shape finds the cache warm and compiles before its first step
