@@ -1,6 +1,8 @@
 """Everything a training job needs before its first step, in order: process group and backends → seeds →
 model → batch size → run directory (its lock, config.yaml, meta.json) → data → loss/optimizer/schedule →
-resume → compile → DDP. `Setup` holds the results and knows how to write and read a checkpoint of them.
+resume → compile (or, for a cold one-GPU job, a compiling child process while training starts eagerly:
+`cellseg.train.background`, `Setup.finish_compile`) → DDP. `Setup` holds the results and knows how to write and
+read a checkpoint of them.
 
 The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
 reads the newest intact checkpoint (`cellseg.train.checkpoint.load_latest`: a corrupt `last.pt` is named and
@@ -450,6 +452,7 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
         try:
             _write_run_files(cfg, run_dir, meta)
         except BaseException:
-            s.close()  # the background compile and the loader's workers end with the failed set-up
+            if s.background is not None:  # the child ends with the failed set-up (the caller ends the rest)
+                s.background.close()
             raise
     return s

@@ -10,6 +10,9 @@ stops training with an error naming the step, or skips the step's update, and no
 non-finite weights. A stop signal (`cellseg.train.stop`) ends the run at the current step with a checkpoint
 and `TrainingStopped`; no `result.json` is written then.
 
+A cold one-GPU job whose model compiles in a child process (`cellseg.train.background`) trains eagerly until the
+child is done, then switches to the compiled model before its next step (`finish_compile`, off the clock).
+
 With `train.time_budget_min` the run also stops when its training clock (`cellseg.train.clock`: compilation,
 set-up, validation and checkpoints not charged) reaches the budget, with a final validation and checkpoint;
 `train.val_every_min` validates at fixed clock times. Every metrics.jsonl record carries `train_min` (that
