@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
+    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+           "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
+           "warmup": args.warmup, "overrides": args.overrides}
     rows = []
     for name in args.names.split(","):
         with tempfile.TemporaryDirectory() as tmp:
@@ -233,11 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                                warm_graphs_compiled_at_first_step=warm["graphs_compiled_at_first_step"])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
-           "warmup": args.warmup, "overrides": args.overrides}
-    (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-    (args.out / "train_e2e.md").write_text(markdown(env, rows))
+        # after every architecture: a run cut short by a scheduler's time limit keeps what it measured
+        (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        (args.out / "train_e2e.md").write_text(markdown(env, rows))
     print(markdown(env, rows))
     return 0 if rows else 1
 
