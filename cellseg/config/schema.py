@@ -190,6 +190,11 @@ class DataConfig:
         """True when patches are single slices (`patch_shape_vox[0] == 1`)."""
         return self.patch_shape_vox[0] == 1
 
+    @property
+    def model_patch_vox(self) -> tuple[int, ...]:
+        """The model's spatial input: (y, x) for a 2D model, (z, y, x) otherwise."""
+        return tuple(self.patch_shape_vox[1:] if self.is_2d else self.patch_shape_vox)
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:

@@ -31,13 +31,17 @@ def make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -
         ValueError: `data.patch_shape_vox` does not suit the model's input divisor.
     """
     model = build_model(cfg.model.name, 1, cfg.data.num_target_channels, preset=cfg.model.preset, **model_params(cfg))
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     try:
-        model.validate_input(torch.empty((1, 1, *patch), device="meta"))  # patch must fit the model's divisor
+        model.validate_input(torch.empty((1, 1, *cfg.data.model_patch_vox), device="meta"))  # patch must fit the model's divisor
     except ValueError as err:
         raise ValueError(f"data.patch_shape_vox={list(cfg.data.patch_shape_vox)} does not suit {cfg.model.name}: "
                          f"{err}") from None
     return model.to(device=device, memory_format=fmt)
+
+
+def example_input(cfg: RunConfig, device: torch.device, *, batch: int, fmt: torch.memory_format) -> torch.Tensor:
+    """A random float32 batch `(B, 1, *S)` shaped and laid out as the trainer feeds the model (the probes')."""
+    return torch.randn((batch, 1, *cfg.data.model_patch_vox), device=device).contiguous(memory_format=fmt)
 
 
 def make_criterion(cfg: RunConfig, device: torch.device) -> SegmentationLoss:

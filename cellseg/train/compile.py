@@ -34,6 +34,7 @@ import torch
 from cellseg import runtime
 from cellseg.config.schema import RunConfig
 from cellseg.runtime.compile import compile_backend, compile_module
+from cellseg.train.build import example_input
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +98,13 @@ def _decide(record: dict[str, Any], mode: str, reuse: dict[str, Any] | None, tim
     return record["compiled"]
 
 
-def _image(cfg: RunConfig, device: torch.device, *, batch: int, fmt: torch.memory_format) -> torch.Tensor:
-    """A random float32 input batch shaped and laid out as the trainer feeds the model."""
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    return torch.randn((batch, 1, *patch), device=device).contiguous(memory_format=fmt)
-
-
 LossInputs = tuple[torch.Tensor | list[torch.Tensor], torch.Tensor, torch.Tensor]  # logits, target, known
 
 
 def _loss_inputs(cfg: RunConfig, device: torch.device, *, precision: runtime.Precision, batch: int,
                  fmt: torch.memory_format, layout: Layout | None) -> LossInputs:
     """Random logits as the model hands them to the loss (`_logits`), boolean targets and a known-voxel mask."""
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-    shape = (batch, cfg.data.num_target_channels, *patch)
+    shape = (batch, cfg.data.num_target_channels, *cfg.data.model_patch_vox)
     logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
     return logits, torch.rand(shape, device=device) > 0.9, torch.rand(shape, device=device) > 0.1
 
@@ -186,7 +180,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     reuse = reuse if mode == "auto" else None  # only "auto" defers to an earlier job's decision
     if reuse is not None and not reuse.get("compiled"):
         return model, {"mode": mode, "compile_mode": compile_mode, **reuse, "reused": True}, None
-    image = _image(cfg, device, batch=batch, fmt=fmt)
+    image = example_input(cfg, device, batch=batch, fmt=fmt)
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
     seen: list[Layout] = []
     try:
@@ -213,7 +207,7 @@ def warm_compile_cache(model: torch.nn.Module, criterion: torch.nn.Module, cfg: 
     (forward + backward, nothing timed): their graphs and kernels land in the compile cache, from which the
     training process then loads them in seconds (`cellseg.train.background`). Compiler errors propagate."""
     seen: list[Layout] = []
-    _probe(compile_module(model, mode=cfg.train.compile_mode), _image(cfg, device, batch=batch, fmt=fmt), 0,
+    _probe(compile_module(model, mode=cfg.train.compile_mode), example_input(cfg, device, batch=batch, fmt=fmt), 0,
            precision, seen)
     inputs = _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=seen[0] if seen else None)
     _timed(_loss_step(compile_module(criterion), inputs, precision), 0, device)

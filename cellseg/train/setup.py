@@ -34,7 +34,7 @@ from cellseg.models import build_model
 from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
 from cellseg.train.background import LOG_FILE, BackgroundCompile, background_budget
 from cellseg.train.batch import find_batch_size, free_memory
-from cellseg.train.build import make_criterion, make_model, model_params
+from cellseg.train.build import example_input, make_criterion, make_model, model_params
 from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.clock import TrainClock
 from cellseg.train.compile import loss_step_bytes, maybe_compile, maybe_compile_loss
@@ -185,10 +185,8 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     if d.device.type != "cuda":
         log.info("train.batch_size=auto on CPU: using 2")
         return 2
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
-
     def make_input(b: int) -> torch.Tensor:
-        return torch.randn((b, 1, *patch), device=d.device).contiguous(memory_format=fmt)
+        return example_input(cfg, d.device, batch=b, fmt=fmt)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
         return out.float().square().mean()
@@ -277,16 +275,14 @@ def _step_bytes(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
                 fmt: torch.memory_format, batch: int) -> int | None:
     """Peak GPU bytes of one eager forward + backward at `batch` beyond what is allocated now (None: it does not
     fit). The model's weights and batch-norm statistics are left as they were."""
-    patch = cfg.data.patch_shape_vox[1:] if cfg.data.is_2d else cfg.data.patch_shape_vox
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
     free_memory()
     base = torch.cuda.memory_allocated(d.device)
     torch.cuda.reset_peak_memory_stats(d.device)
     try:
         with torch.random.fork_rng(devices=[d.device]):  # the probe's draws (input, dropout) leave no trace
-            image = torch.randn((batch, 1, *patch), device=d.device).contiguous(memory_format=fmt)
             with runtime.autocast(d.device, precision):
-                out = model(image)
+                out = model(example_input(cfg, d.device, batch=batch, fmt=fmt))
             (out[0] if isinstance(out, (list, tuple)) else out).float().square().mean().backward()
         step: int | None = torch.cuda.max_memory_allocated(d.device) - base
     except torch.OutOfMemoryError:
@@ -443,8 +439,8 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
         else:  # the model compiles in another process; this one trains eagerly meanwhile
             s.background = BackgroundCompile.start(cfg, device=d.device, batch=batch, precision=precision,
                                                    max_bytes=room, log_path=run_dir / LOG_FILE)
-            meta["compile"], meta["compile_loss"] = ({"mode": tc.compile, "background": True, "compiled": False}
-                                                     for _ in range(2))
+            meta["compile"] = {"mode": tc.compile, "background": True, "compiled": False}
+            meta["compile_loss"] = {"mode": tc.compile, "background": True, "compiled": False}
             startup.save()  # one process: rank 0
     s.startup_s = meta["startup_s"] = phase.seconds
     meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)

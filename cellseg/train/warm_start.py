@@ -42,7 +42,7 @@ FOLDER = "startup"
 FORMAT = 1  # bump when the record's fields change meaning
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The code whose behaviour the record captures: the networks, the loss, and how compiling is decided.
-SOURCES = ("models", "losses.py", "train/compile.py", "runtime/compile.py")
+SOURCES = ("models", "losses.py", "train/build.py", "train/compile.py", "runtime/compile.py")
 
 
 def _source_digest() -> str:
