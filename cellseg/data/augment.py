@@ -9,6 +9,8 @@ voxel centres exactly, so flips/transposes are exact permutations.
 Section artefacts (3D): duplicated ("missing") sections, dimmed/brightened sections and a lateral shift of
 all sections from a random z on (slice misalignment, applied to labels too: it is a spatial transform).
 Intensity (image only): gamma, contrast, brightness, Gaussian noise, Gaussian blur.
+Targets are decoded last, channel-fastest (as a channels-last model's logits): each voxel's id (or byte) picks
+its row of a small bit table, one gather per table, instead of shifting, masking and casting C full volumes.
 
 Normalisation is explicit: uint8 EM / 255 → [0, 1], or (x − mean) / std with per-sample statistics.
 
@@ -39,6 +41,45 @@ def lut_gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     b, kb = table.shape[:2]
     index = ids.reshape(b, 1, -1).expand(b, kb, -1)  # a stride-0 view: no index copy per byte
     return torch.gather(table, 2, index).view(b, kb, *ids.shape[1:])
+
+
+@functools.cache
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """(1, 256, 8) bool: row v holds the bits of byte v, least significant first."""
+    values = torch.arange(256).view(256, 1)
+    return ((values >> torch.arange(8)) & 1).bool().view(1, 256, 8).to(device)
+
+
+def _rows(table_BVC: torch.Tensor, index_BS: torch.Tensor) -> torch.Tensor:
+    """`table[b, index[b, n], :]`: a (B or 1, V, C) table and (B, *S) uint8 index → (B, N, C), N = prod(S)."""
+    b, c = index_BS.shape[0], table_BVC.shape[-1]
+    index = index_BS.reshape(b, -1, 1).long().expand(-1, -1, c)  # stride 0 along C: one index per voxel
+    return torch.gather(table_BVC.expand(b, -1, -1), 1, index)
+
+
+def _write_bits(out_BNC: torch.Tensor, start: int, bytes_BKS: torch.Tensor, num: int) -> torch.Tensor:
+    """Channels `start .. start + num` of `out` (B, N, C) bool from `(B, Kb, *S)` uint8 bytes, channel c = bit
+    c % 8 of byte c // 8: one gather per byte, written in place (a concatenation of one-byte rows is 4x slower)."""
+    table = _byte_bits(bytes_BKS.device)
+    for k in range(-(-num // 8)):
+        n = min(8, num - 8 * k)
+        out_BNC[..., start + 8 * k:start + 8 * k + n] = _rows(table[..., :n], bytes_BKS[:, k])
+    return out_BNC
+
+
+def _table_bits(table_BK256: torch.Tensor, num: int, channels: int) -> torch.Tensor:
+    """A per-sample byte table `(B, Kb, 256)` → `(B, 256, channels)` bool: the first `num` bits of each row's
+    bytes, then zeros (room for channels that travel apart)."""
+    shifts = torch.arange(8, device=table_BK256.device, dtype=torch.uint8)
+    bits = ((table_BK256.movedim(1, -1).unsqueeze(-1) >> shifts) & 1).flatten(-2)[..., :num].bool()
+    return F.pad(bits, (0, channels - num))
+
+
+def channels_first(values_BNC: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
+    """`(B, N, C)` → a `(B, C, *S)` view with the channel fastest in memory: the layout of a channels-last
+    model's logits, so that the loss reads targets and logits in the same order (and its gradient needs no
+    layout copy before the model's backward)."""
+    return values_BNC.view(values_BNC.shape[0], *spatial, values_BNC.shape[-1]).movedim(-1, 1)
 
 
 def _rotation(angles: torch.Tensor, dims: int) -> torch.Tensor:
@@ -144,7 +185,8 @@ class GpuAugment:
             mean, std: optional per-sample (B,) EM statistics in uint8 units; default: scale to [0, 1].
 
         Returns:
-            image (B, 1, *P) float32, target (B, C, *P) bool, known (B, C, *P) bool.
+            image (B, 1, *P) float32, target (B, C, *P) bool, known (B, C, *P) bool; target and known are laid
+            out channel-fastest (`channels_first`), as a channels-last model's logits.
         """
         squeeze = (lambda t: t[:, :, 0]) if self.is_2d else (lambda t: t)  # 2D: (B, C, 1, H, W) -> (B, C, H, W)
         image = squeeze(batch["image"]).float() / 255.0  # explicit: uint8 EM -> [0, 1]
@@ -165,16 +207,19 @@ class GpuAugment:
             shape = (-1, *([1] * (image.ndim - 1)))
             image = (image * 255.0 - mean.view(shape)) / std.view(shape)
         t_moved, k_moved = volumes[:, n_ids:n_ids + kb], volumes[:, n_ids + kb:]
+        spatial = image.shape[2:]
+        c, b, n = self.num_classes, image.shape[0], math.prod(spatial)
         if not n_ids:
-            return image, unpack_bits(t_moved, self.num_classes), unpack_bits(k_moved, self.num_classes)
-        ids = volumes[:, 0].long()
-        target = unpack_bits(lut_gather(batch["target_lut"], ids), self.num_classes)
-        known = unpack_bits(lut_gather(batch["known_lut"], ids), self.num_classes)
-        if self.num_boundaries:  # boundary channels come last and travel as their own bits
-            first = self.num_classes - self.num_boundaries
-            target[:, first:] = unpack_bits(t_moved, self.num_boundaries)
-            known[:, first:] = unpack_bits(k_moved, self.num_boundaries)
-        return image, target, known
+            target = _write_bits(image.new_empty((b, n, c), dtype=torch.bool), 0, t_moved, c)
+            known = _write_bits(image.new_empty((b, n, c), dtype=torch.bool), 0, k_moved, c)
+        else:  # each voxel's id picks its row of the sample's tables: one gather writes all class channels
+            ids, first = volumes[:, 0], c - self.num_boundaries
+            target = _rows(_table_bits(batch["target_lut"], first, c), ids)
+            known = _rows(_table_bits(batch["known_lut"], first, c), ids)
+            if self.num_boundaries:  # boundary channels come last and travel as their own bits
+                _write_bits(target, first, t_moved, self.num_boundaries)
+                _write_bits(known, first, k_moved, self.num_boundaries)
+        return image, channels_first(target, spatial), channels_first(known, spatial)
 
     @functools.cache  # noqa: B019 - a handful of (layout, device) keys per run; avoids a copy to the GPU per step
     def _wrap_fill(self, n_ids: int, kb: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -238,17 +283,17 @@ def _gather_yx(volume: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor) -> torc
 
 
 def gaussian_blur(image: torch.Tensor, sigma_vox: float) -> torch.Tensor:
-    """Separable Gaussian blur of (B, 1, *S) along every spatial axis (edge-replicating padding)."""
+    """Separable Gaussian blur of (B, 1, *S) along every spatial axis (edge-replicating padding).
+
+    Each axis is one `conv1d` over all lines along it: on the GPU 4x faster than a `conv3d` with a
+    (k, 1, 1) kernel, which cuDNN runs as a one-channel float32 implicit GEMM (1.1 vs 4.4 ms for 8 x 128^3)."""
     radius = max(1, math.ceil(3 * sigma_vox))
     x = torch.arange(-radius, radius + 1, device=image.device, dtype=image.dtype)
     kernel = torch.exp(-0.5 * (x / sigma_vox) ** 2)
-    kernel = kernel / kernel.sum()
-    dims = image.ndim - 2
-    conv = F.conv3d if dims == 3 else F.conv2d
-    for axis in range(dims):
-        shape = [1, 1] + [1] * dims
-        shape[2 + axis] = -1
-        pad = [0, 0] * dims
-        pad[2 * (dims - 1 - axis)] = pad[2 * (dims - 1 - axis) + 1] = radius
-        image = conv(F.pad(image, pad, mode="replicate"), kernel.view(shape))
+    kernel = (kernel / kernel.sum()).view(1, 1, -1)
+    for axis in range(2, image.ndim):
+        lines = image.movedim(axis, -1)
+        shape = lines.shape
+        padded = F.pad(lines.reshape(-1, 1, shape[-1]), (radius, radius), mode="replicate")
+        image = F.conv1d(padded, kernel).view(shape).movedim(-1, axis)
     return image

@@ -11,6 +11,7 @@ import torch
 from cellseg.config.schema import RunConfig
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, get_entry
+from cellseg.models.blocks import set_channels_last
 
 
 def model_params(cfg: RunConfig) -> dict[str, Any]:
@@ -25,7 +26,8 @@ def model_params(cfg: RunConfig) -> dict[str, Any]:
 
 
 def make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -> torch.nn.Module:
-    """The configured network (one input channel, one output per target channel) on `device` in `fmt`.
+    """The configured network (one input channel, one output per target channel) on `device` in `fmt`; in a
+    channels-last `fmt` its input convolutions pad the channel axis (`cellseg.models.blocks`).
 
     Raises:
         ValueError: `data.patch_shape_vox` does not suit the model's input divisor.
@@ -36,7 +38,8 @@ def make_model(cfg: RunConfig, device: torch.device, fmt: torch.memory_format) -
     except ValueError as err:
         raise ValueError(f"data.patch_shape_vox={list(cfg.data.patch_shape_vox)} does not suit {cfg.model.name}: "
                          f"{err}") from None
-    return model.to(device=device, memory_format=fmt)
+    channels_last = fmt in (torch.channels_last, torch.channels_last_3d)
+    return set_channels_last(model, channels_last).to(device=device, memory_format=fmt)  # input convs pad
 
 
 def example_input(cfg: RunConfig, device: torch.device, *, batch: int, fmt: torch.memory_format) -> torch.Tensor:

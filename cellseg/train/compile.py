@@ -25,6 +25,7 @@ both once, timing nothing: what the background compile process does (`cellseg.tr
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 
 from cellseg import runtime
 from cellseg.config.schema import RunConfig
+from cellseg.data.augment import channels_first
 from cellseg.runtime.compile import compile_backend, compile_module
 from cellseg.train.build import example_input
 
@@ -103,10 +105,13 @@ LossInputs = tuple[torch.Tensor | list[torch.Tensor], torch.Tensor, torch.Tensor
 
 def _loss_inputs(cfg: RunConfig, device: torch.device, *, precision: runtime.Precision, batch: int,
                  fmt: torch.memory_format, layout: Layout | None) -> LossInputs:
-    """Random logits as the model hands them to the loss (`_logits`), boolean targets and a known-voxel mask."""
-    shape = (batch, cfg.data.num_target_channels, *cfg.data.model_patch_vox)
-    logits = _logits(layout, shape, runtime.DTYPES[precision], fmt, device)
-    return logits, torch.rand(shape, device=device) > 0.9, torch.rand(shape, device=device) > 0.1
+    """Random logits as the model hands them to the loss (`_logits`), boolean targets and a known-voxel mask laid
+    out as the augmentation hands them over (channel-fastest: `cellseg.data.augment.channels_first`)."""
+    spatial, channels = cfg.data.model_patch_vox, cfg.data.num_target_channels
+    logits = _logits(layout, (batch, channels, *spatial), runtime.DTYPES[precision], fmt, device)
+    voxels = (batch, math.prod(spatial), channels)
+    target = channels_first(torch.rand(voxels, device=device) > 0.9, spatial)
+    return logits, target, channels_first(torch.rand(voxels, device=device) > 0.1, spatial)
 
 
 def _loss_step(fn: torch.nn.Module, inputs: LossInputs, precision: runtime.Precision) -> Callable[[], None]:

@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 FOLDER = "startup"
 FORMAT = 1  # bump when the record's fields change meaning
 _PACKAGE = Path(__file__).resolve().parents[1]
-# The code whose behaviour the record captures: the networks, the loss, and how compiling is decided.
-SOURCES = ("models", "losses.py", "train/build.py", "train/compile.py", "runtime/compile.py")
+# The code whose behaviour the record captures: the networks, the loss and the layout of its targets, and how
+# compiling is decided.
+SOURCES = ("models", "losses.py", "data/augment.py", "train/build.py", "train/compile.py", "runtime/compile.py")
 
 
 def _source_digest() -> str:

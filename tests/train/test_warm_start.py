@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cellseg.config import load_run_config
+from cellseg.data.augment import channels_first
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model
 from cellseg.train.compile import maybe_compile_loss
@@ -82,8 +83,8 @@ def test_an_unwritable_cache_folder_costs_only_the_record(tmp_path, caplog):
 
 
 def test_the_loss_compiles_for_the_model_outputs_layout():
-    """Probed on channels-last logits, the compiled loss takes the model's channels-last output without
-    recompiling (the first training step used to recompile it: 5-7 s on an H200)."""
+    """Probed on channels-last logits, the compiled loss takes the model's channels-last output and the
+    augmentation's targets without recompiling (the first training step used to recompile it: 5-7 s on an H200)."""
     import torch._dynamo
 
     cfg = load_run_config(SMOKE, ["train.compile=on", "data.patch_shape_vox=[8,8,8]"])
@@ -96,7 +97,9 @@ def test_the_loss_compiles_for_the_model_outputs_layout():
     loss_fn, record = maybe_compile_loss(criterion, cfg, torch.device("cpu"), precision="fp32", batch=2,
                                          fmt=torch.channels_last_3d, layout=layout)
     assert record["compiled"] is True
-    target, known = torch.rand(shape) > 0.5, torch.rand(shape) > 0.2
+    voxels = (2, 8 * 8 * 8, c)  # targets laid out as the augmentation hands them over (channel-fastest)
+    target = channels_first(torch.rand(voxels) > 0.5, (8, 8, 8))
+    known = channels_first(torch.rand(voxels) > 0.2, (8, 8, 8))
     with torch._dynamo.config.patch(error_on_recompile=True):
         value = loss_fn(logits, target, known)
     torch.testing.assert_close(value, criterion(logits, target, known), rtol=1e-4, atol=1e-5)
