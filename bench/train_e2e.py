@@ -37,6 +37,7 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,19 +196,36 @@ def _child(args: argparse.Namespace, name: str, cache: Path, out: Path) -> dict 
     return json.loads(out.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def run_arguments(doc: str, *, stem: str, names: Sequence[str], steps: int, warmup: int,
+                  steps_help: str) -> argparse.ArgumentParser:
+    """The arguments the training benchmarks share: data root, output folder, architectures, steps, overrides."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True, help="data root (cellseg synth --preset medium)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for train_e2e.json and .md")
-    parser.add_argument("--names", default=",".join(NAMES), help="architectures, comma-separated")
-    parser.add_argument("--steps", type=int, default=60, help="timed steps (end to end, then in memory)")
-    parser.add_argument("--warmup", type=int, default=10, help="steps before timing")
+    parser.add_argument("--root", type=Path, required=True, help="data root (cellseg synth --preset small|medium)")
+    parser.add_argument("--out", type=Path, required=True, help=f"folder for {stem}.json and .md")
+    parser.add_argument("--names", default=",".join(names), help="architectures, comma-separated")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--warmup", type=int, default=warmup, help="steps before timing")
+    parser.add_argument("--quick", action="store_true", help="smoke configs on the CPU (checks the script)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every architecture")
+    return parser
+
+
+def run_environment(args: argparse.Namespace) -> dict:
+    """GPU, torch, date and the run's settings, as the result files record them."""
+    import torch
+
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
+            "warmup": args.warmup, "overrides": args.overrides}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = run_arguments(__doc__, stem="train_e2e", names=NAMES, steps=60, warmup=10,
+                           steps_help="timed steps (end to end, then in memory)")
     parser.add_argument("--repeats", type=int, default=2, choices=(1, 2),
                         help="2: a second process per architecture with the compile cache the first left (warm)")
-    parser.add_argument("--quick", action="store_true", help="smoke configs on the CPU (checks the script)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one architecture, JSON to --out
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every architecture")
     args = parser.parse_args(argv)
     if args.one:
         with tempfile.TemporaryDirectory() as run_dir:
@@ -215,12 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                               args.quick)
         args.out.write_text(json.dumps(row))
         return 0
-    import torch
-
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
-           "warmup": args.warmup, "overrides": args.overrides}
+    env = run_environment(args)
     rows = []
     for name in args.names.split(","):
         with tempfile.TemporaryDirectory() as tmp:

@@ -21,8 +21,6 @@ per second against the bf16 matmul peak the trainer measured. Writes OUT/train_p
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import time
 from collections.abc import Callable
@@ -31,6 +29,8 @@ from pathlib import Path
 import torch
 
 from bench.ddp_scaling import profile_markdown, profile_steps
+from bench.train_e2e import QUIET as E2E_QUIET
+from bench.train_e2e import run_arguments, run_environment
 from cellseg import runtime
 from cellseg.config import load_run_config
 from cellseg.train.stop import StopRequest
@@ -38,8 +38,7 @@ from cellseg.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("unet_3d", "unet_2d")
-QUIET = ("train.val_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000",
-         "train.background_compile=false")
+QUIET = (*E2E_QUIET, "train.background_compile=false")
 PHASES = ("step", "augment", "forward + loss + backward", "clip + update")
 
 
@@ -124,20 +123,11 @@ def markdown(env: dict, rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, required=True, help="data root (cellseg synth --preset small)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for train_profile.json and .md")
-    parser.add_argument("--names", default=",".join(NAMES), help="architectures, comma-separated")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per phase")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before each phase's timing")
-    parser.add_argument("--quick", action="store_true", help="smoke configs on the CPU (checks the script)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every architecture")
+    parser = run_arguments(__doc__, stem="train_profile", names=NAMES, steps=10, warmup=3,
+                           steps_help="timed steps per phase")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "root": str(args.root), "steps": args.steps,
-           "warmup": args.warmup, "overrides": args.overrides}
+    env = run_environment(args)
     rows = []
     for name in args.names.split(","):
         print(f"{name}: building the trainer and timing its phases", flush=True)
