@@ -29,20 +29,6 @@ import torch.nn.functional as F
 from cellseg.config.schema import AugmentConfig
 
 
-def unpack_bits(bits: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """`(B, Kb, *S)` uint8 → `(B, K, *S)` bool (class k = bit k % 8 of byte k // 8)."""
-    shifts = torch.arange(8, device=bits.device, dtype=torch.uint8).view(1, 1, 8, *([1] * (bits.ndim - 2)))
-    unpacked = (bits.unsqueeze(2) >> shifts) & 1
-    return unpacked.flatten(1, 2)[:, :num_classes].bool()
-
-
-def lut_gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Per-sample lookup: `table[b, :, ids[b]]` for a (B, Kb, 256) table and (B, *S) ids → (B, Kb, *S)."""
-    b, kb = table.shape[:2]
-    index = ids.reshape(b, 1, -1).expand(b, kb, -1)  # a stride-0 view: no index copy per byte
-    return torch.gather(table, 2, index).view(b, kb, *ids.shape[1:])
-
-
 @functools.cache
 def _byte_bits(device: torch.device) -> torch.Tensor:
     """(1, 256, 8) bool: row v holds the bits of byte v, least significant first."""
@@ -59,7 +45,8 @@ def _rows(table_BVC: torch.Tensor, index_BS: torch.Tensor) -> torch.Tensor:
 
 def _write_bits(out_BNC: torch.Tensor, start: int, bytes_BKS: torch.Tensor, num: int) -> torch.Tensor:
     """Channels `start .. start + num` of `out` (B, N, C) bool from `(B, Kb, *S)` uint8 bytes, channel c = bit
-    c % 8 of byte c // 8: one gather per byte, written in place (a concatenation of one-byte rows is 4x slower)."""
+    c % 8 of byte c // 8: one gather per byte, written in place (concatenating the parts, rows of one-byte
+    elements, took 1.7 ms per 58-channel volume of 8 x 128^3 on an H200)."""
     table = _byte_bits(bytes_BKS.device)
     for k in range(-(-num // 8)):
         n = min(8, num - 8 * k)

@@ -6,7 +6,8 @@ import torch
 from scipy import ndimage
 
 from cellseg.config.schema import AugmentConfig
-from cellseg.data.augment import GpuAugment, gaussian_blur, lut_gather, unpack_bits
+from cellseg.data.augment import GpuAugment, gaussian_blur
+from cellseg.data.targets import unpack_bits
 
 CLASSES, BOUNDARIES = 11, 2  # 13 channels: the boundary bits start inside a byte
 
@@ -14,6 +15,11 @@ CLASSES, BOUNDARIES = 11, 2  # 13 channels: the boundary bits start inside a byt
 def _augment(patch):
     return GpuAugment(AugmentConfig(enabled=False), num_classes=CLASSES + BOUNDARIES, patch_shape_vox=patch,
                       voxel_size_nm=(8.0, 8.0, 8.0), num_boundaries=BOUNDARIES)
+
+
+def _unpacked(bits, channels):
+    """Reference decoding, sample by sample: `(B, Kb, *S)` uint8 → `(B, C, *S)` bool."""
+    return torch.from_numpy(np.stack([unpack_bits(x, channels) for x in bits.numpy()]))
 
 
 def _bytes(g, b, channels, spatial):
@@ -34,8 +40,9 @@ def test_ids_targets_are_the_packed_table_rows_laid_out_channel_fastest(patch):
     squeeze = (lambda t: t[:, :, 0]) if patch[0] == 1 else (lambda t: t)
     for name, lut, bits, out in (("target", "target_lut", "target_bits", target), ("known", "known_lut", "known_bits",
                                                                                    known)):
-        want = unpack_bits(lut_gather(batch[lut], squeeze(ids)[:, 0].long()), CLASSES + BOUNDARIES)
-        want[:, CLASSES:] = unpack_bits(squeeze(batch[bits]), BOUNDARIES)
+        rows = torch.stack([table[:, v[0].long()] for table, v in zip(batch[lut], squeeze(ids), strict=True)])
+        want = _unpacked(rows, CLASSES + BOUNDARIES)  # each voxel: its id's bytes of the sample's table
+        want[:, CLASSES:] = _unpacked(squeeze(batch[bits]), BOUNDARIES)
         assert out.dtype == torch.bool and torch.equal(out, want), name
         assert out.stride(1) == 1 and out.is_contiguous(memory_format=torch.channels_last_3d if out.ndim == 5
                                                         else torch.channels_last), name
@@ -47,8 +54,8 @@ def test_bit_targets_equal_the_unpacked_bytes():
              "target_bits": _bytes(g, b, CLASSES + BOUNDARIES, spatial),
              "known_bits": _bytes(g, b, CLASSES + BOUNDARIES, spatial)}
     _, target, known = _augment(spatial)(batch, 0)
-    assert torch.equal(target, unpack_bits(batch["target_bits"], CLASSES + BOUNDARIES))
-    assert torch.equal(known, unpack_bits(batch["known_bits"], CLASSES + BOUNDARIES))
+    assert torch.equal(target, _unpacked(batch["target_bits"], CLASSES + BOUNDARIES))
+    assert torch.equal(known, _unpacked(batch["known_bits"], CLASSES + BOUNDARIES))
     assert target.stride(1) == 1
 
 

@@ -8,11 +8,11 @@ import torch
 from crafted import write_root
 
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
-from cellseg.data.augment import unpack_bits
 from cellseg.data.dataset import pack_bits
 from cellseg.data.loader import build_train_data, read_train_crops
 from cellseg.data.sampling import ForegroundIndex
 from cellseg.data.split import read_datasplit
+from cellseg.data.targets import unpack_bits
 
 NO_INTENSITY = dict(
     intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0, misalign_p=0.0
@@ -42,9 +42,9 @@ def _batch(td, n=4):
 def test_bit_packing_round_trip():
     rng = np.random.default_rng(0)
     mask = rng.random((13, 3, 4, 5)) > 0.5
-    bits = torch.from_numpy(pack_bits(mask))[None]
-    assert bits.shape == (1, 2, 3, 4, 5)
-    np.testing.assert_array_equal(unpack_bits(bits, 13)[0].numpy(), mask)
+    bits = pack_bits(mask)
+    assert bits.shape == (2, 3, 4, 5) and bits.dtype == np.uint8
+    np.testing.assert_array_equal(unpack_bits(bits, 13), mask)
 
 
 @pytest.mark.parametrize("rotate_p", [0.0, 1.0])
