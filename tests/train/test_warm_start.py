@@ -138,3 +138,22 @@ def test_a_second_gpu_job_reuses_the_first_ones_measurements(tiny_synth_root, tm
     train(load_run_config(SMOKE, [*overrides, f"run_dir={run}", "train.startup_cache=false"]))
     assert "reused" not in json.loads((run / "meta.json").read_text())["compile"]
     assert json.loads(records[0].read_text()) == saved
+
+
+def test_the_loss_probes_targets_have_the_augmentations_layout():
+    """Dynamo guards on strides: the targets the loss is compiled for must be laid out as the augmentation's."""
+    from cellseg.config.schema import AugmentConfig
+    from cellseg.data.augment import GpuAugment
+    from cellseg.train.compile import _loss_inputs
+
+    cfg = load_run_config(SMOKE, ["data.patch_shape_vox=[8,8,8]"])
+    c, spatial = cfg.data.num_target_channels, cfg.data.model_patch_vox
+    augment = GpuAugment(AugmentConfig(enabled=False), num_classes=c, patch_shape_vox=cfg.data.patch_shape_vox,
+                         voxel_size_nm=cfg.data.voxel_size_nm)
+    packed = torch.zeros((2, -(-c // 8), *spatial), dtype=torch.uint8)
+    _, target, known = augment({"image": torch.zeros((2, 1, *spatial), dtype=torch.uint8), "target_bits": packed,
+                                "known_bits": packed}, 0)
+    _, probe_target, probe_known = _loss_inputs(cfg, torch.device("cpu"), precision="fp32", batch=2,
+                                                fmt=torch.channels_last_3d, layout=None)
+    assert probe_target.shape == target.shape and probe_target.stride() == target.stride()
+    assert probe_known.stride() == known.stride() and probe_known.dtype == known.dtype == torch.bool
