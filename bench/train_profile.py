@@ -22,8 +22,6 @@ per second against the bf16 matmul peak the trainer measured. Writes OUT/train_p
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +29,7 @@ import torch
 from bench.ddp_scaling import profile_markdown, profile_steps
 from bench.train_e2e import QUIET as E2E_QUIET
 from bench.train_e2e import run_arguments, run_environment
+from bench.train_step import timed as timed_steps
 from cellseg import runtime
 from cellseg.config import load_run_config
 from cellseg.train.stop import StopRequest
@@ -40,22 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 NAMES = ("unet_3d", "unet_2d")
 QUIET = (*E2E_QUIET, "train.background_compile=false")
 PHASES = ("step", "augment", "forward + loss + backward", "clip + update")
-
-
-def _timer(device: torch.device, steps: int, warmup: int) -> Callable[[Callable[[], object]], float]:
-    """Mean seconds of `fn` over `steps` calls after `warmup` calls, the device synchronised around them."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-    def timed(fn: Callable[[], object]) -> float:
-        for _ in range(warmup):
-            fn()
-        sync()
-        start = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        sync()
-        return (time.perf_counter() - start) / steps
-    return timed
 
 
 def profile_one(name: str, root: Path, run_dir: Path, *, steps: int, warmup: int, overrides: list[str],
@@ -68,7 +51,8 @@ def profile_one(name: str, root: Path, run_dir: Path, *, steps: int, warmup: int
     trainer = Trainer(cfg, stop=stop)
     try:
         s = trainer.s
-        device, timed = s.dist.device, _timer(s.dist.device, steps, warmup)
+        device = s.dist.device
+        timed = lambda fn: timed_steps(fn, steps, warmup, device)[0]  # noqa: E731 - seconds per call
         batch = trainer._to_device(next(trainer.batch_stream(stop)))
         step = lambda: trainer.train_step([batch])  # noqa: E731
         augment = lambda: s.data.augment(batch, 0)  # noqa: E731

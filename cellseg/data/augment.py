@@ -57,9 +57,8 @@ def _write_bits(out_BNC: torch.Tensor, start: int, bytes_BKS: torch.Tensor, num:
 def _table_bits(table_BK256: torch.Tensor, num: int, channels: int) -> torch.Tensor:
     """A per-sample byte table `(B, Kb, 256)` → `(B, 256, channels)` bool: the first `num` bits of each row's
     bytes, then zeros (room for channels that travel apart)."""
-    shifts = torch.arange(8, device=table_BK256.device, dtype=torch.uint8)
-    bits = ((table_BK256.movedim(1, -1).unsqueeze(-1) >> shifts) & 1).flatten(-2)[..., :num].bool()
-    return F.pad(bits, (0, channels - num))
+    bits = _byte_bits(table_BK256.device)[0][table_BK256.movedim(1, -1).long()]  # (B, 256, Kb, 8)
+    return F.pad(bits.flatten(-2)[..., :num], (0, channels - num))
 
 
 def channels_first(values_BNC: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
