@@ -1,7 +1,7 @@
 """Training as users run it vs the same step on a batch already on the GPU, per architecture.
 
     python bench/train_e2e.py --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
-                              [key=value ...]
+                              [--gpus 1,2] [--cores-per-gpu 16] [key=value ...]
 
 For each architecture, in a process of its own (a fresh compile, a fresh CUDA context), the trainer is built
 from `configs/experiments/<name>.yaml` exactly as `cellseg train` builds it (data root, default targets with
@@ -20,6 +20,12 @@ overrides applied to every architecture, then:
   no loader): the ceiling the loader can reach;
 - samples/s of both, their ratio, MFU of both against the bf16 matmul peak measured by the trainer, host
   memory (RSS) at the start and the end of the timed steps, and the GPU's peak memory.
+
+`--gpus 1,2` runs every architecture on 1 and on 2 GPUs (DDP through torchrun, per-GPU batch fixed, as in
+training) and adds the DDP scaling efficiency end to end: samples/s on N GPUs / (N x samples/s on 1 GPU) of the
+same run. `--cores-per-gpu K` pins a job on N GPUs to the first N x K cores, so each GPU has the cores it would
+have on its own share of the host. Samples/s count all GPUs; MFU is per GPU; host memory is rank 0's process
+tree (its loader workers included).
 
 Writes OUT/train_e2e.json and OUT/train_e2e.md. `--quick` checks the script on the CPU with the smoke configs.
 """
@@ -74,7 +80,8 @@ def _sync(device) -> None:
 
 def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, overrides: list[str],
                 quick: bool) -> dict:
-    """The measurements of one architecture in this process (module docstring)."""
+    """The measurements of one architecture in this process, one rank of a DDP job under torchrun (module
+    docstring)."""
     import torch
 
     from cellseg.config import load_run_config
@@ -126,8 +133,9 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
         trainer.train_step([batch])
     _sync(device)
     mem_s = (time.perf_counter() - start) / steps
-    samples = s.batch_size * cfg.train.grad_accum_steps
-    row = {"name": name, "config": str(config.relative_to(REPO)), "batch": s.batch_size,
+    world = s.dist.world_size
+    samples = s.batch_size * cfg.train.grad_accum_steps * world  # all GPUs' samples per optimizer step
+    row = {"name": name, "gpus": world, "config": str(config.relative_to(REPO)), "batch": s.batch_size,
            "patch_shape_vox": list(cfg.data.patch_shape_vox), "channels": cfg.data.num_target_channels,
            "precision": s.precision, "compiled": bool(s.meta.get("compile", {}).get("compiled")),
            "resident": s.meta.get("resident_data", cfg.data.resident),
@@ -140,25 +148,31 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
     if s.peak_tflops:
-        per = s.flops_per_sample / 1e12 / s.peak_tflops
+        per = s.flops_per_sample / 1e12 / s.peak_tflops / world  # MFU per GPU
         row.update(peak_tflops=s.peak_tflops, mfu_e2e=row["e2e_samples_per_s"] * per,
                    mfu_in_memory=row["in_memory_samples_per_s"] * per,
                    gpu_peak_gib=torch.cuda.max_memory_allocated(device) / 2**30)
+    trainer.close()
     return row
+
+
+def _label(row: dict) -> str:
+    gpus = row.get("gpus", 1)
+    return row["name"] if gpus == 1 else f"{row['name']} on {gpus} GPUs"
 
 
 def markdown(env: dict, rows: list[dict]) -> str:
     """The table of docs/benchmarks.md."""
     lines = [f"# Training end to end vs in memory ({env['gpu']}, torch {env['torch']}, {env['date']})", "",
              f"Data root: `{env['root']}`; {env['steps']} timed steps after {env['warmup']} warm-up steps; overrides: "
-             f"{' '.join(env['overrides']) or 'none'}.", "",
-             "| arch | batch | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | MFU e2e | "
+             f"{' '.join(env['overrides']) or 'none'}; cores per GPU: {env.get('cores_per_gpu', 'all')}.", "",
+             "| arch | GPUs | batch/GPU | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | MFU e2e | "
              "first step cold (s) | compiled from, cold (s) | eager steps meanwhile | first step warm (s) | "
              "host GiB start → end |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         warm, mfu = r.get("first_step_warm_s"), r.get("mfu_e2e")
-        lines.append(f"| {r['name']} | {r['batch']} | {r['resident']} | {r['e2e_samples_per_s']:.1f} | "
+        lines.append(f"| {r['name']} | {r.get('gpus', 1)} | {r['batch']} | {r['resident']} | {r['e2e_samples_per_s']:.1f} | "
                      f"{r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
                      f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
                      f"{r['compiled_from_s']:.1f} | {r['eager_steps_while_compiling']} | "
@@ -167,31 +181,57 @@ def markdown(env: dict, rows: list[dict]) -> str:
               "first step, where torch.compile compiles):", ""]
     for r in rows:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in r.get("startup_s", {}).items())
-        lines.append(f"- {r['name']}: {r['first_step_s']:.1f} = {parts or 'not recorded'}; graphs compiled at the "
+        lines.append(f"- {_label(r)}: {r['first_step_s']:.1f} = {parts or 'not recorded'}; graphs compiled at the "
                      f"first step: {r.get('graphs_compiled_at_first_step', '-')}" + (
                          f"; compiled in the background in {r['background_s']:.1f} s, loaded in {r['switch_s']:.1f} s"
                          if r.get("background_compile") else ""))
+    scaling = ddp_efficiency(rows)
+    if scaling:
+        lines += ["", "DDP scaling efficiency, samples/s on N GPUs / (N x samples/s on 1 GPU), same run:", "",
+                  "| arch | GPUs | end to end | in memory |", "|---|---|---|---|"]
+        lines += [f"| {e['name']} | {e['gpus']} | {100 * e['e2e']:.1f} % | {100 * e['in_memory']:.1f} % |"
+                  for e in scaling]
     warm = [r for r in rows if r.get("startup_warm_s")]
     if warm:
         lines += ["", "Warm (the compile cache and the start-up record the cold run left), by phase (s):", ""]
         for r in warm:
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["startup_warm_s"].items())
-            lines.append(f"- {r['name']}: {r['first_step_warm_s']:.1f} = {parts}; start-up record reused: "
+            lines.append(f"- {_label(r)}: {r['first_step_warm_s']:.1f} = {parts}; start-up record reused: "
                          f"{r['warm_reused_startup_record']}; graphs compiled at the first step: "
                          f"{r['warm_graphs_compiled_at_first_step']}")
     return "\n".join(lines) + "\n"
 
 
-def _child(args: argparse.Namespace, name: str, cache: Path, out: Path) -> dict | None:
+def ddp_efficiency(rows: list[dict]) -> list[dict]:
+    """Per architecture and GPU count N > 1: samples/s on N GPUs / (N x samples/s on 1 GPU), end to end and in
+    memory, from the rows of one run."""
+    one = {r["name"]: r for r in rows if r.get("gpus", 1) == 1}
+    return [{"name": r["name"], "gpus": r["gpus"],
+             **{key: r[f"{key}_samples_per_s"] / (r["gpus"] * one[r["name"]][f"{key}_samples_per_s"])
+                for key in ("e2e", "in_memory")}}
+            for r in rows if r.get("gpus", 1) > 1 and r["name"] in one]
+
+
+def _child(args: argparse.Namespace, name: str, gpus: int, cache: Path, out: Path) -> dict | None:
+    """One architecture in a process of its own (torchrun's `gpus` processes for DDP), pinned to its cores."""
     env = {**os.environ, "CELLSEG_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the cache under test is $CELLSEG_CACHE/inductor
-    command = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--root", str(args.root), "--out",
-               str(out), "--steps", str(args.steps), "--warmup", str(args.warmup), *(["--quick"] if args.quick else []),
-               *args.overrides]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    launch = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                 f"--nproc-per-node={gpus}"]
+    command = [*launch, str(Path(__file__).resolve()), "--one", name, "--root", str(args.root), "--out", str(out),
+               "--run-dir", str(out.with_suffix(".run")), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               *(["--quick"] if args.quick else []), *args.overrides]
+    cores = None
+    if args.cores_per_gpu:
+        available = sorted(os.sched_getaffinity(0))
+        if len(available) < gpus * args.cores_per_gpu:
+            raise SystemExit(f"--cores-per-gpu {args.cores_per_gpu} x {gpus} GPUs: only {len(available)} cores here")
+        cores = available[:gpus * args.cores_per_gpu]
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
     if done.returncode != 0:
-        print(f"{name}: failed (exit {done.returncode})\n{done.stderr[-3000:]}", file=sys.stderr)
+        print(f"{name} on {gpus} GPU(s): failed (exit {done.returncode})\n{done.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(out.read_text())
 
@@ -225,25 +265,32 @@ def main(argv: list[str] | None = None) -> int:
                            steps_help="timed steps (end to end, then in memory)")
     parser.add_argument("--repeats", type=int, default=2, choices=(1, 2),
                         help="2: a second process per architecture with the compile cache the first left (warm)")
+    parser.add_argument("--gpus", default="1", help="GPU counts to run each architecture on, comma-separated "
+                        "(1,2: DDP scaling end to end; > 1 launches torchrun)")
+    parser.add_argument("--cores-per-gpu", type=int, default=0,
+                        help="pin a job on N GPUs to the first N x K cores (0: every core this process may use)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one architecture, JSON to --out
+    parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)  # the child's run directory (all ranks)
     args = parser.parse_args(argv)
     if args.one:
-        with tempfile.TemporaryDirectory() as run_dir:
-            row = measure_one(args.one, args.root, Path(run_dir) / "run", args.steps, args.warmup, args.overrides,
-                              args.quick)
-        args.out.write_text(json.dumps(row))
+        from cellseg.runtime import shutdown_distributed
+
+        row = measure_one(args.one, args.root, args.run_dir, args.steps, args.warmup, args.overrides, args.quick)
+        if int(os.environ.get("RANK", "0")) == 0:
+            args.out.write_text(json.dumps(row))
+        shutdown_distributed()
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    env = run_environment(args)
+    env = {**run_environment(args), "cores_per_gpu": args.cores_per_gpu or "all"}
     rows = []
-    for name in args.names.split(","):
+    for name, gpus in ((n, int(g)) for n in args.names.split(",") for g in args.gpus.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             cache = Path(tmp) / "cache"
-            row = _child(args, name, cache, Path(tmp) / "cold.json")
+            row = _child(args, name, gpus, cache, Path(tmp) / "cold.json")
             if row is None:
                 continue
             if args.repeats == 2:
-                warm = _child(args, name, cache, Path(tmp) / "warm.json")
+                warm = _child(args, name, gpus, cache, Path(tmp) / "warm.json")
                 row["first_step_warm_s"] = warm["first_step_s"] if warm else None
                 if warm:
                     row.update(startup_warm_s=warm["startup_s"], warm_reused_startup_record=warm["startup_record_reused"],
@@ -251,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
         # after every architecture: a run cut short by a scheduler's time limit keeps what it measured
-        (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows,
+                                                             "ddp_efficiency": ddp_efficiency(rows)}, indent=1))
         (args.out / "train_e2e.md").write_text(markdown(env, rows))
     print(markdown(env, rows))
     return 0 if rows else 1

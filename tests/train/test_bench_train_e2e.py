@@ -19,7 +19,7 @@ def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_
     assert row["name"] == "unet_3d" and row["e2e_samples_per_s"] > 0 and row["in_memory_samples_per_s"] > 0
     assert 0 < row["first_step_s"] < 300 and row["first_step_warm_s"] is not None
     md = (tmp_path / "train_e2e.md").read_text()
-    assert "| unet_3d | 2 |" in md and "- unet_3d: " in md
+    assert "| unet_3d | 1 | 2 |" in md and "- unet_3d: " in md  # one GPU, batch 2
     phases = row["startup_s"]  # where the time before the first step went
     assert list(phases)[:3] == ["imports", "devices", "model"] and list(phases)[-2:] == ["first batch", "first step"]
     assert sum(phases.values()) <= row["first_step_s"] + 0.1
@@ -27,3 +27,21 @@ def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_
     assert list(warm) == list(phases) and row["warm_reused_startup_record"] is False  # CPU jobs keep no record
     assert row["graphs_compiled_at_first_step"] == row["warm_graphs_compiled_at_first_step"] == 0  # compile off
     assert "Warm (the compile cache" in md
+
+
+def test_quick_ddp_run_reports_scaling_end_to_end(tiny_synth_root: Path, tmp_path: Path) -> None:
+    """`--gpus 1,2` runs the architecture as one process and as a 2-rank torchrun job (gloo on the CPU) and
+    divides their rates: the DDP efficiency of the same run."""
+    done = subprocess.run([sys.executable, str(BENCH), "--root", str(tiny_synth_root), "--out", str(tmp_path),
+                           "--names", "unet_3d", "--quick", "--steps", "2", "--warmup", "1", "--repeats", "1",
+                           "--gpus", "1,2", "--cores-per-gpu", "1"],
+                          capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "train_e2e.json").read_text())
+    one, two = report["rows"]
+    assert (one["gpus"], two["gpus"]) == (1, 2) and one["batch"] == two["batch"]  # per-GPU batch fixed
+    [scaling] = report["ddp_efficiency"]
+    assert scaling["gpus"] == 2
+    assert scaling["e2e"] == two["e2e_samples_per_s"] / (2 * one["e2e_samples_per_s"])
+    md = (tmp_path / "train_e2e.md").read_text()
+    assert "| unet_3d | 2 | 2 |" in md and "- unet_3d on 2 GPUs: " in md and "DDP scaling efficiency" in md
