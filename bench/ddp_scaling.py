@@ -7,12 +7,12 @@
     python bench/ddp_scaling.py --mfu-report RUNS --out OUT   # OUT/mfu.md + mfu.json (bench/gpu/mfu.sh)
 
 Every rank runs the trainer's settings on its own random batch (per-GPU batch `--batch`): bf16 autocast,
-TF32, channels-last, `torch.compile` before the DDP wrap (through `cellseg.runtime.compile.compile_module`, as
-the trainer; `--compile-mode` is `train.compile_mode`, the loss keeps "default"), DDP with gradient-as-bucket-
-view, fused AdamW, masked BCE + Dice — the pieces `cellseg train` uses (cellseg/runtime/). Without
-torchrun it runs as one process. Timed steps end with a device synchronisation and a barrier, so a step is as
-slow as the slowest rank. Scaling efficiency = samples/s on N GPUs / (N × samples/s on 1 GPU), per-GPU batch
-fixed (weak scaling, as in training).
+TF32, channels-last, `torch.compile` with static shapes before the DDP wrap (through
+`cellseg.runtime.compile.compile_module`, as the trainer; `--compile-mode` is `train.compile_mode`, the loss keeps
+"default"), DDP with gradient-as-bucket-view, fused AdamW, masked BCE + Dice — the pieces `cellseg train` uses
+(cellseg/runtime/). Without torchrun it runs as one process. Timed steps end with a device synchronisation and a
+barrier, so a step is as slow as the slowest rank. Scaling efficiency = samples/s on N GPUs / (N × samples/s on
+1 GPU), per-GPU batch fixed (weak scaling, as in training).
 
 `--profile` then profiles 3 more steps (every rank steps, rank 0 writes) into OUT/profile_<name>.json + .md:
 device time per step by kernel group (conv fwd / conv dgrad / conv wgrad / norm / elementwise / optimizer /
@@ -149,10 +149,10 @@ def run(args: argparse.Namespace) -> None:
     image = torch.rand((args.batch, 1, *spatial), device=device, generator=g).contiguous(memory_format=fmt)
     target = torch.rand((args.batch, args.channels, *spatial), device=device, generator=g) > 0.9
     known = torch.ones_like(target)
-    net = compile_module(model, mode=args.compile_mode) if args.compile == "on" else model
+    net = compile_module(model, mode=args.compile_mode, dynamic=False) if args.compile == "on" else model
     net = runtime.wrap_ddp(net, d)
     loss_fn = SegmentationLoss().to(device)
-    loss_fn = compile_module(loss_fn) if args.compile_loss == "on" else loss_fn
+    loss_fn = compile_module(loss_fn, dynamic=False) if args.compile_loss == "on" else loss_fn
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     precision = "bf16" if device.type == "cuda" else "fp32"
 

@@ -62,3 +62,37 @@ def test_meta_json_records_compile_mode(tiny_synth_root, tmp_path):
                                   "train.compile_mode=max-autotune"]))
     meta = json.loads((run / "meta.json").read_text())
     assert meta["compile"]["compile_mode"] == "max-autotune" and meta["compile"]["compiled"] is False  # compile off
+
+
+STATIC_CHECK_BACKEND = "cellseg_test_static_check"
+_graph_static: list[bool] = []  # per graph the test backend received: no symbolic size among its inputs
+
+
+def _record_static(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+    values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    _graph_static.append(not any(isinstance(v, torch.SymInt) or (torch.is_tensor(v) and any(
+        isinstance(d, torch.SymInt) for d in v.shape)) for v in values))
+    return gm.forward  # runs the traced graph as it is: dynamo's tracing decides the shapes, not this backend
+
+
+if STATIC_CHECK_BACKEND not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(_record_static, name=STATIC_CHECK_BACKEND)
+
+
+def test_training_compiles_static_shapes_after_the_same_forward_was_compiled_for_others(monkeypatch):
+    """Dynamo keeps one cache per code object: once `SegModel.forward` ran compiled for another shape in this
+    process (inference, a notebook), a new compile would trace with symbolic sizes. The trainer's does not."""
+    from cellseg.runtime.compile import compile_module
+    from cellseg.train.build import make_model
+
+    monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", STATIC_CHECK_BACKEND)
+    cfg = load_run_config(SMOKE, ["train.compile=on", "train.compile_probe_steps=1"])
+    torch.manual_seed(0)
+    model = make_model(cfg, torch.device("cpu"), torch.contiguous_format)
+    with torch.no_grad():
+        compile_module(model)(torch.rand(1, 1, 16, 16, 16))  # another shape first, torch's default (dynamic=None)
+    _graph_static.clear()
+    net, record, _ = maybe_compile(model, cfg, torch.device("cpu"), precision="fp32", fmt=torch.contiguous_format,
+                                   batch=2)
+    assert record["compiled"] is True and net is not model
+    assert _graph_static and all(_graph_static), _graph_static
