@@ -13,10 +13,12 @@ forked workers counts pages they share with the parent twice, so the absolute nu
 is what this measures.
 
 Verdict: after a warm-up (the first `WARMUP_SHARE` of the samples: data set-up, first validation, allocator
-pools filling), the growth is the median RSS over the last tenth of the samples minus the median over the tenth
-right after warm-up, and the slope is the least-squares fit over the samples after warm-up (MiB per minute). The run is called flat when
-the growth stays under `FLAT_SHARE` of the post-warm-up level: a leak of one batch per step would exceed it
-within minutes.
+pools filling; and, where the model compiled in the background, until training switched to the compiled model
+and that process ended), the growth is the median RSS over the last tenth of the samples minus the median over
+the tenth right after warm-up, and the slope is the median of the slopes between every two samples after warm-up
+(Theil-Sen, MiB per minute: the last sample, taken while the job ends, does not tilt it). The run is called flat
+when the growth stays under `FLAT_SHARE` of the post-warm-up level (a fall is no leak): a leak of one batch per
+step would exceed it within minutes.
 
 Writes OUT/host_memory.json (every sample) and OUT/host_memory.md (summary), keeps the run in OUT/run.
 """
@@ -60,36 +62,46 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def last_step(metrics: Path) -> int | None:
-    """The last optimizer step logged in a run's metrics.jsonl (None before the first log line)."""
+def logged_steps(metrics: Path) -> tuple[int | None, int | None]:
+    """The last optimizer step logged in a run's metrics.jsonl (None before the first log line), and the step at
+    which training switched to the model compiled in the background (None: no switch logged)."""
     if not metrics.is_file():
-        return None
-    step = None
+        return None, None
+    step = switch = None
     for line in metrics.read_text().splitlines():
         try:
-            step = json.loads(line).get("step", step)
+            record = json.loads(line)
         except json.JSONDecodeError:  # a line being written
             continue
-    return step
+        step = record.get("step", step)
+        if "compile" in record:
+            switch = record.get("step")
+    return step, switch
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(samples: list[dict[str, Any]], switch_step: int | None = None) -> dict[str, Any]:
     """Levels after warm-up and at the end, growth, slope after warm-up, and the verdict (module docstring)."""
     import numpy as np
 
-    if len(samples) < 10:
-        raise ValueError(f"only {len(samples)} memory samples: run longer or sample more often (--every)")
     t = np.array([s["t_s"] for s in samples]) / 60.0
     rss = np.array([s["rss_mib"] for s in samples])
     start = int(len(samples) * WARMUP_SHARE)
+    if switch_step is not None:  # the background compile's process lives until the switch
+        start = max(start, next((i for i, s in enumerate(samples) if (s["step"] or 0) > switch_step), len(samples)))
+    if len(samples) - start < 10:
+        raise ValueError(f"only {len(samples) - start} memory samples after warm-up: run longer or sample more "
+                         "often (--every)")
     window = max(2, len(samples) // 10)  # levels are medians over a tenth of the samples: one validation's spike
     baseline = float(np.median(rss[start:start + window]))  # does not set them
     end = float(np.median(rss[-window:]))
-    slope = float(np.polyfit(t[start:], rss[start:], 1)[0])
+    i, j = np.triu_indices(len(samples) - start, k=1)
+    tail_t, tail_rss = t[start:], rss[start:]
+    slope = float(np.median((tail_rss[j] - tail_rss[i]) / (tail_t[j] - tail_t[i])))
     growth = end - baseline
     return {"warmup_samples": start, "rss_mib_after_warmup": baseline, "rss_mib_end": end,
             "rss_mib_peak": float(rss.max()), "growth_mib": growth, "slope_mib_per_min": slope,
-            "minutes_after_warmup": float(t[-1] - t[start]), "flat": abs(growth) < FLAT_SHARE * baseline}
+            "warmup_minutes": float(t[start]), "minutes_after_warmup": float(t[-1] - t[start]),
+            "switch_step": switch_step, "flat": growth < FLAT_SHARE * baseline}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rss = tree_rss_bytes(job.pid)
             if rss:
                 samples.append({"t_s": round(time.time() - began, 2), "rss_mib": round(rss / MIB, 1),
-                                "step": last_step(run_dir / "metrics.jsonl")})
+                                "step": logged_steps(run_dir / "metrics.jsonl")[0]})
                 print(f"  {samples[-1]['t_s']:8.1f} s  {samples[-1]['rss_mib']:9.1f} MiB  step {samples[-1]['step']}",
                       flush=True)
             time.sleep(args.every)
@@ -122,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "minutes": args.minutes, "every_s": args.every, "wall_s": round(time.time() - began, 1),
             "env": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
                     "torch": torch.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine()},
-            "summary": summarise(samples), "samples": samples}
+            "summary": summarise(samples, logged_steps(run_dir / "metrics.jsonl")[1]), "samples": samples}
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:
@@ -130,9 +142,10 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     steps = [x["step"] for x in result["samples"] if x["step"] is not None]
     lines = [f"# Host memory of a training job ({env['date']}, {env['cpu_count']} CPU cores, torch {env['torch']})",
              "", f"`{result['command']}`", "",
-             "| minutes | steps | RSS after warm-up (MiB) | RSS at end (MiB) | peak (MiB) | growth (MiB) | "
-             "slope (MiB/min) | flat |", "|---|---|---|---|---|---|---|---|",
-             f"| {result['minutes']} | {steps[-1] if steps else '-'} | {s['rss_mib_after_warmup']:.1f} | "
+             "| minutes | steps | warm-up (min) | RSS after warm-up (MiB) | RSS at end (MiB) | peak (MiB) | "
+             "growth (MiB) | slope (MiB/min) | flat |", "|---|---|---|---|---|---|---|---|---|",
+             f"| {result['minutes']} | {steps[-1] if steps else '-'} | {s.get('warmup_minutes', 0):.1f} | "
+             f"{s['rss_mib_after_warmup']:.1f} | "
              f"{s['rss_mib_end']:.1f} | {s['rss_mib_peak']:.1f} | {s['growth_mib']:+.1f} | "
              f"{s['slope_mib_per_min']:+.2f} | {'yes' if s['flat'] else 'no'} |", ""]
     path.write_text("\n".join(lines))
