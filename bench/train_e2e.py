@@ -172,8 +172,8 @@ def markdown(env: dict, rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         warm, mfu = r.get("first_step_warm_s"), r.get("mfu_e2e")
-        lines.append(f"| {r['name']} | {r.get('gpus', 1)} | {r['batch']} | {r['resident']} | {r['e2e_samples_per_s']:.1f} | "
-                     f"{r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
+        lines.append(f"| {r['name']} | {r.get('gpus', 1)} | {r['batch']} | {r['resident']} | "
+                     f"{r['e2e_samples_per_s']:.1f} | {r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
                      f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
                      f"{r['compiled_from_s']:.1f} | {r['eager_steps_while_compiling']} | "
                      f"{'-' if warm is None else f'{warm:.1f}'} | {r['rss_gib_start']:.2f} → {r['rss_gib_end']:.2f} |")
