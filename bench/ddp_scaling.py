@@ -14,6 +14,11 @@ TF32, channels-last, `torch.compile` with static shapes before the DDP wrap (thr
 barrier, so a step is as slow as the slowest rank. Scaling efficiency = samples/s on N GPUs / (N × samples/s on
 1 GPU), per-GPU batch fixed (weak scaling, as in training).
 
+`--ddp wrap-then-compile` compiles the DDP-wrapped model instead (dynamo's DDP optimizer splits the graph at
+the gradient buckets so their all-reduce can overlap the backward; the trainer compiles first, so a compiled
+backward makes every gradient ready at its end); `--broadcast-buffers off` stops DDP sending rank 0's BatchNorm
+buffers before every forward. Both apply to N > 1 GPUs and are compared against the same 1-GPU run.
+
 `--profile` then profiles 3 more steps (every rank steps, rank 0 writes) into OUT/profile_<name>.json + .md:
 device time per step by kernel group (conv fwd / conv dgrad / conv wgrad / norm / elementwise / optimizer /
 other) plus the idle time (timed step minus kernel time: launch and Python overhead, what CUDA graphs can
@@ -120,8 +125,10 @@ def profile_markdown(title: str, prof: dict) -> str:
 
 def run_name(args: argparse.Namespace, world_size: int) -> str:
     """File stem of a run: `--tag`, else its settings."""
+    ddp = ("" if args.ddp == "compile-then-wrap" else "_wrapfirst") + \
+        ("" if args.broadcast_buffers == "on" else "_nobcast")
     return args.tag or (f"{args.model}_w{world_size}_b{args.batch}_c{args.channels}_loss{args.compile_loss}"
-                        f"_{args.compile_mode}")
+                        f"_{args.compile_mode}{ddp}")
 
 
 def cudagraph_counters() -> dict[str, int]:
@@ -149,8 +156,12 @@ def run(args: argparse.Namespace) -> None:
     image = torch.rand((args.batch, 1, *spatial), device=device, generator=g).contiguous(memory_format=fmt)
     target = torch.rand((args.batch, args.channels, *spatial), device=device, generator=g) > 0.9
     known = torch.ones_like(target)
-    net = compile_module(model, mode=args.compile_mode, dynamic=False) if args.compile == "on" else model
-    net = runtime.wrap_ddp(net, d)
+    compiled = (lambda m: compile_module(m, mode=args.compile_mode, dynamic=False)) if args.compile == "on" else \
+        (lambda m: m)
+    wrap = lambda m: runtime.wrap_ddp(m, d, broadcast_buffers=args.broadcast_buffers == "on")  # noqa: E731
+    # the trainer's order compiles the model and wraps the result; "wrap-then-compile" lets dynamo's DDP optimizer
+    # split the graph at the gradient buckets, so their all-reduce can overlap the backward
+    net = wrap(compiled(model)) if args.ddp == "compile-then-wrap" else compiled(wrap(model))
     loss_fn = SegmentationLoss().to(device)
     loss_fn = compile_module(loss_fn, dynamic=False) if args.compile_loss == "on" else loss_fn
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -192,6 +203,7 @@ def run(args: argparse.Namespace) -> None:
                "world_size": d.world_size, "batch_per_gpu": args.batch, "patch": list(spatial),
                "channels": args.channels, "compile": args.compile, "compile_mode": args.compile_mode,
                "compile_loss": args.compile_loss, "cudnn_benchmark_limit": torch.backends.cudnn.benchmark_limit,
+               "ddp": args.ddp, "broadcast_buffers": args.broadcast_buffers,
                "step_ms": 1e3 * sec, "samples_per_s": samples, "mvox_per_s": samples * math.prod(spatial) / 1e6,
                "warmup_s": warmup_s, "gflop_per_step": flops / 1e9,
                "mfu_per_gpu": flops / sec / 1e12 / peak if peak else None, "matmul_peak_tflops": peak,
@@ -209,9 +221,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _setting(r: dict) -> tuple:
-    """What must match for two runs to be compared as 1 vs N GPUs."""
+    """What must match for two runs to be compared as 1 vs N GPUs (the DDP settings do not apply to one GPU)."""
     return (r["model"], r["batch_per_gpu"], r["channels"], r.get("compile_loss", "off"),
             r.get("compile_mode", "default"), r.get("norm", "model default"), r.get("cudnn_benchmark_limit"))
+
+
+DEFAULT_DDP = "compile-then-wrap, buffers on"  # the trainer's
+
+
+def _ddp(r: dict) -> str:
+    return f"{r.get('ddp', 'compile-then-wrap')}, buffers {r.get('broadcast_buffers', 'on')}"
 
 
 def _pct(x: float | None) -> str:
@@ -223,16 +242,21 @@ def _num(row: dict, key: str, spec: str) -> str:
 
 
 def summarize(folder: Path) -> str:
-    """Markdown table of every `ddp_*.json` in `folder`, efficiency relative to the 1-GPU run of the same setting."""
+    """Markdown table of every `ddp_*.json` in `folder`, efficiency relative to the 1-GPU run of the same setting
+    (whatever its DDP options: one process runs no DDP)."""
     rows = [json.loads(p.read_text()) for p in sorted(folder.glob("ddp_*.json"))]
-    base = {_setting(r): r["samples_per_s"] for r in rows if r["world_size"] == 1}
-    out = ["| model | channels | loss compiled | compile mode | norm | GPUs | batch/GPU | ms/step | samples/s | "
-           "MFU/GPU | scaling efficiency |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (*map(str, _setting(r)), r["world_size"])):
+    base: dict[tuple, float] = {}
+    for r in rows:  # the 1-GPU run of each setting; of several, the one with DDP's default options
+        if r["world_size"] == 1 and (_setting(r) not in base or _ddp(r) == DEFAULT_DDP):
+            base[_setting(r)] = r["samples_per_s"]
+    out = ["| model | channels | loss compiled | compile mode | norm | DDP | GPUs | batch/GPU | ms/step | samples/s | "
+           "MFU/GPU | scaling efficiency |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (*map(str, _setting(r)), r["world_size"], _ddp(r))):
         one = base.get(_setting(r))
         eff = _pct(r["samples_per_s"] / (r["world_size"] * one)) if one else "n/a"
         out.append(f"| {r['model']} | {r['channels']} | {r.get('compile_loss', 'off')} | "
-                   f"{r.get('compile_mode', 'default')} | {r.get('norm', 'model default')} | {r['world_size']} | "
+                   f"{r.get('compile_mode', 'default')} | {r.get('norm', 'model default')} | "
+                   f"{_ddp(r) if r['world_size'] > 1 else '-'} | {r['world_size']} | "
                    f"{r['batch_per_gpu']} | {r['step_ms']:.1f} | {r['samples_per_s']:.1f} | "
                    f"{_pct(r.get('mfu_per_gpu'))} | {eff} |")
     return "\n".join(out)
@@ -302,6 +326,10 @@ def main() -> None:
     parser.add_argument("--compile-loss", choices=["on", "off"], default="on", help="torch.compile the loss too")
     parser.add_argument("--cudnn-benchmark-limit", type=int, default=None,
                         help="cuDNN algorithms tried per convolution (torch's default 10; 0 = all)")
+    parser.add_argument("--ddp", choices=["compile-then-wrap", "wrap-then-compile"], default="compile-then-wrap",
+                        help="the trainer's order (compiled model in DDP), or torch.compile of the DDP-wrapped model")
+    parser.add_argument("--broadcast-buffers", choices=["on", "off"], default="on",
+                        help="DDP sends rank 0's BatchNorm buffers to every rank before each forward (torch's default)")
     parser.add_argument("--profile", action="store_true", help="also profile 3 steps on rank 0 (kernel groups)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="DIR", help="print the table of DIR and exit")
     parser.add_argument("--mfu-report", type=Path, default=None, metavar="RUNS",

@@ -121,12 +121,14 @@ def memory_format(spatial_dims: int, channels_last: bool) -> torch.memory_format
     return torch.channels_last_3d if spatial_dims == 3 else torch.channels_last
 
 
-def wrap_ddp(model: torch.nn.Module, d: Dist) -> torch.nn.Module:
-    """DDP with gradient-as-bucket-view (no extra gradient copies); identity when not distributed."""
+def wrap_ddp(model: torch.nn.Module, d: Dist, *, broadcast_buffers: bool = True) -> torch.nn.Module:
+    """DDP with gradient-as-bucket-view (no extra gradient copies); identity when not distributed.
+    `broadcast_buffers`: rank 0's buffers (BatchNorm statistics) are sent to every rank before each forward."""
     if not d.distributed:
         return model
     ids = [d.device.index] if d.device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
+                                                     broadcast_buffers=broadcast_buffers)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
