@@ -156,14 +156,17 @@ def run(args: argparse.Namespace) -> None:
     image = torch.rand((args.batch, 1, *spatial), device=device, generator=g).contiguous(memory_format=fmt)
     target = torch.rand((args.batch, args.channels, *spatial), device=device, generator=g) > 0.9
     known = torch.ones_like(target)
-    compiled = (lambda m: compile_module(m, mode=args.compile_mode, dynamic=False)) if args.compile == "on" else \
-        (lambda m: m)
-    wrap = lambda m: runtime.wrap_ddp(m, d, broadcast_buffers=args.broadcast_buffers == "on")  # noqa: E731
+    def compiled(m: torch.nn.Module) -> torch.nn.Module:
+        return compile_module(m, mode=args.compile_mode) if args.compile == "on" else m
+
+    def wrapped(m: torch.nn.Module) -> torch.nn.Module:
+        return runtime.wrap_ddp(m, d, broadcast_buffers=args.broadcast_buffers == "on")
+
     # the trainer's order compiles the model and wraps the result; "wrap-then-compile" lets dynamo's DDP optimizer
     # split the graph at the gradient buckets, so their all-reduce can overlap the backward
-    net = wrap(compiled(model)) if args.ddp == "compile-then-wrap" else compiled(wrap(model))
+    net = wrapped(compiled(model)) if args.ddp == "compile-then-wrap" else compiled(wrapped(model))
     loss_fn = SegmentationLoss().to(device)
-    loss_fn = compile_module(loss_fn, dynamic=False) if args.compile_loss == "on" else loss_fn
+    loss_fn = compile_module(loss_fn) if args.compile_loss == "on" else loss_fn
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     precision = "bf16" if device.type == "cuda" else "fp32"
 

@@ -19,7 +19,7 @@ COMPILE_ONCE = """
 import json, torch
 from torch._dynamo.utils import counters
 from cellseg.runtime.compile import compile_module
-net = compile_module(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), dynamic=False)
+net = compile_module(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
 net(torch.ones(2, 8))
 print(json.dumps({k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}))
 """

@@ -1,9 +1,9 @@
 """torch.compile for training and inference alike: the backend, the persistent cache, and a compiled model that
 falls back to eager execution instead of crashing.
 
-- `compile_module`: `torch.compile` with the backend of `CELLSEG_COMPILE_BACKEND` (default "inductor") and the
-  compile cache in `$CELLSEG_CACHE/inductor` (`cellseg.cache`), so a second job compiling the same shapes
-  mostly loads them;
+- `compile_module`: `torch.compile` with static shapes, the backend of `CELLSEG_COMPILE_BACKEND` (default
+  "inductor") and the compile cache in `$CELLSEG_CACHE/inductor` (`cellseg.cache`), so a second job compiling
+  the same shapes mostly loads them;
 - `CompiledModel`: an inference model under torch.compile (static shapes, inductor freezing) that runs eagerly,
   with one warning, when compilation fails. Training decides between compiled and eager by timing both
   (`cellseg.train.compile`).
@@ -29,17 +29,20 @@ def compile_backend() -> str:
     return os.environ.get("CELLSEG_COMPILE_BACKEND", "inductor")
 
 
-def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default",
-                   dynamic: bool | None = None) -> torch.nn.Module:
-    """`torch.compile(module)` with `compile_backend()`, `mode` and `dynamic` (None: torch's automatic dynamic
-    shapes after a recompile; False: one static graph per input shape).
+def compile_module(module: torch.nn.Module, *, mode: CompileMode = "default") -> torch.nn.Module:
+    """`torch.compile(module)` with `compile_backend()` and `mode`, static shapes: one graph per input shape.
+
+    Static, not torch's default: training and inference run fixed shapes, and dynamo keeps one cache per code
+    object. Every architecture shares `SegModel.forward`, so once it ran compiled for another shape in the
+    process (a notebook that predicts then trains, the test suite), torch's automatic dynamic shapes would trace
+    the next compile with symbolic sizes: other kernels, and none in the cache a background compile filled.
 
     Compilation is lazy: errors (an unknown backend aside) surface at the first call. The compiler's caches
     go to cellseg's cache folder unless `TORCHINDUCTOR_CACHE_DIR` is set (`cellseg.cache.use_compile_cache`).
     """
     use_compile_cache()
     # mode=None is torch's "default"; None also keeps backends without a `mode` argument working
-    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=dynamic)
+    return torch.compile(module, backend=compile_backend(), mode=None if mode == "default" else mode, dynamic=False)
 
 
 
@@ -70,8 +73,8 @@ class CompiledModel:
         self.compiled_ok = False
         dynamo_config.recompile_limit += SHAPES_PER_MODEL  # this model's entries in the shared cache
         try:
-            # static shapes: tiles always have the patch's shape and batches are padded to one size
-            self.module: torch.nn.Module | None = compile_module(model, dynamic=False)
+            # tiles always have the patch's shape and batches are padded to one size: one graph
+            self.module: torch.nn.Module | None = compile_module(model)
         except Exception as err:  # e.g. an unknown CELLSEG_COMPILE_BACKEND, refused at once
             log.warning("torch.compile failed (%s: %s); predicting eagerly", type(err).__name__, err)
             self.module = None

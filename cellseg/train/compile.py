@@ -10,10 +10,7 @@ optimizer step; BatchNorm buffers restored). Any compiler error becomes a warnin
 `train.compile_mode` is torch.compile's mode for the model ("default", "reduce-overhead" = CUDA graphs,
 "max-autotune", "max-autotune-no-cudagraphs"); the loss always compiles in "default" mode. Both go through
 `compile_module`, which bench/ddp_scaling.py uses too. A mode the backend rejects is a compile error (eager).
-Both compile with static shapes (`_compile`): a job's shapes are fixed, and dynamo keeps one cache per code
-object, so a process that compiled `SegModel.forward` for other shapes before (a notebook, inference, a test)
-would otherwise compile training's graphs with symbolic sizes: other kernels, and none of them in the cache
-the background compile filled.
+Both compile with static shapes (`compile_module` says why).
 
 The loss is compiled on its own by the same rule (`maybe_compile_loss`): eager, the masked BCE + Dice of
 48 channels over 8 × 128³ voxels makes a dozen float32 passes over 3 GB tensors and cost as much as a
@@ -37,7 +34,7 @@ from typing import Any
 import torch
 
 from cellseg import runtime
-from cellseg.config.schema import CompileMode, RunConfig
+from cellseg.config.schema import RunConfig
 from cellseg.data.augment import channels_first
 from cellseg.runtime.compile import compile_backend, compile_module
 from cellseg.train.build import example_input
@@ -142,11 +139,6 @@ def loss_step_bytes(criterion: torch.nn.Module, cfg: RunConfig, device: torch.de
     return torch.cuda.max_memory_allocated(device) - base
 
 
-def _compile(module: torch.nn.Module, mode: CompileMode = "default") -> torch.nn.Module:
-    """The model or the loss under torch.compile as training runs it: static shapes (module docstring)."""
-    return compile_module(module, mode=mode, dynamic=False)
-
-
 def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch.device, *,
                        precision: runtime.Precision, batch: int, fmt: torch.memory_format = torch.contiguous_format,
                        layout: Layout | None = None, reuse: dict[str, Any] | None = None
@@ -164,7 +156,7 @@ def maybe_compile_loss(criterion: torch.nn.Module, cfg: RunConfig, device: torch
         return criterion, {"mode": mode, **reuse, "reused": True}
     inputs = _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=layout)
     try:
-        compiled = _compile(criterion)
+        compiled = compile_module(criterion)
         start = time.perf_counter()
         record: dict[str, Any] = {"mode": mode, "compiled_step_s": _timed(_loss_step(compiled, inputs, precision),
                                                                            0 if reuse is not None else 3, device)}
@@ -198,7 +190,7 @@ def maybe_compile(model: torch.nn.Module, cfg: RunConfig, device: torch.device, 
     buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
     seen: list[Layout] = []
     try:
-        compiled = _compile(model, compile_mode)
+        compiled = compile_module(model, mode=compile_mode)
         start = time.perf_counter()
         t_compiled = _probe(compiled, image, 0 if reuse is not None else cfg.train.compile_probe_steps, precision, seen)
         record = {"mode": mode, "compile_mode": compile_mode, "backend": compile_backend(),
@@ -221,7 +213,7 @@ def warm_compile_cache(model: torch.nn.Module, criterion: torch.nn.Module, cfg: 
     (forward + backward, nothing timed): their graphs and kernels land in the compile cache, from which the
     training process then loads them in seconds (`cellseg.train.background`). Compiler errors propagate."""
     seen: list[Layout] = []
-    _probe(_compile(model, cfg.train.compile_mode), example_input(cfg, device, batch=batch, fmt=fmt), 0,
+    _probe(compile_module(model, mode=cfg.train.compile_mode), example_input(cfg, device, batch=batch, fmt=fmt), 0,
            precision, seen)
     inputs = _loss_inputs(cfg, device, precision=precision, batch=batch, fmt=fmt, layout=seen[0] if seen else None)
-    _timed(_loss_step(_compile(criterion), inputs, precision), 0, device)
+    _timed(_loss_step(compile_module(criterion), inputs, precision), 0, device)

@@ -82,7 +82,6 @@ if STATIC_CHECK_BACKEND not in torch._dynamo.list_backends(exclude_tags=()):
 def test_training_compiles_static_shapes_after_the_same_forward_was_compiled_for_others(monkeypatch):
     """Dynamo keeps one cache per code object: once `SegModel.forward` ran compiled for another shape in this
     process (inference, a notebook), a new compile would trace with symbolic sizes. The trainer's does not."""
-    from cellseg.runtime.compile import compile_module
     from cellseg.train.build import make_model
 
     monkeypatch.setenv("CELLSEG_COMPILE_BACKEND", STATIC_CHECK_BACKEND)
@@ -90,7 +89,8 @@ def test_training_compiles_static_shapes_after_the_same_forward_was_compiled_for
     torch.manual_seed(0)
     model = make_model(cfg, torch.device("cpu"), torch.contiguous_format)
     with torch.no_grad():
-        compile_module(model)(torch.rand(1, 1, 16, 16, 16))  # another shape first, torch's default (dynamic=None)
+        # another shape first, compiled as anyone may in the same process (torch's default: dynamic=None)
+        torch.compile(model, backend=STATIC_CHECK_BACKEND)(torch.rand(1, 1, 16, 16, 16))
     _graph_static.clear()
     net, record, _ = maybe_compile(model, cfg, torch.device("cpu"), precision="fp32", fmt=torch.contiguous_format,
                                    batch=2)
