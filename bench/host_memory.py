@@ -10,7 +10,9 @@ flat, or does it grow with the steps?
 (e.g. `data.resident=host`, `loader.num_workers=2`). Every `--every` seconds the resident set size (RSS) of
 the job's whole process tree is sampled, with the last optimizer step logged in its `metrics.jsonl`. RSS of
 forked workers counts pages they share with the parent twice, so the absolute number is an upper bound; growth
-is what this measures.
+is what this measures. Compile processes are counted apart (`compile_mib`; `rss_mib` is the rest): the
+background compile's child and inductor's compile-worker pool (which inductor shuts down after a minute idle)
+hold several GiB for their lifetime and say nothing about a leak.
 
 Verdict: after a warm-up (the first `WARMUP_SHARE` of the samples: data set-up, first validation, allocator
 pools filling; and, where the model compiled in the background, until training switched to the compiled model
@@ -21,6 +23,8 @@ when the growth stays under `FLAT_SHARE` of the post-warm-up level (a fall is no
 step would exceed it within minutes.
 
 Writes OUT/host_memory.json (every sample) and OUT/host_memory.md (summary), keeps the run in OUT/run.
+`--summarize FILE [--warmup-min M]` summarises a stored result again with the current rules (and a warm-up of at
+least M minutes, for samples taken before compile processes were counted apart).
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP_SHARE = 0.2  # share of the samples treated as warm-up (set-up, first validation)
 FLAT_SHARE = 0.05  # growth under 5 % of the post-warm-up RSS counts as flat
 MIB = 2**20
+# A process whose command line holds one of these, and everything below it, is compile machinery: the background
+# compile's child (`python -m cellseg.train.background`) and inductor's compile-worker pool (its __main__.py)
+COMPILE_MARKERS = ("cellseg.train.background", "_inductor/compile_worker")
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of a process and all its descendants, from /proc (Linux; 0 once the process is gone)."""
+def tree_rss_bytes(pid: int) -> tuple[int, int]:
+    """Resident bytes of a process and all its descendants, from /proc (Linux; zeros once the process is gone),
+    as (the job's processes, its compile processes: `COMPILE_MARKERS`)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -51,15 +59,18 @@ def tree_rss_bytes(pid: int) -> int:
         except OSError:  # a process that exited while listing
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    page, total, todo = os.sysconf("SC_PAGE_SIZE"), 0, [pid]
+    page, totals, todo = os.sysconf("SC_PAGE_SIZE"), [0, 0], [(pid, False)]
     while todo:
-        current = todo.pop()
+        current, compiling = todo.pop()
         try:
-            total += int(Path(f"/proc/{current}/statm").read_text().split()[1]) * page  # field 2: resident pages
+            resident = int(Path(f"/proc/{current}/statm").read_text().split()[1]) * page  # field 2: resident pages
+            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        todo.extend(children.get(current, []))
-    return total
+        compiling = compiling or any(marker in cmdline for marker in COMPILE_MARKERS)
+        totals[compiling] += resident
+        todo.extend((child, compiling) for child in children.get(current, []))
+    return totals[0], totals[1]
 
 
 def logged_steps(metrics: Path) -> tuple[int | None, int | None]:
@@ -79,13 +90,15 @@ def logged_steps(metrics: Path) -> tuple[int | None, int | None]:
     return step, switch
 
 
-def summarise(samples: list[dict[str, Any]], switch_step: int | None = None) -> dict[str, Any]:
-    """Levels after warm-up and at the end, growth, slope after warm-up, and the verdict (module docstring)."""
+def summarise(samples: list[dict[str, Any]], switch_step: int | None = None,
+              warmup_min: float = 0.0) -> dict[str, Any]:
+    """Levels after warm-up and at the end, growth, slope after warm-up, and the verdict (module docstring);
+    `warmup_min`: a warm-up of at least that many minutes."""
     import numpy as np
 
     t = np.array([s["t_s"] for s in samples]) / 60.0
     rss = np.array([s["rss_mib"] for s in samples])
-    start = int(len(samples) * WARMUP_SHARE)
+    start = max(int(len(samples) * WARMUP_SHARE), int(np.searchsorted(t, warmup_min)))
     if switch_step is not None:  # the background compile's process lives until the switch
         start = max(start, next((i for i, s in enumerate(samples) if (s["step"] or 0) > switch_step), len(samples)))
     if len(samples) - start < 10:
@@ -101,7 +114,8 @@ def summarise(samples: list[dict[str, Any]], switch_step: int | None = None) -> 
     return {"warmup_samples": start, "rss_mib_after_warmup": baseline, "rss_mib_end": end,
             "rss_mib_peak": float(rss.max()), "growth_mib": growth, "slope_mib_per_min": slope,
             "warmup_minutes": float(t[start]), "minutes_after_warmup": float(t[-1] - t[start]),
-            "switch_step": switch_step, "flat": growth < FLAT_SHARE * baseline}
+            "switch_step": switch_step, "compile_mib_peak": max(s.get("compile_mib", 0.0) for s in samples),
+            "flat": growth < FLAT_SHARE * baseline}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,12 +133,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         samples = []
         while job.poll() is None:
-            rss = tree_rss_bytes(job.pid)
+            rss, compiling = tree_rss_bytes(job.pid)
             if rss:
                 samples.append({"t_s": round(time.time() - began, 2), "rss_mib": round(rss / MIB, 1),
+                                "compile_mib": round(compiling / MIB, 1),
                                 "step": logged_steps(run_dir / "metrics.jsonl")[0]})
-                print(f"  {samples[-1]['t_s']:8.1f} s  {samples[-1]['rss_mib']:9.1f} MiB  step {samples[-1]['step']}",
-                      flush=True)
+                print(f"  {samples[-1]['t_s']:8.1f} s  {samples[-1]['rss_mib']:9.1f} MiB  "
+                      f"(compiling {samples[-1]['compile_mib']:.1f} MiB)  step {samples[-1]['step']}", flush=True)
             time.sleep(args.every)
     if job.returncode != 0:
         raise SystemExit(f"training exited with status {job.returncode}: see {out / 'train.log'}")
@@ -140,28 +155,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def write_markdown(result: dict[str, Any], path: Path) -> None:
     s, env = result["summary"], result["env"]
     steps = [x["step"] for x in result["samples"] if x["step"] is not None]
+    counted_apart = any("compile_mib" in x for x in result["samples"])  # results before: in the RSS columns
+    compiling = f"{s['compile_mib_peak']:.1f}" if counted_apart else "counted in RSS"
     lines = [f"# Host memory of a training job ({env['date']}, {env['cpu_count']} CPU cores, torch {env['torch']})",
              "", f"`{result['command']}`", "",
              "| minutes | steps | warm-up (min) | RSS after warm-up (MiB) | RSS at end (MiB) | peak (MiB) | "
-             "growth (MiB) | slope (MiB/min) | flat |", "|---|---|---|---|---|---|---|---|---|",
+             "growth (MiB) | slope (MiB/min) | flat | compile processes, peak (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|",
              f"| {result['minutes']} | {steps[-1] if steps else '-'} | {s.get('warmup_minutes', 0):.1f} | "
              f"{s['rss_mib_after_warmup']:.1f} | "
              f"{s['rss_mib_end']:.1f} | {s['rss_mib_peak']:.1f} | {s['growth_mib']:+.1f} | "
-             f"{s['slope_mib_per_min']:+.2f} | {'yes' if s['flat'] else 'no'} |", ""]
+             f"{s['slope_mib_per_min']:+.2f} | {'yes' if s['flat'] else 'no'} | {compiling} |", ""]
     path.write_text("\n".join(lines))
+
+
+def resummarise(path: Path, warmup_min: float) -> int:
+    """`--summarize`: the stored samples summarised by the current rules; the summary it replaces is kept under
+    `summary_as_run` (the first time) and the warm-up floor is recorded."""
+    result = json.loads(path.read_text())
+    result.setdefault("summary_as_run", result["summary"])
+    result["summary"] = {**summarise(result["samples"], result["summary"].get("switch_step"), warmup_min),
+                         "warmup_min_floor": warmup_min}
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(result, path.with_suffix(".md"))
+    print(path.with_suffix(".md").read_text())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", help="data root (a `cellseg synth` or fetched root); --quick makes a tiny one")
-    parser.add_argument("--out", required=True, help="output directory (OUT/host_memory.json, .md, the run)")
+    parser.add_argument("--out", help="output directory (OUT/host_memory.json, .md, the run); required to run")
     parser.add_argument("--config", default=str(REPO / "configs/demo/unet_2d.yaml"), help="training config")
     parser.add_argument("--minutes", type=float, default=30.0, help="training-clock minutes (default 30)")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between memory samples (default 15)")
     parser.add_argument("--quick", action="store_true", help="tiny synthetic root, smoke model, a few seconds")
+    parser.add_argument("--summarize", metavar="FILE", type=Path,
+                        help="summarise a stored host_memory.json again (rewrites it and the .md beside it)")
+    parser.add_argument("--warmup-min", type=float, default=0.0,
+                        help="with --summarize: a warm-up of at least this many minutes (default 0)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for the training job")
     args = parser.parse_args(argv)
+    if args.summarize:
+        return resummarise(args.summarize, args.warmup_min)
+    if not args.out:
+        parser.error("--out is required (or --summarize FILE)")
     if args.minutes <= 0 or args.every <= 0:
         parser.error("--minutes and --every must be > 0")
     if args.quick:

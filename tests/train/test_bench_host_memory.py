@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,50 @@ def test_the_verdict_waits_for_the_background_compile_and_ignores_falls_and_the_
     assert 0 < s["growth_mib"] < 50 and s["flat"] is True
     leaking = [{**x, "rss_mib": 5000.0 + 100 * i} for i, x in enumerate(samples)]  # 100 MiB per sample
     assert summarise(leaking, switch_step=1900)["flat"] is False
+
+
+def test_a_warmup_floor_in_minutes_and_summarizing_a_stored_result_again(tmp_path: Path) -> None:
+    if str(BENCH.parents[1]) not in sys.path:
+        sys.path.insert(0, str(BENCH.parents[1]))
+    from bench.host_memory import main, summarise
+
+    # compile workers (+6000 MiB) lived until 3 minutes, past the switch at step 1000 (sample 10)
+    samples = [{"t_s": 10.0 * i, "rss_mib": (11000.0 if i < 18 else 5000.0), "step": 100 * i} for i in range(60)]
+    assert summarise(samples, switch_step=1000)["warmup_samples"] == 12  # a fall: flat, but the levels mislead
+    s = summarise(samples, switch_step=1000, warmup_min=3.0)
+    assert s["warmup_samples"] == 18 and s["rss_mib_after_warmup"] == 5000.0 and s["growth_mib"] == 0.0
+    stored = tmp_path / "host_memory.json"
+    stored.write_text(json.dumps({"command": "cellseg train ...", "minutes": 10.0, "samples": samples,
+                                  "env": {"date": "2026-01-01", "cpu_count": 2, "torch": "x"},
+                                  "summary": summarise(samples, switch_step=1000)}))
+    assert main(["--summarize", str(stored), "--warmup-min", "3"]) == 0
+    again = json.loads(stored.read_text())
+    assert again["summary"]["warmup_samples"] == 18 and again["summary"]["warmup_min_floor"] == 3.0
+    assert again["summary_as_run"]["warmup_samples"] == 12  # what the run itself concluded stays beside it
+    assert "counted in RSS" in stored.with_suffix(".md").read_text()  # samples without compile_mib
+
+
+def test_compile_processes_are_counted_apart_from_the_job() -> None:
+    if str(BENCH.parents[1]) not in sys.path:
+        sys.path.insert(0, str(BENCH.parents[1]))
+    import time
+
+    from bench.host_memory import MIB, tree_rss_bytes
+
+    # a job whose child's command line names inductor's compile-worker pool; the child holds 300 MiB of written
+    # pages (bytes of ones: zero-filled pages may stay unmapped), its parent only the interpreter. The marker is
+    # joined at run time: in the parent's own command line it would mark the parent
+    child = "import time; x = b'1' * (300 << 20); time.sleep(120)"
+    job = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                            f"subprocess.Popen([sys.executable, '-c', {child!r}, 'torch/_inductor/' + 'compile_worker']); "
+                            "time.sleep(120)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while (sizes := tree_rss_bytes(job.pid))[1] < 300 * MIB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        rss, compiling = sizes
+        assert compiling >= 300 * MIB, "the compile worker's pages are counted as compiling"
+        assert 0 < rss < 200 * MIB, "and not as the job's"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the job and its child: a session of their own
+        job.wait()
