@@ -17,7 +17,9 @@ overrides applied to every architecture, then:
 - **end to end**: optimizer steps per second over `--steps` steps after `--warmup` steps, batches from the
   trainer's own loader, GPU augmentation included;
 - **in memory**: the same trainer's step repeated on one batch already on the GPU (augmentation included,
-  no loader): the ceiling the loader can reach;
+  no loader): the ceiling the loader can reach; timed over `--steps` steps before and again after the end-to-end
+  steps, and their mean is the reference: the two differ when the step itself drifts (GPU clocks, other
+  processes), which a single timing would read as a loader gap or surplus (`in-memory drift`);
 - samples/s of both, their ratio, MFU of both against the bf16 matmul peak measured by the trainer, host
   memory (RSS) at the start and the end of the timed steps, and the GPU's peak memory.
 
@@ -115,24 +117,25 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
         trainer.finish_compile()
     _sync(device)
     compiled_s = time.time() - PROCESS_START  # from here on the model is the one training keeps
-    for _ in range(warmup):
-        trainer.train_step([next(batches)])
-    _sync(device)
-    rss_start, start = _rss_gib(), time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step([next(batches)])
-    _sync(device)
-    e2e_s = (time.perf_counter() - start) / steps
-    rss_end = _rss_gib()
+
+    def seconds_per_step(batch: dict | None, n: int) -> float:
+        """Mean seconds of `n` steps on `batch` again and again, or on the loader's batches (None)."""
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            trainer.train_step([batch if batch is not None else next(batches)])
+        _sync(device)
+        return (time.perf_counter() - start) / n
+
     batch = trainer._to_device(next(batches))  # one batch on the GPU, stepped on again and again
-    for _ in range(min(warmup, 3)):
-        trainer.train_step([batch])
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step([batch])
-    _sync(device)
-    mem_s = (time.perf_counter() - start) / steps
+    seconds_per_step(batch, min(warmup, 3))
+    mem_before_s = seconds_per_step(batch, steps)  # in memory before and after the end-to-end steps: a drift of
+    seconds_per_step(None, warmup)  # the step itself between them (clocks, other processes) shows as their spread
+    rss_start = _rss_gib()
+    e2e_s = seconds_per_step(None, steps)
+    rss_end = _rss_gib()
+    mem_after_s = seconds_per_step(batch, steps)
+    mem_s = (mem_before_s + mem_after_s) / 2
     world = s.dist.world_size
     samples = s.batch_size * cfg.train.grad_accum_steps * world  # all GPUs' samples per optimizer step
     row = {"name": name, "gpus": world, "config": str(config.relative_to(REPO)), "batch": s.batch_size,
@@ -146,6 +149,8 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
            "background_s": s.meta["compile"].get("background_s"), "switch_s": s.meta["compile"].get("switch_s"),
            "background_note": s.meta.get("background_compile"),
            "e2e_samples_per_s": samples / e2e_s, "in_memory_samples_per_s": samples / mem_s,
+           "in_memory_before_samples_per_s": samples / mem_before_s,
+           "in_memory_after_samples_per_s": samples / mem_after_s,
            "ratio": mem_s / e2e_s, "rss_gib_start": rss_start, "rss_gib_end": rss_end, "steps": steps}
     if s.peak_tflops:
         per = s.flops_per_sample / 1e12 / s.peak_tflops / world  # MFU per GPU
@@ -161,20 +166,26 @@ def _label(row: dict) -> str:
     return row["name"] if gpus == 1 else f"{row['name']} on {gpus} GPUs"
 
 
+def _drift(row: dict) -> str:
+    """In memory after the end-to-end steps relative to before them (rows of runs that timed it once: "-")."""
+    before, after = row.get("in_memory_before_samples_per_s"), row.get("in_memory_after_samples_per_s")
+    return "-" if before is None else f"{100 * (after - before) / row['in_memory_samples_per_s']:+.1f} %"
+
+
 def markdown(env: dict, rows: list[dict]) -> str:
     """The table of docs/benchmarks.md."""
     lines = [f"# Training end to end vs in memory ({env['gpu']}, torch {env['torch']}, {env['date']})", "",
              f"Data root: `{env['root']}`; {env['steps']} timed steps after {env['warmup']} warm-up steps; overrides: "
              f"{' '.join(env['overrides']) or 'none'}; cores per GPU: {env.get('cores_per_gpu', 'all')}.", "",
-             "| arch | GPUs | batch/GPU | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | MFU e2e | "
-             "first step cold (s) | compiled from, cold (s) | eager steps meanwhile | first step warm (s) | "
-             "host GiB start → end |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| arch | GPUs | batch/GPU | resident | e2e samples/s | in-memory samples/s | e2e / in-memory | "
+             "in-memory drift | MFU e2e | first step cold (s) | compiled from, cold (s) | eager steps meanwhile | "
+             "first step warm (s) | host GiB start → end |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         warm, mfu = r.get("first_step_warm_s"), r.get("mfu_e2e")
         lines.append(f"| {r['name']} | {r.get('gpus', 1)} | {r['batch']} | {r['resident']} | "
                      f"{r['e2e_samples_per_s']:.1f} | {r['in_memory_samples_per_s']:.1f} | {100 * r['ratio']:.1f} % | "
-                     f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
+                     f"{_drift(r)} | {'-' if mfu is None else f'{100 * mfu:.1f} %'} | {r['first_step_s']:.1f} | "
                      f"{r['compiled_from_s']:.1f} | {r['eager_steps_while_compiling']} | "
                      f"{'-' if warm is None else f'{warm:.1f}'} | {r['rss_gib_start']:.2f} → {r['rss_gib_end']:.2f} |")
     lines += ["", "Time to the first step, cold, by phase (s; `cellseg.train.setup.Phases`, then the first batch and the "

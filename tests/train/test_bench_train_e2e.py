@@ -17,9 +17,12 @@ def test_quick_run_measures_end_to_end_and_in_memory(tiny_synth_root: Path, tmp_
     assert done.returncode == 0, done.stderr[-2000:]
     [row] = json.loads((tmp_path / "train_e2e.json").read_text())["rows"]
     assert row["name"] == "unet_3d" and row["e2e_samples_per_s"] > 0 and row["in_memory_samples_per_s"] > 0
+    before, after = row["in_memory_before_samples_per_s"], row["in_memory_after_samples_per_s"]  # bracketing
+    assert abs(2 / (1 / before + 1 / after) - row["in_memory_samples_per_s"]) < 1e-6 * before  # the e2e timing
     assert 0 < row["first_step_s"] < 300 and row["first_step_warm_s"] is not None
     md = (tmp_path / "train_e2e.md").read_text()
     assert "| unet_3d | 1 | 2 |" in md and "- unet_3d: " in md  # one GPU, batch 2
+    assert "in-memory drift" in md and " %" in md.split("| unet_3d | 1 | 2 |")[1].split("|")[4]
     phases = row["startup_s"]  # where the time before the first step went
     assert list(phases)[:3] == ["imports", "devices", "model"] and list(phases)[-2:] == ["first batch", "first step"]
     assert sum(phases.values()) <= row["first_step_s"] + 0.1
