@@ -125,7 +125,7 @@ def measure_one(name: str, root: Path, run_dir: Path, steps: int, warmup: int, o
         for _ in range(n):
             trainer.train_step([batch if batch is not None else next(batches)])
         _sync(device)
-        return (time.perf_counter() - start) / n
+        return (time.perf_counter() - start) / max(n, 1)  # n = 0: --warmup 0
 
     batch = trainer._to_device(next(batches))  # one batch on the GPU, stepped on again and again
     seconds_per_step(batch, min(warmup, 3))
