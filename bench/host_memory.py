@@ -22,7 +22,8 @@ the tenth right after warm-up, and the slope is the median of the slopes between
 when the growth stays under `FLAT_SHARE` of the post-warm-up level (a fall is no leak): a leak of one batch per
 step would exceed it within minutes.
 
-Writes OUT/host_memory.json (every sample) and OUT/host_memory.md (summary), keeps the run in OUT/run.
+Writes OUT/host_memory.json (every sample, rewritten after each, so a run cut short keeps its samples with
+`"complete": false`) and OUT/host_memory.md (summary), keeps the run in OUT/run.
 `--summarize FILE [--warmup-min M]` summarises a stored result again with the current rules (and a warm-up of at
 least M minutes, for samples taken before compile processes were counted apart).
 """
@@ -34,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARMUP_SHARE = 0.2  # share of the samples treated as warm-up (set-up, first validation)
 FLAT_SHARE = 0.05  # growth under 5 % of the post-warm-up RSS counts as flat
 MIB = 2**20
+STOP_WAIT_S = 120  # how long a stopped job may take to save its state before it is killed
 # A process whose command line holds one of these, and everything below it, is compile machinery: the background
 # compile's child (`python -m cellseg.train.background`) and inductor's compile-worker pool (its __main__.py)
 COMPILE_MARKERS = ("cellseg.train.background", "_inductor/compile_worker")
@@ -127,29 +130,59 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "cellseg", "train", args.config, f"data.root={args.root}", f"run_dir={run_dir}",
            f"train.time_budget_min={args.minutes}", "train.max_steps=1000000000", *args.overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    import torch
+
+    result: dict[str, Any] = {
+        "benchmark": "host_memory", "command": " ".join(cmd), "config": args.config, "overrides": args.overrides,
+        "minutes": args.minutes, "every_s": args.every, "wall_s": 0.0, "complete": False, "switch_step": None,
+        "env": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
+                "torch": torch.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine()},
+        "summary": None, "samples": []}
     print("==>", " ".join(cmd), flush=True)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a scheduler's stop still ends the job and keeps the samples
     began = time.time()
     with open(out / "train.log", "w") as log:
         job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        samples = []
-        while job.poll() is None:
-            rss, compiling = tree_rss_bytes(job.pid)
-            if rss:
-                samples.append({"t_s": round(time.time() - began, 2), "rss_mib": round(rss / MIB, 1),
-                                "compile_mib": round(compiling / MIB, 1),
-                                "step": logged_steps(run_dir / "metrics.jsonl")[0]})
-                print(f"  {samples[-1]['t_s']:8.1f} s  {samples[-1]['rss_mib']:9.1f} MiB  "
-                      f"(compiling {samples[-1]['compile_mib']:.1f} MiB)  step {samples[-1]['step']}", flush=True)
-            time.sleep(args.every)
+        try:
+            while job.poll() is None:
+                rss, compiling = tree_rss_bytes(job.pid)
+                if rss:
+                    step, result["switch_step"] = logged_steps(run_dir / "metrics.jsonl")
+                    sample = {"t_s": round(time.time() - began, 2), "rss_mib": round(rss / MIB, 1),
+                              "compile_mib": round(compiling / MIB, 1), "step": step}
+                    result["samples"].append(sample)
+                    result["wall_s"] = sample["t_s"]
+                    _write_json(result, out / "host_memory.json")  # every sample: a cut run keeps what it saw
+                    print(f"  {sample['t_s']:8.1f} s  {sample['rss_mib']:9.1f} MiB  "
+                          f"(compiling {sample['compile_mib']:.1f} MiB)  step {step}", flush=True)
+                time.sleep(args.every)
+        finally:
+            if job.poll() is None:  # this process was stopped: so is the job it started
+                job.terminate()  # the trainer's stop request: it saves its state and exits
+                try:
+                    job.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    job.kill()
+                    job.wait()
     if job.returncode != 0:
-        raise SystemExit(f"training exited with status {job.returncode}: see {out / 'train.log'}")
-    import torch
+        raise SystemExit(f"training exited with status {job.returncode}: see {out / 'train.log'}; the samples so far "
+                         f"are in {out / 'host_memory.json'} (--summarize reads them)")
+    result.update(wall_s=round(time.time() - began, 1), complete=True,
+                  summary=summarise(result["samples"], result["switch_step"]))
+    _write_json(result, out / "host_memory.json")
+    write_markdown(result, out / "host_memory.md")
+    return result
 
-    return {"benchmark": "host_memory", "command": " ".join(cmd), "config": args.config, "overrides": args.overrides,
-            "minutes": args.minutes, "every_s": args.every, "wall_s": round(time.time() - began, 1),
-            "env": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
-                    "torch": torch.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine()},
-            "summary": summarise(samples, logged_steps(run_dir / "metrics.jsonl")[1]), "samples": samples}
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(f"host_memory: stopped by signal {signum}")
+
+
+def _write_json(result: dict[str, Any], path: Path) -> None:
+    """Replace `path` whole (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:
@@ -173,10 +206,11 @@ def resummarise(path: Path, warmup_min: float) -> int:
     """`--summarize`: the stored samples summarised by the current rules; the summary it replaces is kept under
     `summary_as_run` (the first time) and the warm-up floor is recorded."""
     result = json.loads(path.read_text())
-    result.setdefault("summary_as_run", result["summary"])
-    result["summary"] = {**summarise(result["samples"], result["summary"].get("switch_step"), warmup_min),
-                         "warmup_min_floor": warmup_min}
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    if result.get("summary") is not None:  # a run that was cut has none
+        result.setdefault("summary_as_run", result["summary"])
+    switch = result.get("switch_step", (result.get("summary") or {}).get("switch_step"))
+    result["summary"] = {**summarise(result["samples"], switch, warmup_min), "warmup_min_floor": warmup_min}
+    _write_json(result, path)
     write_markdown(result, path.with_suffix(".md"))
     print(path.with_suffix(".md").read_text())
     return 0
@@ -212,11 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         args.minutes, args.every = min(args.minutes, 0.1), min(args.every, 0.4)
     elif not args.root:
         parser.error("--root is required (or --quick)")
-    result = run(args)
-    out = Path(args.out)
-    (out / "host_memory.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(result, out / "host_memory.md")
-    print((out / "host_memory.md").read_text())
+    run(args)
+    print((Path(args.out) / "host_memory.md").read_text())
     return 0
 
 

@@ -97,3 +97,31 @@ def test_compile_processes_are_counted_apart_from_the_job() -> None:
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the job and its child: a session of their own
         job.wait()
+
+
+def test_a_run_stopped_midway_keeps_its_samples_and_ends_its_job(tiny_synth_root: Path, tmp_path: Path) -> None:
+    import time
+
+    bench = subprocess.Popen([sys.executable, str(BENCH), "--quick", "--root", str(tiny_synth_root),
+                              "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    stored, deadline = tmp_path / "host_memory.json", time.monotonic() + 120
+    while time.monotonic() < deadline and bench.poll() is None:  # until the job has logged a step
+        if stored.is_file() and any(s["step"] for s in json.loads(stored.read_text())["samples"]):
+            break
+        time.sleep(0.1)
+    assert bench.poll() is None, "the quick run ended before it logged a step: " + bench.communicate()[1][-2000:]
+    bench.send_signal(signal.SIGTERM)  # the bench alone, as a user's kill: its job must not be left running
+    _, err = bench.communicate(timeout=60)
+    assert bench.returncode != 0 and "stopped by signal" in err
+    result = json.loads(stored.read_text())
+    assert result["complete"] is False and result["summary"] is None and len(result["samples"]) >= 1
+    job_cmdline = f"run_dir={tmp_path / 'run'}".encode()
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if job_cmdline in cmdline.read_bytes():
+                alive.append(cmdline.parent.name)
+        except OSError:  # exited while listing
+            continue
+    assert not alive, f"the training job outlived the bench: pids {alive}"
