@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -130,13 +131,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "cellseg", "train", args.config, f"data.root={args.root}", f"run_dir={run_dir}",
            f"train.time_budget_min={args.minutes}", "train.max_steps=1000000000", *args.overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    import torch
-
     result: dict[str, Any] = {
         "benchmark": "host_memory", "command": " ".join(cmd), "config": args.config, "overrides": args.overrides,
         "minutes": args.minutes, "every_s": args.every, "wall_s": 0.0, "complete": False, "switch_step": None,
         "env": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
-                "torch": torch.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine()},
+                "torch": importlib.metadata.version("torch"), "cpu_count": os.cpu_count(), "machine": platform.machine()},
         "summary": None, "samples": []}
     print("==>", " ".join(cmd), flush=True)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a scheduler's stop still ends the job and keeps the samples
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "cellseg", "synth", "--preset", "tiny", "--seed", "0",
                             "--out", args.root], check=True, cwd=REPO)
         args.config = str(REPO / "configs/smoke/unet_2d.yaml")
-        args.minutes, args.every = min(args.minutes, 0.1), min(args.every, 0.4)
+        args.minutes, args.every = min(args.minutes, 0.05), min(args.every, 0.3)
     elif not args.root:
         parser.error("--root is required (or --quick)")
     run(args)

@@ -23,7 +23,7 @@ def test_quick_run_samples_the_job_and_its_steps(tiny_synth_root: Path, tmp_path
     assert any(s["step"] for s in samples), "the job's logged steps are read while it trains"
     summary = result["summary"]
     assert summary["rss_mib_peak"] >= summary["rss_mib_end"] > 0 and isinstance(summary["flat"], bool)
-    assert "| 0.1 |" in (tmp_path / "host_memory.md").read_text()
+    assert "| 0.05 |" in (tmp_path / "host_memory.md").read_text()
 
 
 def test_an_existing_run_directory_is_never_reused(tiny_synth_root: Path, tmp_path: Path) -> None:
