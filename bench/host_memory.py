@@ -44,6 +44,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+
+from cellseg.runtime.checkpoint import save_atomic_text  # noqa: E402
+
 WARMUP_SHARE = 0.2  # share of the samples treated as warm-up (set-up, first validation)
 FLAT_SHARE = 0.05  # growth under 5 % of the post-warm-up RSS counts as flat
 MIB = 2**20
@@ -179,9 +183,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def _write_json(result: dict[str, Any], path: Path) -> None:
     """Replace `path` whole (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, path)
+    save_atomic_text(json.dumps(result, indent=1) + "\n", path)
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:

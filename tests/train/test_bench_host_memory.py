@@ -7,9 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "host_memory.py"
+if str(BENCH.parents[1]) not in sys.path:
+    sys.path.insert(0, str(BENCH.parents[1]))  # the repository root: bench/ is not an installed package
+
+from bench.host_memory import MIB, main, summarise, tree_rss_bytes  # noqa: E402
 
 
 def test_quick_run_samples_the_job_and_its_steps(tiny_synth_root: Path, tmp_path: Path) -> None:
@@ -34,9 +39,6 @@ def test_an_existing_run_directory_is_never_reused(tiny_synth_root: Path, tmp_pa
 
 
 def test_the_verdict_waits_for_the_background_compile_and_ignores_falls_and_the_last_sample() -> None:
-    if str(BENCH.parents[1]) not in sys.path:
-        sys.path.insert(0, str(BENCH.parents[1]))  # the repository root: bench/ is not an installed package
-    from bench.host_memory import summarise
 
     # 60 samples 10 s apart: a background compile's process (+6000 MiB) until step 2000, then a level of 5000 MiB
     # that grows 1 MiB a sample, and a last sample taken while the job ends (its workers gone)
@@ -53,10 +55,6 @@ def test_the_verdict_waits_for_the_background_compile_and_ignores_falls_and_the_
 
 
 def test_a_warmup_floor_in_minutes_and_summarizing_a_stored_result_again(tmp_path: Path) -> None:
-    if str(BENCH.parents[1]) not in sys.path:
-        sys.path.insert(0, str(BENCH.parents[1]))
-    from bench.host_memory import main, summarise
-
     # compile workers (+6000 MiB) lived until 3 minutes, past the switch at step 1000 (sample 10)
     samples = [{"t_s": 10.0 * i, "rss_mib": (11000.0 if i < 18 else 5000.0), "step": 100 * i} for i in range(60)]
     assert summarise(samples, switch_step=1000)["warmup_samples"] == 12  # a fall: flat, but the levels mislead
@@ -74,12 +72,6 @@ def test_a_warmup_floor_in_minutes_and_summarizing_a_stored_result_again(tmp_pat
 
 
 def test_compile_processes_are_counted_apart_from_the_job() -> None:
-    if str(BENCH.parents[1]) not in sys.path:
-        sys.path.insert(0, str(BENCH.parents[1]))
-    import time
-
-    from bench.host_memory import MIB, tree_rss_bytes
-
     # a job whose child's command line names inductor's compile-worker pool; the child holds 300 MiB of written
     # pages (bytes of ones: zero-filled pages may stay unmapped), its parent only the interpreter. The marker is
     # joined at run time: in the parent's own command line it would mark the parent
@@ -100,8 +92,6 @@ def test_compile_processes_are_counted_apart_from_the_job() -> None:
 
 
 def test_a_run_stopped_midway_keeps_its_samples_and_ends_its_job(tiny_synth_root: Path, tmp_path: Path) -> None:
-    import time
-
     bench = subprocess.Popen([sys.executable, str(BENCH), "--quick", "--root", str(tiny_synth_root),
                               "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
