@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -300,6 +301,22 @@ def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> Non
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
+def _refuse_while_spawn_imports_main() -> None:
+    """The loader's workers start by spawn, which imports the parent's `__main__` script again. A script that
+    builds a training at its top level (no `if __name__ == "__main__":`) would build one more in every worker;
+    say so, instead of the run directory's lock error that would follow.
+
+    Raises:
+        RuntimeError: when called while this process is a spawned child still importing its parent's script.
+    """
+    # `_inheriting` is multiprocessing's own flag for that phase (its "bootstrapping phase" error reads it too)
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "a training was started while a spawned worker process imported the parent's script: put the code that "
+            "starts training under `if __name__ == \"__main__\":` (the data loader's workers start by spawn and "
+            "re-import that script)")
+
+
 def _claim(run_dir: Path, d: runtime.Dist) -> RunLock | None:
     """Rank 0 locks the run directory; every rank raises if that failed (none waits at a barrier for ever)."""
     lock, error = None, None
@@ -349,6 +366,7 @@ def build_setup(cfg: RunConfig, *, resume: bool | str = False,
     Raises:
         FileExistsError: another training holds `run_dir`, or it holds a run and `resume` is not given.
     """
+    _refuse_while_spawn_imports_main()
     tc, phase = cfg.train, Phases()
     with phase("devices"):
         d = runtime.init_distributed(tc.device)

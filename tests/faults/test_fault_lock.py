@@ -7,11 +7,13 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from faultkit import SMOKE, config, dead_pid, finish, losses, overrides, start, wait_for
+from faultkit import SMOKE, config, dead_pid, env, finish, losses, overrides, start, wait_for
 
 from cellseg.cli import main
 from cellseg.train.lock import LOCK_FILE
@@ -69,3 +71,18 @@ def test_a_requeued_job_takes_over_its_earlier_attempt(tiny_synth_root: Path, tm
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the same job, requeued (maybe onto another node)
     train(config(tiny_synth_root, run, "train.max_steps=1"))
     assert (run / "result.json").exists()
+
+
+def test_a_script_without_a_main_guard_is_told_so_not_sent_to_the_lock(tiny_synth_root: Path, tmp_path: Path) -> None:
+    """The loader's spawned workers import the parent's script again; one that starts training at its top level
+    would start it once more in each of them, which first met the run directory's lock."""
+    cfg = overrides(tiny_synth_root, tmp_path / "run", "train.max_steps=2", "data.resident=off",
+                    "loader.num_workers=1")
+    script = tmp_path / "no_guard.py"
+    script.write_text("from cellseg.config import load_run_config\n"
+                      "from cellseg.train.trainer import train\n"
+                      f"train(load_run_config({str(SMOKE)!r}, {cfg!r}))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env(), timeout=300)
+    assert done.returncode != 0
+    assert 'put the code that starts training under `if __name__ == "__main__":`' in done.stderr
+    assert "in use by another training" not in done.stderr
