@@ -35,6 +35,7 @@ import torch
 from cellseg import runtime
 from cellseg.config.schema import RunConfig
 from cellseg.runtime.checkpoint import save_atomic_text
+from cellseg.runtime.compile import release_compile_workers
 from cellseg.train.batch import free_memory, shrink
 from cellseg.train.checkpoint import rng_state, set_rng_state
 from cellseg.train.clock import crossed
@@ -81,6 +82,7 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
         # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
         resumed = self.s.resumed_from
+        self._compile_done = False  # set once the model trains as it will: `_release_compile_workers`
         self._saved_step = self.s.state.step if resumed is not None and resumed.name == "last.pt" else -1
         self.val_pool: ValidationPool | None = None  # the validation workers of `fit` (started at its first validation)
 
@@ -236,6 +238,7 @@ class Trainer:
                                          wait_s=wait_s)
                         window_start, window_steps, loss_steps, wait_s = time.perf_counter(), 0, 0, 0.0
                         loss_sum = torch.zeros_like(loss_sum)
+                        self._release_compile_workers()
                     if step % tc.val_every == 0 or final or crossed(before, clock.shared_s, val_every_s):
                         with self._off_the_clock():
                             last["val"] = self._validate(run_log)
@@ -261,6 +264,15 @@ class Trainer:
         if run_log is not None:
             keys = ("compiled", "background_s", "switch_s", "background_error")
             run_log.record(self.s.state.step, {k: self.s.meta["compile"].get(k) for k in keys}, prefix="compile")
+
+    def _release_compile_workers(self) -> None:
+        """Once a step has run as the job will train (no background compile pending), nothing compiles again:
+        inductor's idle compile-worker pool is shut down (`cellseg.runtime.compile.release_compile_workers`)."""
+        if self._compile_done or self.s.background is not None:
+            return
+        self._compile_done = True
+        if release_compile_workers():
+            log.info("step %d: compilation done, inductor's compile workers shut down", self.s.state.step)
 
     def _tick(self) -> None:
         """Refresh the clock value decisions read (`TrainClock.shared_s`): every step in a single process; under
