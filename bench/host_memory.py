@@ -11,14 +11,16 @@ flat, or does it grow with the steps?
 the job's whole process tree is sampled, with the last optimizer step logged in its `metrics.jsonl`. RSS of
 forked workers counts pages they share with the parent twice, so the absolute number is an upper bound; growth
 is what this measures. Compile processes are counted apart (`compile_mib`; `rss_mib` is the rest): the
-background compile's child and inductor's compile-worker pool (which inductor shuts down after a minute idle)
-hold several GiB for their lifetime and say nothing about a leak.
+background compile's child and inductor's compile-worker pool (shut down by the trainer once a step has run
+compiled: `cellseg.runtime.compile.release_compile_workers`) hold several GiB while they live and say nothing about
+a leak.
 
 Verdict: after a warm-up (the first `WARMUP_SHARE` of the samples: data set-up, first validation, allocator
 pools filling; and, where the model compiled in the background, until training switched to the compiled model
 and that process ended), the growth is the median RSS over the last tenth of the samples minus the median over
 the tenth right after warm-up, and the slope is the median of the slopes between every two samples after warm-up
-(Theil-Sen, MiB per minute: the last sample, taken while the job ends, does not tilt it). The run is called flat
+(Theil-Sen, MiB per minute: the last sample, taken while the job ends, does not tilt it); the late slope is the
+same over the second half of the time after warm-up, so growth that levels off shows as such. The run is called flat
 when the growth stays under `FLAT_SHARE` of the post-warm-up level (a fall is no leak): a leak of one batch per
 step would exceed it within minutes.
 
@@ -57,9 +59,9 @@ STOP_WAIT_S = 120  # how long a stopped job may take to save its state before it
 COMPILE_MARKERS = ("cellseg.train.background", "_inductor/compile_worker")
 
 
-def tree_rss_bytes(pid: int) -> tuple[int, int]:
+def tree_rss_bytes(pid: int) -> tuple[int, int, int]:
     """Resident bytes of a process and all its descendants, from /proc (Linux; zeros once the process is gone),
-    as (the job's processes, its compile processes: `COMPILE_MARKERS`)."""
+    as (the job's processes, its compile processes: `COMPILE_MARKERS`, the process `pid` alone)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -67,7 +69,7 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
         except OSError:  # a process that exited while listing
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    page, totals, todo = os.sysconf("SC_PAGE_SIZE"), [0, 0], [(pid, False)]
+    page, totals, todo, own = os.sysconf("SC_PAGE_SIZE"), [0, 0], [(pid, False)], 0
     while todo:
         current, compiling = todo.pop()
         try:
@@ -77,8 +79,9 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
             continue
         compiling = compiling or any(marker in cmdline for marker in COMPILE_MARKERS)
         totals[compiling] += resident
+        own = resident if current == pid else own
         todo.extend((child, compiling) for child in children.get(current, []))
-    return totals[0], totals[1]
+    return totals[0], totals[1], own
 
 
 def logged_steps(metrics: Path) -> tuple[int | None, int | None]:
@@ -98,6 +101,14 @@ def logged_steps(metrics: Path) -> tuple[int | None, int | None]:
     return step, switch
 
 
+def _theil_sen(t_min: Any, rss_mib: Any) -> float:
+    """The median of the slopes between every two samples (MiB per minute)."""
+    import numpy as np
+
+    i, j = np.triu_indices(len(t_min), k=1)
+    return float(np.median((rss_mib[j] - rss_mib[i]) / (t_min[j] - t_min[i])))
+
+
 def summarise(samples: list[dict[str, Any]], switch_step: int | None = None,
               warmup_min: float = 0.0) -> dict[str, Any]:
     """Levels after warm-up and at the end, growth, slope after warm-up, and the verdict (module docstring);
@@ -113,14 +124,23 @@ def summarise(samples: list[dict[str, Any]], switch_step: int | None = None,
         raise ValueError(f"only {len(samples) - start} memory samples after warm-up: run longer or sample more "
                          "often (--every)")
     window = max(2, len(samples) // 10)  # levels are medians over a tenth of the samples: one validation's spike
-    baseline = float(np.median(rss[start:start + window]))  # does not set them
-    end = float(np.median(rss[-window:]))
-    i, j = np.triu_indices(len(samples) - start, k=1)
-    tail_t, tail_rss = t[start:], rss[start:]
-    slope = float(np.median((tail_rss[j] - tail_rss[i]) / (tail_t[j] - tail_t[i])))
+
+    def levels(series: Any) -> tuple[float, float]:  # does not set them
+        """The level right after warm-up and at the end."""
+        return float(np.median(series[start:start + window])), float(np.median(series[-window:]))
+
+    baseline, end = levels(rss)
+    trainer_growth = None  # the training process alone; samples taken before it was recorded: the tree only
+    if all("trainer_mib" in s for s in samples):
+        trainer_start, trainer_end = levels(np.array([s["trainer_mib"] for s in samples]))
+        trainer_growth = trainer_end - trainer_start
+    slope = _theil_sen(t[start:], rss[start:])
+    late = t >= (t[start] + t[-1]) / 2  # the second half of the time after warm-up: at least 5 of >= 10 samples
+    late_slope = _theil_sen(t[late], rss[late])
     growth = end - baseline
     return {"warmup_samples": start, "rss_mib_after_warmup": baseline, "rss_mib_end": end,
             "rss_mib_peak": float(rss.max()), "growth_mib": growth, "slope_mib_per_min": slope,
+            "late_slope_mib_per_min": late_slope, "trainer_growth_mib": trainer_growth,
             "warmup_minutes": float(t[start]), "minutes_after_warmup": float(t[-1] - t[start]),
             "switch_step": switch_step, "compile_mib_peak": max(s.get("compile_mib", 0.0) for s in samples),
             "flat": growth < FLAT_SHARE * baseline}
@@ -148,11 +168,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         try:
             while job.poll() is None:
-                rss, compiling = tree_rss_bytes(job.pid)
+                rss, compiling, trainer = tree_rss_bytes(job.pid)
                 if rss:
                     step, result["switch_step"] = logged_steps(run_dir / "metrics.jsonl")
                     sample = {"t_s": round(time.time() - began, 2), "rss_mib": round(rss / MIB, 1),
-                              "compile_mib": round(compiling / MIB, 1), "step": step}
+                              "compile_mib": round(compiling / MIB, 1), "trainer_mib": round(trainer / MIB, 1),
+                              "step": step}
                     result["samples"].append(sample)
                     result["wall_s"] = sample["t_s"]
                     _write_json(result, out / "host_memory.json")  # every sample: a cut run keeps what it saw
@@ -190,16 +211,20 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     s, env = result["summary"], result["env"]
     steps = [x["step"] for x in result["samples"] if x["step"] is not None]
     counted_apart = any("compile_mib" in x for x in result["samples"])  # results before: in the RSS columns
-    compiling = f"{s['compile_mib_peak']:.1f}" if counted_apart else "counted in RSS"
+    end_compiling = result["samples"][-1].get("compile_mib", 0.0)
+    compiling = f"{s['compile_mib_peak']:.1f} → {end_compiling:.1f}" if counted_apart else "counted in RSS"
+    late = f"{s['late_slope_mib_per_min']:+.2f}" if "late_slope_mib_per_min" in s else "-"  # older summaries
+    trainer = "-" if s.get("trainer_growth_mib") is None else f"{s['trainer_growth_mib']:+.1f}"
     lines = [f"# Host memory of a training job ({env['date']}, {env['cpu_count']} CPU cores, torch {env['torch']})",
              "", f"`{result['command']}`", "",
              "| minutes | steps | warm-up (min) | RSS after warm-up (MiB) | RSS at end (MiB) | peak (MiB) | "
-             "growth (MiB) | slope (MiB/min) | flat | compile processes, peak (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|---|",
+             "growth (MiB) | of which the training process (MiB) | slope (MiB/min) | late slope (MiB/min) | flat | "
+             "compile processes, peak → end (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|",
              f"| {result['minutes']} | {steps[-1] if steps else '-'} | {s.get('warmup_minutes', 0):.1f} | "
              f"{s['rss_mib_after_warmup']:.1f} | "
-             f"{s['rss_mib_end']:.1f} | {s['rss_mib_peak']:.1f} | {s['growth_mib']:+.1f} | "
-             f"{s['slope_mib_per_min']:+.2f} | {'yes' if s['flat'] else 'no'} | {compiling} |", ""]
+             f"{s['rss_mib_end']:.1f} | {s['rss_mib_peak']:.1f} | {s['growth_mib']:+.1f} | {trainer} | "
+             f"{s['slope_mib_per_min']:+.2f} | {late} | {'yes' if s['flat'] else 'no'} | {compiling} |", ""]
     path.write_text("\n".join(lines))
 
 

@@ -26,6 +26,7 @@ def test_quick_run_samples_the_job_and_its_steps(tiny_synth_root: Path, tmp_path
     samples = result["samples"]
     assert len(samples) >= 10 and max(s["rss_mib"] for s in samples) > 100  # torch alone holds > 100 MiB
     assert any(s["step"] for s in samples), "the job's logged steps are read while it trains"
+    assert all(0 < s["trainer_mib"] <= s["rss_mib"] for s in samples if s["rss_mib"])
     summary = result["summary"]
     assert summary["rss_mib_peak"] >= summary["rss_mib_end"] > 0 and isinstance(summary["flat"], bool)
     assert "| 0.05 |" in (tmp_path / "host_memory.md").read_text()
@@ -50,8 +51,19 @@ def test_the_verdict_waits_for_the_background_compile_and_ignores_falls_and_the_
     assert s["warmup_samples"] == 20 and s["switch_step"] == 1900
     assert abs(s["slope_mib_per_min"] - 6.0) < 1e-9  # 1 MiB per 10 s: the ending sample does not tilt it
     assert 0 < s["growth_mib"] < 50 and s["flat"] is True
+    assert abs(s["late_slope_mib_per_min"] - 6.0) < 1e-9 and s["trainer_growth_mib"] is None  # tree-only samples
     leaking = [{**x, "rss_mib": 5000.0 + 100 * i} for i, x in enumerate(samples)]  # 100 MiB per sample
     assert summarise(leaking, switch_step=1900)["flat"] is False
+
+
+def test_growth_that_levels_off_shows_in_the_late_slope_and_the_training_process_apart() -> None:
+    # after a 2-minute warm-up: 3 MiB per sample for 5 minutes, then level; the training process holds all of it
+    rss = [5000.0 + 3 * min(max(i - 12, 0), 30) for i in range(84)]
+    samples = [{"t_s": 10.0 * i, "rss_mib": r, "trainer_mib": r - 1000.0, "step": 100 * i}  # workers: 1000, flat
+               for i, r in enumerate(rss)]
+    s = summarise(samples)
+    assert s["slope_mib_per_min"] > 0 and s["late_slope_mib_per_min"] == 0.0
+    assert s["trainer_growth_mib"] == s["growth_mib"] > 0
 
 
 def test_a_warmup_floor_in_minutes_and_summarizing_a_stored_result_again(tmp_path: Path) -> None:
@@ -83,9 +95,10 @@ def test_compile_processes_are_counted_apart_from_the_job() -> None:
         deadline = time.monotonic() + 30
         while (sizes := tree_rss_bytes(job.pid))[1] < 300 * MIB and time.monotonic() < deadline:
             time.sleep(0.2)
-        rss, compiling = sizes
+        rss, compiling, own = sizes
         assert compiling >= 300 * MIB, "the compile worker's pages are counted as compiling"
         assert 0 < rss < 200 * MIB, "and not as the job's"
+        assert own == rss, "the job's own process is the only one not compiling"
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the job and its child: a session of their own
         job.wait()
