@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Runs in a process of its own (the pool is per process): starts the pool as a compile does, then releases it;
-# prints the pool processes seen before and after, and what release_compile_workers returned each time.
+# then starts and releases it once more; prints the pool processes seen and what each release returned.
 SCRIPT = textwrap.dedent("""
     import json, os, time
     from cellseg.runtime.compile import release_compile_workers
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
                     cmd = f.read().decode(errors="replace")
             except OSError:  # ended meanwhile
                 continue
-            if "_inductor/compile_worker" in cmd and str(os.getpid()) in cmd:  # its parent pid is an argument
+            if "_inductor/compile_worker" in cmd and f"--parent={os.getpid()}" in cmd:  # the pool of this process
                 pids.append(int(pid))
         return pids
 
@@ -41,9 +41,14 @@ SCRIPT = textwrap.dedent("""
     wait(pool_pids)
     started = pool_pids()
     released = release_compile_workers()
-    wait(lambda: not pool_pids())
-    print(json.dumps({"before_any": before_any, "started": started, "released": released, "left": pool_pids(),
-                      "again": release_compile_workers()}))
+    left = pool_pids()  # the release waits for the pool's process to end
+    twice = release_compile_workers()
+    async_compile.AsyncCompile.process_pool()  # a later compile
+    wait(pool_pids)
+    restarted = pool_pids()
+    print(json.dumps({"before_any": before_any, "started": started, "released": released, "left": left,
+                      "twice": twice, "restarted": restarted, "released_again": release_compile_workers(),
+                      "left_again": pool_pids()}))
 """)
 
 
@@ -57,4 +62,6 @@ def test_release_compile_workers_ends_the_pool_processes() -> None:
     assert result["started"], "the compile-worker pool did not start"
     assert result["released"] is True
     assert result["left"] == []
-    assert result["again"] is False  # released once: nothing left to release
+    assert result["twice"] is False  # released once: nothing left to release
+    assert result["restarted"] and not set(result["restarted"]) & set(result["started"])  # a new pool
+    assert result["released_again"] is True and result["left_again"] == []
