@@ -35,27 +35,31 @@ WARMUP = 5  # untimed calls first (compilation, cuDNN's algorithm search)
 def head_ms(batch: int, size: int, device: torch.device, steps: int) -> dict[str, float]:
     """Milliseconds per forward + BCE + backward of the head, as is and padded, eager and compiled."""
     fmt = torch.channels_last_3d
-    x = torch.randn(batch, FEATURES, size, size, size, device=device, dtype=torch.bfloat16)
-    x = x.contiguous(memory_format=fmt).requires_grad_()
+    features_BFZYX = torch.randn(batch, FEATURES, size, size, size, device=device, dtype=torch.bfloat16)
+    features_BFZYX = features_BFZYX.contiguous(memory_format=fmt).requires_grad_()
     weight = torch.randn(CHANNELS, FEATURES, 1, 1, 1, device=device, requires_grad=True)
     bias = torch.zeros(CHANNELS, device=device, requires_grad=True)
-    target = torch.rand(batch, CHANNELS, size, size, size, device=device).to(torch.bfloat16).contiguous(memory_format=fmt)
+    target_BCZYX = torch.rand(batch, CHANNELS, size, size, size, device=device).to(torch.bfloat16)
+    target_BCZYX = target_BCZYX.contiguous(memory_format=fmt)
 
-    def as_is(x: torch.Tensor) -> torch.Tensor:
+    def as_is(features: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device.type, torch.bfloat16):
-            logits = F.conv3d(x, weight, bias)
-        return F.binary_cross_entropy_with_logits(logits.float(), target.float())
+            logits = F.conv3d(features, weight, bias)
+        return F.binary_cross_entropy_with_logits(logits.float(), target_BCZYX.float())
 
-    def padded(x: torch.Tensor) -> torch.Tensor:
+    def padded(features: torch.Tensor) -> torch.Tensor:
         extra = PADDED - CHANNELS  # zero filters after the 58: sliced off before the loss
         with torch.autocast(device.type, torch.bfloat16):
-            logits = F.conv3d(x, F.pad(weight, (0, 0, 0, 0, 0, 0, 0, 0, 0, extra)), F.pad(bias, (0, extra)))
-        return F.binary_cross_entropy_with_logits(logits[:, :CHANNELS].float(), target.float())
+            logits = F.conv3d(features, F.pad(weight, (0, 0, 0, 0, 0, 0, 0, 0, 0, extra)), F.pad(bias, (0, extra)))
+        return F.binary_cross_entropy_with_logits(logits[:, :CHANNELS].float(), target_BCZYX.float())
 
     out = {}
     for name, loss in (("as_is", as_is), ("padded", padded)):
         for how, fn in (("eager", loss), ("compiled", torch.compile(loss, dynamic=False))):
-            out[f"{name}_{how}_ms"] = 1e3 * timed(lambda fn=fn: fn(x).backward(), steps, WARMUP, device)[0]
+            def step(fn=fn) -> None:
+                fn(features_BFZYX).backward()
+
+            out[f"{name}_{how}_ms"] = 1e3 * timed(step, steps, WARMUP, device)[0]
     return out
 
 
@@ -63,7 +67,7 @@ def decode_ms(batch: int, size: int, device: torch.device, steps: int) -> dict[s
     """Milliseconds per decode of a (batch, size³) uint8 id volume through a (batch, 256, 58) bool table."""
     generator = torch.Generator().manual_seed(0)
     ids_BZYX = torch.randint(0, IDS, (batch, size, size, size), dtype=torch.uint8, generator=generator).to(device)
-    table_BVC = (torch.rand(batch, IDS, CHANNELS, generator=generator) < 0.1).to(device)
+    table_BVC = (torch.rand(batch, IDS, CHANNELS, generator=generator) < 0.1).to(device)  # a tenth of bits set
     rows_BV8 = F.pad(table_BVC, (0, PADDED - CHANNELS)).contiguous().view(torch.int64)  # 64 bools = one int64
 
     def one_byte() -> torch.Tensor:
