@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -117,6 +119,49 @@ def test_handwritten_command_lines_parse_with_the_real_parser(capsys: pytest.Cap
                 assert key in keys or key.startswith("model.params."), f"docs/{name}: unknown config key {key}"
             checked += 1
     assert checked >= 10
+
+
+REFERENCE_PAGES = ("quality.md", "hpc.md", "reliability.md")
+MAX_MEDIAN_SENTENCE_WORDS = 25  # the reference pages stay readable: short sentences, numbers in tables
+# a sentence ends at . ? or ! (also inside closing ** or ) or `) before a space and a word that is not lower case
+_SENTENCE_END = re.compile(r"(?:(?<=[.?!])|(?<=[.?!]\*\*)|(?<=[.?!]\*)|(?<=[.?!]\)))\s+(?=[^a-z\s])")
+
+
+def sentence_lengths(text: str) -> list[int]:
+    """Words per sentence of a Markdown page's prose: fenced and indented code, tables, headings and images left
+    out; every paragraph and list item split at its sentence ends (abbreviations such as "e.g." do not end one)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    pieces: list[str] = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("    ", "|", "#", "![", "<")):
+            pieces.append("\n\n")
+            continue
+        item = re.match(r"\s*(?:[-*]|\d+\.) ", line)  # a list item starts a paragraph of its own
+        if item:
+            pieces += ["\n\n", line[item.end():]]
+        else:
+            pieces.append(line)
+    lengths = []
+    for paragraph in " ".join(pieces).split("\n\n"):
+        paragraph = re.sub(r"\b(e\.g|i\.e|et al|vs|cf)\.", r"\1", " ".join(paragraph.split()))
+        lengths += [len(s.split()) for s in _SENTENCE_END.split(paragraph) if s.strip()]
+    return lengths
+
+
+def test_sentence_lengths_split_prose_only() -> None:
+    page = ("# A heading of many words that is not prose\n\nOne two three. Four **five.** Six, e.g. seven\n"
+            "eight.\n\n- An item (nine.) Ten\n\n| a | table | row |\n\n    indented code line\n\n"
+            "```\nfenced code. More.\n```\n")
+    assert sentence_lengths(page) == [3, 2, 4, 3, 1]
+
+
+@pytest.mark.parametrize("name", REFERENCE_PAGES)
+def test_reference_pages_keep_sentences_short(name: str) -> None:
+    lengths = sentence_lengths((DOCS_DIR / name).read_text(encoding="utf-8"))
+    median = statistics.median(lengths)
+    assert len(lengths) >= 20 and median <= MAX_MEDIAN_SENTENCE_WORDS, \
+        f"docs/{name}: median sentence {median} words over {len(lengths)} sentences (at most " \
+        f"{MAX_MEDIAN_SENTENCE_WORDS}): split the long ones, move numbers into tables"
 
 
 # ------------------------------------------------------------------------------------------- the generator
