@@ -9,16 +9,17 @@ id and one per unmatched component, the cap of half the smallest physical side o
 
 Changed (each rule as docs/scoring.md words it):
 
-1. **Unmatched predictions are background before the Hausdorff distance** (merged 2026-07-10): matched
-   components take their truth id and every other component is set to 0, so a truth object is compared with
-   its matched component alone. The 2026 quirk, where an unmatched component numbered like a truth id is
-   compared with that object, is gone. The matching itself, hence tp/fp/fn, is unchanged.
-2. **An unmatched instance scores 0** (merged 2026-07-02): a truth object without a match and each unmatched
-   component get an infinite distance, normalised to 0 (2026: the cap, e.g. 0.871 on a 48³ crop of 8 nm).
+1. **Unmatched predictions are background before the Hausdorff distance** (official change approved
+   2026-07-10): matched components take their truth id and every other component is set to 0, so a truth
+   object is compared with its matched component alone. The 2026 quirk, where an unmatched component numbered
+   like a truth id is compared with that object, is gone. The matching itself, hence tp/fp/fn, is unchanged.
+2. **An unmatched instance scores 0** (official change of 2026-07-02): a truth object without a match and each
+   unmatched component get an infinite distance, normalised to 0 (2026: the cap, e.g. 0.871 on a 48³ crop of
+   8 nm).
 3. **The normalisation floors the worst real match at 0.1** (same change): a matched distance `d` (at most the
    cap) scores `0.1^(d / cap)`, 1 at 0 and 0.1 at the cap on every crop, whatever its size and voxel size
-   (2026: `1.01^(−d/‖vs‖)`). The description fixes these two values; `0.1^(d / cap)` is the decay of 2026's
-   exponential form that meets both, and it sends an infinite distance to 0 by itself.
+   (2026: `1.01^(−d/‖vs‖)`). The description fixes these two values; `0.1^(d / cap)` is the one exponential
+   decay (2026's form) that meets both, and it sends an infinite distance to 0 by itself.
 """
 
 from __future__ import annotations

@@ -134,16 +134,19 @@ def test_unmatched_predictions_are_background_before_the_hausdorff_distance():
     assert score_instance_2026_07(pred, truth, VS8) == new
 
 
-def test_perfect_and_empty_predictions(stores, three_balls):
-    """End to end through `evaluate`: the spec's 48³ crop of three balls at 8 nm, cap 192 nm."""
+def test_the_worked_examples_perfect_and_empty_included(stores, three_balls):
+    """End to end through `evaluate`: the 48³ crop of three balls at 8 nm of the worked examples, cap 192 nm."""
     truth_path = stores.truth({"crop1": {"mito": three_balls}})
     shifted = np.zeros_like(three_balls)
     shifted[:, :, 2:] = three_balls[:, :, :-2]  # every ball 2 voxels along x: Hausdorff 16 nm each
+    extra = three_balls.copy()
+    extra[40:44, 40:44, 40:44] = 9  # a false-positive object touching nothing
     cases = {  # prediction: (tp, fp, fn, F1, normalised Hausdorff)
         "perfect": (three_balls, (3, 0, 0, 1.0, 1.0)),
         "binary": ((three_balls > 0).astype(np.uint8), (3, 0, 0, 1.0, 1.0)),
         "empty": (np.zeros_like(three_balls), (0, 0, 3, 0.0, 0.0)),  # 2026: Hausdorff 0.871, combined 0 too
         "two_of_three": (np.where(three_balls == 3, 0, three_balls), (2, 0, 1, 0.8, 2 / 3)),
+        "extra_fp": (extra, (3, 1, 0, 6 / 7, 3 / 4)),
         "shifted": (shifted, (3, 0, 0, 1.0, 0.1 ** (16 / 192))),
     }
     for name, (pred, (tp, fp, fn, f1, hd)) in cases.items():
@@ -155,6 +158,7 @@ def test_perfect_and_empty_predictions(stores, three_balls):
         assert s["combined_score"] == pytest.approx(np.sqrt(f1 * hd), rel=1e-12), name
         assert got.metric == "2026-07"
     assert np.sqrt(0.8 * 2 / 3) == pytest.approx(0.73030, abs=5e-6)  # two of three (2026: 0.87502)
+    assert np.sqrt(6 / 7 * 3 / 4) == pytest.approx(0.80178, abs=5e-6)  # extra false positive (2026: 0.91079)
     assert np.sqrt(0.1 ** (16 / 192)) == pytest.approx(0.90852, abs=5e-6)  # shifted (2026: 0.99427)
 
 

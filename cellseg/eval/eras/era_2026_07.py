@@ -1,4 +1,4 @@
-"""The "2026-07" metric: the leaderboard's rules after the official evaluator's changes of July 2026, as their
+"""The "2026-07" metric: the official evaluator's rules after its changes of July 2026, as their
 published descriptions state them (`--metric 2026-07`). A reconstruction, not verified against official code:
 the official code cellseg reproduces exactly stops at `6b9ad68` (2026-06-30), the "2026" era.
 
@@ -6,9 +6,10 @@ Everything is the 2026 era's (`era_2026`: loader, semantic scores, cutoff and sk
 missing labels, pooled combining) except the instance Hausdorff entries of a scored crop
 (`cellseg.eval.instance_2026_07`):
 
-- unmatched predictions are set to background before the Hausdorff distance (merged 2026-07-10);
-- an unmatched instance, a missed truth object or a predicted object without a match, scores 0 (merged
-  2026-07-02; 2026: the distance cap);
+- unmatched predictions are set to background before the Hausdorff distance (official change approved
+  2026-07-10);
+- an unmatched instance, a missed truth object or a predicted object without a match, scores 0 (official
+  change of 2026-07-02; 2026: the distance cap);
 - a matched distance `d` scores `0.1^(d / cap)`: the worst real match, at the cap, scores 0.1 on every crop
   (same change; 2026: `1.01^(−d/‖vs‖)`).
 
