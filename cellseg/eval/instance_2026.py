@@ -83,7 +83,8 @@ def hausdorff_2026(truth: np.ndarray, pred_cc: np.ndarray, ov: Overlaps, mapping
     return distances
 
 
-def matched_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray) -> tuple[Boxes, Overlaps, dict[int, int] | str]:
+def matched_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray
+                 ) -> tuple[Boxes, Overlaps, dict[int, int] | str]:
     """The truth's boxes, the contingency table and `match_2026`'s mapping (or skip status) of one crop."""
     truth_boxes = Boxes.of(truth)
     ov = overlaps(truth, pred_cc, num_pred, truth_boxes.ids)
