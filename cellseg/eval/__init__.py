@@ -1,6 +1,6 @@
 """Scoring exactly like the CellMap leaderboard, in both eras, plus the submission writer and validator.
 
-- `evaluate(submission, truth, metric="2025" | "2026")`: per-crop, per-class and overall scores with
+- `evaluate(submission, truth, metric="2025" | "2026" | "2026-07")`: per-crop, per-class and overall scores with
   the official key names (`score.py`; the rules are in `rules.py` and documented in docs/scoring.md);
 - `write_submission(predictions, crops, out)`: the official zip from our prediction stores (`submit.py`);
 - `validate_submission(path, crops)`: every problem the evaluators would meet, without scoring
@@ -10,7 +10,9 @@
   of a training crop for them (`truth.py`).
 
 Every result names its era: "2025" is the challenge-era metric (volume-weighted accuracy/Hausdorff,
-Hungarian matching), "2026" the current one (pooled IoU and F1, capped Hausdorff). They are not comparable.
+Hungarian matching), "2026" the current one as of official commit `6b9ad68` (pooled IoU and F1, capped
+Hausdorff), "2026-07" the 2026 rules with the official Hausdorff changes of July 2026, reconstructed from their
+descriptions (`eras/era_2026_07.py`). They are not comparable.
 Each era is one module of `eras/` (`get_era(name)`); adding a module there adds an era.
 """
 

@@ -83,25 +83,35 @@ def hausdorff_2026(truth: np.ndarray, pred_cc: np.ndarray, ov: Overlaps, mapping
     return distances
 
 
-def score_relabelled_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray, voxel_size_nm: Sequence[float]
-                          ) -> dict[str, float | int | str]:
-    """Per-crop 2026 instance counts of a prediction already relabelled by `relabel_26` (steps 2-6)."""
+def matched_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray
+                 ) -> tuple[Boxes, Overlaps, dict[int, int] | str]:
+    """The truth's boxes, the contingency table and `match_2026`'s mapping (or skip status) of one crop."""
     truth_boxes = Boxes.of(truth)
     ov = overlaps(truth, pred_cc, num_pred, truth_boxes.ids)
-    mapping = match_2026(ov)
-    if isinstance(mapping, str):
-        return skipped(mapping)
-    distances = hausdorff_2026(truth, pred_cc, ov, mapping, voxel_size_nm, truth_boxes)
+    return truth_boxes, ov, match_2026(ov)
+
+
+def crop_counts(ov: Overlaps, mapping: dict[int, int], norm: np.ndarray) -> dict[str, float | int | str]:
+    """The per-crop scores of a matched crop (step 6) with its normalised Hausdorff entries `norm`."""
     tp = len(set(mapping.values()))
-    norm = normalized_distances_2026(distances, voxel_size_nm)
     return {
         "tp": tp,
-        "fp": num_pred - len(mapping),
+        "fp": ov.num_pred - len(mapping),
         "fn": int(ov.truth_ids.size) - tp,
         "hausdorff_norm_sum": float(np.sum(norm)),
         "n_hausdorff": int(np.size(norm)),
         "status": "scored",
     }
+
+
+def score_relabelled_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray, voxel_size_nm: Sequence[float]
+                          ) -> dict[str, float | int | str]:
+    """Per-crop 2026 instance counts of a prediction already relabelled by `relabel_26` (steps 2-6)."""
+    truth_boxes, ov, mapping = matched_2026(pred_cc, num_pred, truth)
+    if isinstance(mapping, str):
+        return skipped(mapping)
+    distances = hausdorff_2026(truth, pred_cc, ov, mapping, voxel_size_nm, truth_boxes)
+    return crop_counts(ov, mapping, normalized_distances_2026(distances, voxel_size_nm))
 
 
 def score_instance_2026(pred: np.ndarray, truth: np.ndarray, voxel_size_nm: Sequence[float]

@@ -127,18 +127,20 @@ def _offset_issues(where: str, tr: tuple[float, ...] | None, target: Target, res
             issues.append(Issue("warning", where, f"translation {tr[-3:]} snaps to a shift of {tuple(offset.tolist())} "
                                 f"crop voxels, not the intended {tuple(np.round(intended, 2).tolist())} (the evaluators "
                                 "floor the translation onto the crop grid)"))
-    for era in ERAS:
-        bug = get_era(era).copy_length_bug
+    for bug in (True, False):  # eras whose loaders place an array alike share their issues (2025 first)
+        eras = tuple(e for e in ERAS if get_era(e).copy_length_bug == bug)
+        if not eras:
+            continue
         cover = [_covered(n, int(o), s, copy_length_bug=bug)
                  for n, o, s in zip(resampled, offset, target.shape_vox, strict=True)]
         fraction = math.prod(c / s for (c, _), s in zip(cover, target.shape_vox, strict=True))
         dropped = max(d for _, d in cover)
         if dropped:
             issues.append(Issue("warning", where, f"copy-length bug: the last {dropped} voxels of the prediction are "
-                                "dropped (smaller than the crop and starting inside it)", (era,)))
+                                "dropped (smaller than the crop and starting inside it)", eras))
         if fraction < 1:
             issues.append(Issue("warning" if fraction > 0 else "error", where,
-                                f"covers {fraction:.1%} of the crop after placement; the rest is background", (era,)))
+                                f"covers {fraction:.1%} of the crop after placement; the rest is background", eras))
     return issues
 
 

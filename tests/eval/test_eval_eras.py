@@ -14,10 +14,12 @@ from cellseg.eval.crop_score import combine, score_class, score_missing, semanti
 from cellseg.eval.eras import ERA_TITLES, ERAS, ScoringEra, get_era
 from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
+from cellseg.eval.instance_2026_07 import score_instance_2026_07
 from cellseg.eval.report import format_table, to_json
 from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 
-OFFICIAL = {"2025": (score_semantic_2025, score_instance_2025), "2026": (score_semantic_2026, score_instance_2026)}
+OFFICIAL = {"2025": (score_semantic_2025, score_instance_2025), "2026": (score_semantic_2026, score_instance_2026),
+            "2026-07": (score_semantic_2026, score_instance_2026_07)}  # 2026-07: reconstructed, not official code
 
 # A whole era in one file: Dice of pooled voxel counts for masks, F1 of "hit" objects for instances.
 TOY_ERA = textwrap.dedent('''
@@ -91,16 +93,17 @@ def toy_era(tmp_path, monkeypatch):
     sys.modules.pop("cellseg.eval.eras.era_toy", None)
 
 
-def test_the_registry_holds_both_official_eras():
-    assert ERAS == ("2025", "2026")
-    assert ERA_TITLES == {"2025": "2025 challenge-era metric", "2026": "2026 current metric"}
+def test_the_registry_holds_both_official_eras_and_the_reconstruction():
+    assert ERAS == ("2025", "2026", "2026-07")
+    assert ERA_TITLES == {"2025": "2025 challenge-era metric", "2026": "2026 current metric",
+                          "2026-07": "2026-07 metric (reconstructed)"}
     for name in ERAS:
         era = get_era(name)
         assert isinstance(era, ScoringEra) and era.name == name and get_era(era) is era
         assert set(era.class_columns) == set(era.crop_columns) == {"instance", "semantic"}
     assert get_era("2025").copy_length_bug and not get_era("2026").copy_length_bug
     assert get_era("2026").repairs_layout and not get_era("2025").repairs_layout
-    with pytest.raises(ValueError, match="unknown scoring era '2027'; registered eras: 2025, 2026"):
+    with pytest.raises(ValueError, match="unknown scoring era '2027'; registered eras: 2025, 2026, 2026-07"):
         get_era("2027")
 
 
@@ -158,5 +161,5 @@ def test_a_third_era_is_one_module_file(toy_era, stores):
 def test_a_toy_era_leaves_the_registry_when_its_file_goes(toy_era):
     eras.registry.cache_clear()
     eras.__path__.pop()  # the fixture's folder (restored by monkeypatch afterwards anyway)
-    with pytest.raises(ValueError, match=r"registered eras: 2025, 2026$"):
+    with pytest.raises(ValueError, match=r"registered eras: 2025, 2026, 2026-07$"):
         get_era("toy")

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from cellseg.eval import evaluate
 from cellseg.eval.instance_2025 import score_instance_2025
 from cellseg.eval.instance_2026 import score_instance_2026
+from cellseg.eval.instance_2026_07 import score_instance_2026_07
 
-ERAS = ("2025", "2026")
+ERAS = ("2025", "2026", "2026-07")
 
 
 def _truth_pred(seed):
@@ -36,6 +37,7 @@ def test_permuting_prediction_ids_changes_nothing(seed, perm_seed):
     vs = [8.0, 8.0, 8.0]
     assert score_instance_2025(permuted, truth, vs) == score_instance_2025(pred, truth, vs)
     assert score_instance_2026(permuted, truth, vs) == score_instance_2026(pred, truth, vs)
+    assert score_instance_2026_07(permuted, truth, vs) == score_instance_2026_07(pred, truth, vs)
 
 
 @pytest.mark.parametrize("era", ERAS)

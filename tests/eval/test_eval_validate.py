@@ -9,6 +9,7 @@ from eval_helpers import THREE_BALLS, balls
 from cellseg.data.crops import Crop, Geometry
 from cellseg.data.write import write_array, write_multiscale
 from cellseg.eval import validate, validate_submission
+from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.io import list_crop, open_source
 from cellseg.eval.rules import is_scored_as_instance
 
@@ -55,7 +56,9 @@ def test_lists_every_problem(tmp_path):
     _find(issues, "crop1/er", "thresholded at > 0")
     _find(issues, "crop1/pm", "centre-cropped/padded")
     _find(issues, "crop1/ld", "copy-length bug", eras=["2025"])
-    _find(issues, "crop1/ld", "covers 50.0% of the crop", eras=["2026"])
+    # every era placing it without the bug (2026 and the 2026-07 reconstruction) shares one issue
+    without_bug = [e for e in ERAS if not get_era(e).copy_length_bug]
+    _find(issues, "crop1/ld", "covers 50.0% of the crop", eras=without_bug)
     _find(issues, "crop1/golgi_mem", "skimage refuses it", eras=["2025"])
     _find(issues, "crop1/golgi", "NaN")
     _find(issues, "crop1/mitochondria", "did you mean mito")
@@ -107,7 +110,7 @@ def test_a_process_pool_gives_the_same_issues(tmp_path, stores, monkeypatch):
     check = validate.DataCheck(source, list_crop(source, "crop1").arrays["ld"], "crop1/ld", True, 2**30)
     assert pickle.loads(pickle.dumps(check)) == check
     assert [str(i) for i in validate._died(check)] == [
-        "error   crop1/ld: values not checked: the process reading them died (out of memory?) [both eras]"]
+        "error   crop1/ld: values not checked: the process reading them died (out of memory?) [all eras]"]
 
 
 def test_small_submissions_keep_the_threads(tmp_path):

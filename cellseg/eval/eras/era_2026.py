@@ -56,10 +56,16 @@ class Era2026(ScoringEra):
                        voxel_size_nm: Sequence[float], *, max_bytes: int | None = None) -> Scores:
         """tp, fp, fn, hausdorff_norm_sum, n_hausdorff, status (no memory limit of its own); a skipped crop
         also records its numbers of truth and predicted objects (module docstring)."""
-        scores = score_relabelled_2026(pred_cc, num_pred, truth, voxel_size_nm)
+        scores = self.score_components(pred_cc, num_pred, truth, voxel_size_nm)
         if self.is_skipped(scores):
             scores.update(num_truth_objects=_num_objects(truth), num_pred_objects=int(num_pred))
         return scores
+
+    def score_components(self, pred_cc: np.ndarray, num_pred: int, truth: np.ndarray,
+                         voxel_size_nm: Sequence[float]) -> Scores:
+        """The per-crop scores of `score_instance` before a skipped crop's object counts are added (the 2026
+        instance scorer; an era that changes only how a matched crop is scored overrides this)."""
+        return score_relabelled_2026(pred_cc, num_pred, truth, voxel_size_nm)
 
     def worst_case(self, scores: Mapping[str, Any]) -> Scores:
         """A skipped crop as a decision counts it (module docstring); `num_voxels`/`voxel_size` are kept.
