@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "semantic labels, uint16/uint32/uint64 ids for instance labels (never wrapped). A manifest "
                     "label that PREDICTIONS lacks is written as an empty (all-zero) array, which never scores below "
                     "a missing one (2026: a missing semantic label counts every voxel of the crop as a false "
-                    "negative); --allow-missing leaves it out instead. The manifest is --manifest, else the "
+                    "negative); --allow-missing leaves it out instead. The manifest is --manifest (or the crops of "
+                    "a --truth store), else the "
                     "test_crop_manifest.csv of the data root (--data-root, or the one PREDICTIONS records it was "
                     "predicted from), else the packaged official one. A submission of which fewer than "
                     f"{MIN_SHARE_TEXT} of the manifest's (crop, label) pairs come from PREDICTIONS is refused "
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
     parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the data root's, else the packaged "
                                            "official one of --era)")
+    parser.add_argument("--truth", metavar="TRUTH",
+                        help="take the crops and their grids from a ground-truth store instead of a manifest (e.g. "
+                             "the validation crops' truth `cellseg truth` wrote)")
     parser.add_argument("--data-root", metavar="ROOT",
                         help="take ROOT/test_crop_manifest.csv as the manifest (default: the data root PREDICTIONS "
                              "records, when it has a test manifest)")
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:
-    """The test crops to submit and where they came from: --manifest, the data root's, or the packaged one.
+    """The test crops to submit and where they came from: --manifest, --truth, the data root's, or the packaged one.
 
     Raises:
         FileNotFoundError: --data-root without a test_crop_manifest.csv.
@@ -117,8 +121,15 @@ def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:
 
     from cellseg.eval.submit import load_manifest, recorded_data_root
 
+    if args.manifest and args.truth:
+        raise ValueError("give --manifest or --truth, not both")
     if args.manifest:
         return load_manifest(args.manifest), args.manifest
+    if args.truth:
+        from cellseg.eval.io import open_source
+        from cellseg.eval.validate import crops_from_truth
+
+        return crops_from_truth(open_source(args.truth)), f"the crops of the truth store {args.truth}"
     root = Path(args.data_root) if args.data_root else recorded_data_root(args.predictions)
     path = root / "test_crop_manifest.csv" if root is not None else None
     if path is not None and path.is_file():
