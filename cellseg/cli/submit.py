@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="leave labels the predictions lack out of the zip (each scores as missing) instead of "
                              "writing empty arrays")
     parser.add_argument("--allow-empty", action="store_true",
-                        help=f"write the submission even when fewer than {MIN_SHARE_TEXT} of the manifest's (crop, "
+                        help=f"write the submission even when fewer than {MIN_SHARE_TEXT.replace('%', '%%')} of the "
+                             "manifest's (crop, "
                              "label) pairs come from the predictions (a warning names the share)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
