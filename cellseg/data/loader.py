@@ -61,7 +61,7 @@ def make_split(cfg: DataConfig) -> list[SplitEntry]:
                  "crops", why, cfg.split_seed, cfg.split_margin, *_counts(entries))
         return entries
     path = Path(cfg.datasplit or root_file)
-    entries = read_datasplit(path)
+    entries = read_datasplit(path, root=cfg.root)
     eligible_names = {c.name for c in catalog.train.values() if eligible(c, cfg.classes, limit)}
     known = {c.name for c in catalog.train.values()}
     dropped = [e.crop_name for e in entries if e.crop_name in known and e.crop_name not in eligible_names]
@@ -99,7 +99,7 @@ def checked_split(entries: list[SplitEntry], catalog: Catalog, cfg: DataConfig, 
         outside = outside_root(entries, cfg.root)
         if outside:
             log.warning("%s: %d of %d rows locate their crop outside the data root %s (%s): a copy of the data root "
-                        "would still read the originals; write their locations relative to the file's folder",
+                        "would still read the originals; write their locations relative to the data root",
                         path, len(outside), len(entries), cfg.root, _named(outside))
     pairs = straddling_pairs(entries, catalog, OVERLAP_MARGIN_NM)
     if not pairs:

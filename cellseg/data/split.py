@@ -18,9 +18,9 @@ are annotated even where absent, so presence of foreground is not checked here.
 
 A given split (the data root's `datasplit.csv` or `data.datasplit`) is checked (`straddling_pairs`): training
 and validation crops whose boxes overlap are named in a warning, and `regroup` moves each spatial group that
-straddles the split wholly to one side (`data.split_overlap`; `cellseg.data.loader.checked_split`). Its locations may be relative to the file's folder
-(what `cellseg synth` and `cellseg import` write, so that a copied data root reads its own copy); absolute ones
-outside the data root are named (`outside_root`).
+straddles the split wholly to one side (`data.split_overlap`; `cellseg.data.loader.checked_split`). Relative
+locations are relative to the data root (what `cellseg synth` and `cellseg import` write, so that a copied root
+reads its own crops); absolute ones outside the data root are named (`outside_root`).
 
 Roles (`assign_roles`): validation is split again into a **tuning** part (what every decision — checkpoint,
 ensemble weights, post-processing — is made on) and a **report** part that no decision touches, group by group:
@@ -236,22 +236,26 @@ def assign_roles(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], classes:
     return {crop: role_of[i] for i, g in enumerate(groups) for crop, _ in g}
 
 
-def _located(url: str, datasplit: str | os.PathLike[str]) -> str:
-    """A location of a datasplit row: URLs and absolute paths as they are, relative paths under the file's folder."""
+def _located(url: str, base: str | os.PathLike[str]) -> str:
+    """A location of a datasplit row: URLs and absolute paths as they are, relative paths under `base`."""
     if "://" in url or os.path.isabs(url):
         return url
-    return str(Path(datasplit).resolve().parent / url)
+    if "://" in str(base):
+        return f"{str(base).rstrip('/')}/{url}"
+    return str(Path(base).resolve() / url)
 
 
-def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
+def read_datasplit(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None) -> list[SplitEntry]:
     """Read an official `datasplit.csv`: 5 columns (split, raw zarr, raw dataset, gt zarr,
     `gt dataset/[classes]`) or 3 columns (split, raw path, gt path with `[classes]`). Relative locations are
-    relative to the file's folder (`cellseg synth` and `cellseg import` write them so).
+    relative to the data root `root` (default: the file's folder, a root's own datasplit; `cellseg synth` and
+    `cellseg import` write them so).
 
     Raises:
         ValueError: malformed rows (the line number is named).
     """
     entries = []
+    base = root if root is not None else Path(path).resolve().parent
     with open(path, newline="") as fh:
         for line, row in enumerate(csv.reader(fh), start=1):
             if not row or row[0].startswith("#"):
@@ -269,7 +273,7 @@ def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
             if split not in ("train", "validate"):
                 raise ValueError(f"{path}, line {line}: split {split!r} must be 'train' or 'validate'")
             classes = tuple(c.strip() for c in rest[:-1].split(",") if c.strip())
-            entries.append(SplitEntry(split=split, em_url=_located(raw, path), crop_url=_located(crop_url, path),
+            entries.append(SplitEntry(split=split, em_url=_located(raw, base), crop_url=_located(crop_url, base),
                                       classes=classes))
     if not entries:
         raise ValueError(f"{path}: no rows")

@@ -1,5 +1,5 @@
 """A given datasplit is checked: overlapping training and validation crops are named (and regrouped on request),
-rows outside the data root are named, and relative rows resolve under the file's folder."""
+rows outside the data root are named, and relative rows resolve under the data root."""
 
 import logging
 import shutil
@@ -59,6 +59,12 @@ def test_rows_outside_the_data_root_are_named_and_relative_rows_follow_a_copy(ti
                for e in entries)
     _split(copy, caplog)
     assert "outside the data root" not in caplog.text
+    elsewhere = tmp_path / "elsewhere" / "datasplit.csv"  # a copy of the file beside no data: rows follow data.root
+    elsewhere.parent.mkdir()
+    shutil.copy(copy / "datasplit.csv", elsewhere)
+    assert read_datasplit(elsewhere, root=copy) == entries
+    _split(copy, caplog, datasplit=str(elsewhere))
+    assert "outside the data root" not in caplog.text and f"using {elsewhere}" in caplog.text
     write_datasplit(read_datasplit(tiny_synth_root / "datasplit.csv"), copy / "datasplit.csv")  # absolute: original
     _split(copy, caplog)
     assert f"rows locate their crop outside the data root {copy}" in caplog.text
