@@ -69,6 +69,9 @@ def labelled_truth(entry: SplitEntry, crop: Crop, classes: Sequence[str] | None,
     from cellseg.eval.truth import open_crop, read_class_truth
 
     wanted = [c for c in crop.classes if classes is None or c in classes]
+    if not wanted:
+        notes.append(f"{crop.name}: lists none of the classes asked for: left out")
+        return {}
     try:
         source = open_crop(entry, wanted)
     except NoRequestedClass:
