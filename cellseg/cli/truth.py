@@ -17,12 +17,14 @@ a synthetic root's ground_truth.zarr), so that a submission of your own held-out
   --crops 12,15           these training or test crops
 Each class listed for a crop is read as cellseg's own scorers read it: object ids for the classes scored as
 instances, a 0/1 mask for the others, 0 where the class is not annotated (said per array). Then predict the
-same crops, `cellseg submit PRED --manifest ...` (or --data-root ROOT for its test crops) and evaluate."""
+same crops, `cellseg submit PRED --truth TRUTH` (or --data-root ROOT for its test crops) and evaluate."""
 
 EPILOG = """\
 examples:
   cellseg truth data/sbem --out data/sbem/val_truth.zarr
   cellseg predict runs/sbem/unet_2d --crops val --out val.zarr && cellseg postprocess val.zarr --out seg.zarr
+  cellseg submit seg.zarr --truth data/sbem/val_truth.zarr --out val.zip
+  cellseg evaluate val.zip data/sbem/val_truth.zarr --metric 2026
   cellseg truth data/sbem --crops test --label mito=test_mito.tif --out test_truth.zarr"""
 
 
