@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Every label array of TRUTH is scored. --metric 2025 reproduces the challenge-era evaluator "
                     "(volume-weighted accuracy/Hausdorff, Hungarian matching); --metric 2026 the current one "
                     "(pooled IoU and F1, capped Hausdorff). The numbers equal the official ones, quirks included "
-                    "(docs/scoring.md); where the official evaluator would crash, cellseg scores and says so.",
+                    "(docs/scoring.md); where the official evaluator would crash, cellseg scores and says so. "
+                    "(crop, label) pairs the era leaves out (2026: a crop over the object-count cutoff) are "
+                    "counted and listed, never printed as scores.",
     )
     parser.add_argument("submission", help="submission zarr directory or .zip")
     parser.add_argument("truth", help="ground-truth zarr directory (crop<N>/<label> arrays)")

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cellseg.data.crops import Crop
 
 ORDER = 61
+MIN_SHARE_TEXT = "10 %"  # cellseg.eval.submit.MIN_PREDICTED_SHARE, written out so that --help imports nothing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,11 +27,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "semantic labels, uint16/uint32/uint64 ids for instance labels (never wrapped). A manifest "
                     "label that PREDICTIONS lacks is written as an empty (all-zero) array, which never scores below "
                     "a missing one (2026: a missing semantic label counts every voxel of the crop as a false "
-                    "negative); --allow-missing leaves it out instead. The zip is written under a temporary name "
-                    "and renamed when complete.",
+                    "negative); --allow-missing leaves it out instead. The manifest is --manifest (or the crops of "
+                    "a --truth store), else the "
+                    "test_crop_manifest.csv of the data root (--data-root, or the one PREDICTIONS records it was "
+                    "predicted from), else the packaged official one. A submission of which fewer than "
+                    f"{MIN_SHARE_TEXT} of the manifest's (crop, label) pairs come from PREDICTIONS is refused "
+                    "(nothing is written): it would score almost nothing, as predictions of other crops than the "
+                    "manifest's do; --allow-empty writes it with a warning. The zip is written under a temporary "
+                    "name and renamed when complete.",
     )
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
-    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the packaged official one of --era)")
+    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the data root's, else the packaged "
+                                           "official one of --era)")
+    parser.add_argument("--truth", metavar="TRUTH",
+                        help="take the crops and their grids from a ground-truth store instead of a manifest (e.g. "
+                             "the validation crops' truth `cellseg truth` wrote)")
+    parser.add_argument("--data-root", metavar="ROOT",
+                        help="take ROOT/test_crop_manifest.csv as the manifest (default: the data root PREDICTIONS "
+                             "records, when it has a test manifest)")
     parser.add_argument("--era", choices=("2025", "2026"), default="2026",
                         help="which packaged official test manifest to use without --manifest (default 2026)")
     parser.add_argument("--out", required=True, help="submission zip to write")
@@ -37,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-missing", action="store_true",
                         help="leave labels the predictions lack out of the zip (each scores as missing) instead of "
                              "writing empty arrays")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help=f"write the submission even when fewer than {MIN_SHARE_TEXT.replace('%', '%%')} of the "
+                             "manifest's (crop, "
+                             "label) pairs come from the predictions (a warning names the share)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
                              "CPU cores, at most 8); the zip is the same for any N")
@@ -49,17 +72,13 @@ def _listing(names: list[str], limit: int = 20) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Write the submission and say which labels were written empty or left out."""
-    from cellseg.eval.submit import check_threshold, load_manifest, write_submission
+    from cellseg.eval.submit import MIN_PREDICTED_SHARE, TooFewPredictions, check_threshold, write_submission
 
     check_threshold(args.threshold)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    if args.manifest:
-        crops = load_manifest(args.manifest)
-    else:
-        from cellseg.data.crops import Catalog
-
-        crops = Catalog.official().test(args.era)
+    crops, source = _manifest(args)
+    print(f"manifest: {source}")
     if args.labels:
         from cellseg.classes import get_class
 
@@ -69,10 +88,20 @@ def run(args: argparse.Namespace) -> int:
         report = write_submission(args.predictions, crops, args.out, overwrite=args.overwrite,
                                   threshold=args.threshold, labels=args.labels,
                                   progress=sys.stderr.isatty() and not args.quiet, workers=args.workers,
-                                  allow_missing=args.allow_missing)
+                                  allow_missing=args.allow_missing,
+                                  min_share=0.0 if args.allow_empty else MIN_PREDICTED_SHARE)
+    except TooFewPredictions as err:
+        raise ValueError(f"{err}. Check that the manifest ({source}) is the one of the crops you predicted (pass "
+                         "--manifest or --data-root) and that the store holds them; --allow-empty writes it "
+                         "anyway") from None
     except FileExistsError as err:  # the dispatcher reports ValueErrors as one line
         raise ValueError(str(err)) from None
-    print(f"wrote {args.out}: {len(report.written)} arrays from the predictions")
+    total = len(report.written) + len(report.missing)
+    print(f"wrote {args.out}: {len(report.written)} arrays from the predictions ({report.predicted_share:.1%} of "
+          f"{total} (crop, label) pairs)")
+    if report.predicted_share < MIN_PREDICTED_SHARE:
+        print(f"warning: only {len(report.written)} of {total} (crop, label) pairs come from the predictions "
+              f"(--allow-empty): the submission is mostly empty arrays", file=sys.stderr)
     if report.empty:
         print(f"wrote {len(report.empty)} empty arrays for labels the prediction lacks: {_listing(report.empty)}")
     empty = set(report.empty)
@@ -81,3 +110,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {len(left_out)} labels the prediction lacks, each scored as missing (2026: every voxel of "
               f"its crop a false negative; see validate-submission): {_listing(left_out)}")
     return 0
+
+
+def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:
+    """The test crops to submit and where they came from: --manifest, --truth, the data root's, or the packaged one.
+
+    Raises:
+        FileNotFoundError: --data-root without a test_crop_manifest.csv.
+    """
+    from pathlib import Path
+
+    from cellseg.eval.submit import load_manifest, recorded_data_root
+
+    if args.manifest and args.truth:
+        raise ValueError("give --manifest or --truth, not both")
+    if args.manifest:
+        return load_manifest(args.manifest), args.manifest
+    if args.truth:
+        from cellseg.eval.io import open_source
+        from cellseg.eval.validate import crops_from_truth
+
+        return crops_from_truth(open_source(args.truth)), f"the crops of the truth store {args.truth}"
+    root = Path(args.data_root) if args.data_root else recorded_data_root(args.predictions)
+    path = root / "test_crop_manifest.csv" if root is not None else None
+    if path is not None and path.is_file():
+        how = "--data-root" if args.data_root else "the data root the predictions record"
+        return load_manifest(path), f"{path} ({how})"
+    if args.data_root:
+        raise FileNotFoundError(f"--data-root {args.data_root}: no test_crop_manifest.csv there (a root from "
+                                "`cellseg import` has one only with --test-box); pass --manifest")
+    from cellseg.data.crops import Catalog
+
+    return Catalog.official().test(args.era), f"the packaged official {args.era} test manifest"

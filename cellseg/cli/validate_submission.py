@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "crop's voxels as false negatives of a semantic class, every true object missed for an instance "
                     "class), including labels written as multiscale groups (never read), unknown labels, "
                     "dtype and attribute problems, where each array lands after resampling and snapping, the 2025 "
-                    "copy-length bug, NaNs and the number of instances. Each issue names the era(s) it affects. "
+                    "copy-length bug, NaNs, the number of instances and the share of arrays that are all zeros (a "
+                    "warning when almost nothing is predicted). Each issue names the era(s) it affects. "
                     "Exit status 1 when there is an error (a missing crop or label is one unless --allow-missing).",
     )
     parser.add_argument("file", help="submission .zip or zarr directory")
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the issues; exit 1 if any is an error."""
     from cellseg.eval.io import open_source
-    from cellseg.eval.validate import crops_from_truth, validate_submission
+    from cellseg.eval.validate import EMPTY_SHARE, crops_from_truth, validate_submission
 
     truth = open_source(args.truth) if args.truth else None
     if truth is not None:
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         crops = Catalog.official().test(args.era)
     issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth,
                                  workers=args.workers, allow_missing=args.allow_missing)
-    shown = [i for i in issues if args.all or i.severity != "info"]
+    shown = [i for i in issues if args.all or i.severity != "info" or i.message.startswith(EMPTY_SHARE)]
     for issue in shown:
         print(issue)
     errors = sum(i.severity == "error" for i in issues)

@@ -90,6 +90,8 @@ class DataConfig:
         split_seed: seed of that split.
         split_margin_nm: crops of one dataset closer than this (nm) stay on the same side of the split
             (null: one patch edge, the largest of `patch_shape_vox` × `voxel_size_nm`).
+        split_overlap: a given split's training and validation crops whose boxes overlap: "warn" (named in a
+            warning, kept), "train" or "validate" (each group of overlapping crops moves wholly to that side).
         report_fraction: share of the validation crops kept for the *report* part that no decision touches (the
             rest, the *tuning* part, selects checkpoints, fits ensemble weights, tunes post-processing).
         sampler: "class_balanced" (every class, rare ones included, is seen regularly) or "uniform".
@@ -130,6 +132,7 @@ class DataConfig:
     validation_fraction: float = 0.15
     split_seed: int = 0
     split_margin_nm: float | None = None
+    split_overlap: Literal["warn", "train", "validate"] = "warn"
     report_fraction: float = 0.5
     sampler: Literal["class_balanced", "uniform"] = "class_balanced"
     em_pad_value: int = 0
@@ -158,6 +161,8 @@ class DataConfig:
         _check(0 < self.validation_fraction < 1, "data.validation_fraction must be in (0, 1)")
         _check(0 <= self.report_fraction < 1, "data.report_fraction must be in [0, 1)")
         _check(self.split_margin_nm is None or self.split_margin_nm >= 0, "data.split_margin_nm must be >= 0 or null")
+        _check(self.split_overlap in ("warn", "train", "validate"),
+               f"data.split_overlap={self.split_overlap!r}: choose one of ['warn', 'train', 'validate']")
         _check(0 <= self.em_pad_value <= 255, f"data.em_pad_value={self.em_pad_value}: EM is uint8, choose 0-255")
         modes = ("edge", "value", "off")
         for where, mode in [("padding_mask", self.padding_mask), *(

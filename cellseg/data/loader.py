@@ -29,8 +29,11 @@ from cellseg.data.sampling import PatchSampler, build_foreground_index
 from cellseg.data.split import (
     SplitEntry,
     eligible,
+    outside_root,
     read_datasplit,
+    regroup,
     split_catalog,
+    straddling_pairs,
     with_roles,
     write_datasplit,
 )
@@ -58,7 +61,7 @@ def make_split(cfg: DataConfig) -> list[SplitEntry]:
                  "crops", why, cfg.split_seed, cfg.split_margin, *_counts(entries))
         return entries
     path = Path(cfg.datasplit or root_file)
-    entries = read_datasplit(path)
+    entries = read_datasplit(path, root=cfg.root)
     eligible_names = {c.name for c in catalog.train.values() if eligible(c, cfg.classes, limit)}
     known = {c.name for c in catalog.train.values()}
     dropped = [e.crop_name for e in entries if e.crop_name in known and e.crop_name not in eligible_names]
@@ -66,10 +69,52 @@ def make_split(cfg: DataConfig) -> list[SplitEntry]:
     if dropped:
         log.info("%s: %d crops left out (annotated coarser than %g nm or none of the classes): %s", path,
                  len(dropped), limit, ", ".join(dropped))
+    entries = checked_split(entries, catalog, cfg, path)
     entries = with_roles(entries, catalog, cfg.classes, margin_nm=cfg.split_margin,
                          report_fraction=cfg.report_fraction)
     log.info("using %s: %d training, %d validation crops", path, *_counts(entries))
     return entries
+
+
+MAX_NAMED = 10  # crops or pairs a warning names; the count says how many more
+# A given split is checked for boxes that share voxels (validation would score voxels whose labels trained), not
+# for the automatic split's margin of one patch: crops merely close are the user's choice (the synthetic roots'
+# own splits have some).
+OVERLAP_MARGIN_NM = 0.0
+
+
+def _named(items: Sequence[str]) -> str:
+    return ", ".join(items[:MAX_NAMED]) + (f" and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
+
+
+def checked_split(entries: list[SplitEntry], catalog: Catalog, cfg: DataConfig, path: Path) -> list[SplitEntry]:
+    """A given split checked: rows located outside the data root and training/validation crops whose boxes
+    overlap are named in warnings; with `cfg.split_overlap` "train" or "validate" each spatial
+    group straddling the split moves wholly to that side (`regroup`).
+
+    Raises:
+        ValueError: regrouping would leave no training or no validation crop.
+    """
+    if "://" not in str(cfg.root):
+        outside = outside_root(entries, cfg.root)
+        if outside:
+            log.warning("%s: %d of %d rows locate their crop outside the data root %s (%s): a copy of the data root "
+                        "would still read the originals; write their locations relative to the data root",
+                        path, len(outside), len(entries), cfg.root, _named(outside))
+    pairs = straddling_pairs(entries, catalog, OVERLAP_MARGIN_NM)
+    if not pairs:
+        return entries
+    named = _named([f"{t}~{v}" for t, v in pairs])
+    if cfg.split_overlap == "warn":
+        log.warning("%s: %d training~validation pairs of crops overlap (validation would score voxels whose labels "
+                    "trained): %s; set data.split_overlap=train (or validate) to move each overlapping group to one "
+                    "side, or data.datasplit=auto", path, len(pairs), named)
+        return entries
+    regrouped = regroup(entries, catalog, OVERLAP_MARGIN_NM, to=cfg.split_overlap)
+    moved = [e.crop_name for e, r in zip(entries, regrouped, strict=True) if e.split != r.split]
+    log.warning("%s: %d training~validation pairs of crops overlap (%s): moved %d crops to %s "
+                "(data.split_overlap): %s", path, len(pairs), named, len(moved), cfg.split_overlap, _named(moved))
+    return regrouped
 
 
 def _counts(entries: Sequence[SplitEntry]) -> tuple[int, int]:

@@ -16,6 +16,12 @@ fewest classes, to keep training rich) to validation; finally random groups are 
 of the crops is reached. "Annotated" means listed for the crop in the manifest: the manifests list classes that
 are annotated even where absent, so presence of foreground is not checked here.
 
+A given split (the data root's `datasplit.csv` or `data.datasplit`) is checked (`straddling_pairs`): training
+and validation crops whose boxes overlap are named in a warning, and `regroup` moves each spatial group that
+straddles the split wholly to one side (`data.split_overlap`; `cellseg.data.loader.checked_split`). Relative
+locations are relative to the data root (what `cellseg synth` and `cellseg import` write, so that a copied root
+reads its own crops); absolute ones outside the data root are named (`outside_root`).
+
 Roles (`assign_roles`): validation is split again into a **tuning** part (what every decision — checkpoint,
 ensemble weights, post-processing — is made on) and a **report** part that no decision touches, group by group:
 rarest class first, a class in ≥ 2 validation groups gets one in each part, a class in one group gets it in the
@@ -101,16 +107,61 @@ def spatial_groups(crops: Sequence[Crop], margin_nm: float = 0.0) -> list[tuple[
     boxes = [crop_box_nm(c) for c in crops]
     for i in range(len(crops)):
         for j in range(i + 1, len(crops)):
-            if crops[i].dataset != crops[j].dataset:
-                continue
-            (lo_a, hi_a), (lo_b, hi_b) = boxes[i], boxes[j]
-            gap = np.maximum(lo_a - hi_b, lo_b - hi_a)  # per axis; negative where the boxes overlap
-            if np.all(gap < margin_nm):
+            if crops[i].dataset == crops[j].dataset and _close(boxes[i], boxes[j], margin_nm):
                 parent[root(i)] = root(j)
     groups: dict[int, list[Crop]] = {}
     for i, crop in enumerate(crops):
         groups.setdefault(root(i), []).append(crop)
     return [tuple(g) for g in groups.values()]
+
+
+def _close(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], margin_nm: float) -> bool:
+    """Two (lower, upper) boxes overlap or lie within `margin_nm` of each other on every axis."""
+    gap = np.maximum(a[0] - b[1], b[0] - a[1])  # per axis; negative where the boxes overlap
+    return bool(np.all(gap < margin_nm))
+
+
+def straddling_pairs(entries: Sequence[SplitEntry], catalog: Catalog, margin_nm: float) -> list[tuple[str, str]]:
+    """(training crop, validation crop) names of one dataset whose boxes overlap or lie within `margin_nm`:
+    validation would score voxels a training patch saw. Crops the catalogue does not know are not checked."""
+    known = {c.name: c for c in catalog.train.values()}
+    train = [known[e.crop_name] for e in entries if e.split == "train" and e.crop_name in known]
+    val = [known[e.crop_name] for e in entries if e.split == "validate" and e.crop_name in known]
+    return [(t.name, v.name) for t in train for v in val
+            if t.dataset == v.dataset and _close(crop_box_nm(t), crop_box_nm(v), margin_nm)]
+
+
+def regroup(entries: Sequence[SplitEntry], catalog: Catalog, margin_nm: float, *, to: str) -> list[SplitEntry]:
+    """`entries` with every spatial group that straddles the split moved wholly to `to` ("train" or "validate";
+    a crop moved to validation gets its role later, one moved to training loses it).
+
+    Raises:
+        ValueError: `to` is neither, or the split would be left without training or validation crops.
+    """
+    if to not in ("train", "validate"):
+        raise ValueError(f"regroup to {to!r}: choose 'train' or 'validate'")
+    known = {c.name: c for c in catalog.train.values()}
+    side = {e.crop_name: e.split for e in entries}
+    moved: set[str] = set()
+    for group in spatial_groups([known[e.crop_name] for e in entries if e.crop_name in known], margin_nm):
+        if len({side[c.name] for c in group}) > 1:
+            moved |= {c.name for c in group if side[c.name] != to}
+    out = [dataclasses.replace(e, split=to, role="") if e.crop_name in moved else e for e in entries]
+    if {e.split for e in out} != {"train", "validate"}:
+        raise ValueError(f"moving the {len(moved)} crops of the straddling groups to {to} leaves no "
+                         f"{'validation' if to == 'train' else 'training'} crop; split the data another way")
+    return out
+
+
+def outside_root(entries: Sequence[SplitEntry], root: str | os.PathLike[str]) -> list[str]:
+    """Names of the crops whose EM or label location is a local path outside `root` (a copied data root would
+    still read the original there); remote locations are not checked."""
+    base = Path(root).resolve()
+
+    def outside(url: str) -> bool:
+        return "://" not in url and not Path(url).resolve().is_relative_to(base)
+
+    return [e.crop_name for e in entries if outside(e.em_url) or outside(e.crop_url)]
 
 
 def _annotates(group: Sequence[Crop], name: str) -> bool:
@@ -185,14 +236,26 @@ def assign_roles(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], classes:
     return {crop: role_of[i] for i, g in enumerate(groups) for crop, _ in g}
 
 
-def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
+def _located(url: str, base: str | os.PathLike[str]) -> str:
+    """A location of a datasplit row: URLs and absolute paths as they are, relative paths under `base`."""
+    if "://" in url or os.path.isabs(url):
+        return url
+    if "://" in str(base):
+        return f"{str(base).rstrip('/')}/{url}"
+    return str(Path(base).resolve() / url)
+
+
+def read_datasplit(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None) -> list[SplitEntry]:
     """Read an official `datasplit.csv`: 5 columns (split, raw zarr, raw dataset, gt zarr,
-    `gt dataset/[classes]`) or 3 columns (split, raw path, gt path with `[classes]`).
+    `gt dataset/[classes]`) or 3 columns (split, raw path, gt path with `[classes]`). Relative locations are
+    relative to the data root `root` (default: the file's folder, a root's own datasplit; `cellseg synth` and
+    `cellseg import` write them so).
 
     Raises:
         ValueError: malformed rows (the line number is named).
     """
     entries = []
+    base = root if root is not None else Path(path).resolve().parent
     with open(path, newline="") as fh:
         for line, row in enumerate(csv.reader(fh), start=1):
             if not row or row[0].startswith("#"):
@@ -210,7 +273,8 @@ def read_datasplit(path: str | os.PathLike[str]) -> list[SplitEntry]:
             if split not in ("train", "validate"):
                 raise ValueError(f"{path}, line {line}: split {split!r} must be 'train' or 'validate'")
             classes = tuple(c.strip() for c in rest[:-1].split(",") if c.strip())
-            entries.append(SplitEntry(split=split, em_url=raw, crop_url=crop_url, classes=classes))
+            entries.append(SplitEntry(split=split, em_url=_located(raw, base), crop_url=_located(crop_url, base),
+                                      classes=classes))
     if not entries:
         raise ValueError(f"{path}: no rows")
     roles = read_roles(Path(path).with_name(ROLES_FILE))

@@ -5,6 +5,12 @@ first line "2025 challenge-era metric" / "2026 current metric" (`ScoringEra.titl
 the era's (`ScoringEra.class_columns`, `crop_columns`). Non-finite numbers (an infinite
 Hausdorff distance, the NaN overall score of the 2025 era when a kind of class is absent) are written as
 `null`, as the official evaluators write them.
+
+A (crop, label) whose per-crop score the era's combining leaves out (`ScoringEra.skipped`: a 2026 instance crop
+over the object-count cutoff) is never shown as a score: its per-crop row says "skipped" and why, a class row
+says how many of its crops were skipped (a class whose every crop was skipped reads 1.0 officially while no crop
+was scored), and the summary counts and lists them in every era (0 in an era that skips none). The JSON lists
+them under `"skipped"` (not an official key).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def to_json(ev: Evaluation) -> dict[str, Any]:
         "missing": ev.missing,
         "total_evals": total,
         "num_evals_scored": scored,
+        "skipped": [list(pair) for pair in get_era(ev.metric).skipped(ev.crop_scores)],
         "notes": ev.notes,
         "array_notes": ev.array_notes,
         "official_evaluator_would_fail": ev.official_failures,
@@ -76,25 +83,73 @@ def _rows(keys: tuple[str, ...], items: list[tuple[str, dict[str, Any]]], indent
     return lines
 
 
+def _skip_reason(scores: dict[str, Any]) -> str:
+    """Why a per-crop score was left out, with the object counts when the era recorded them."""
+    reason = str(scores.get("status", "skipped"))
+    if "num_pred_objects" in scores:
+        reason += f": {scores['num_pred_objects']} predicted objects for {scores.get('num_truth_objects', '?')} true"
+    return reason
+
+
+def _class_note(skipped: int, total: int) -> str:
+    if not skipped:
+        return ""
+    if skipped == total:
+        return f"  [all {total} crops skipped: no crop was scored, this is not a score]"
+    return f"  [{skipped} of {total} crops skipped]"
+
+
+def _crop_rows(ev: Evaluation, label: str, keys: tuple[str, ...]) -> list[str]:
+    era, lines = get_era(ev.metric), []
+    for crop, labels in sorted(ev.crop_scores.items()):
+        if label not in labels:
+            continue
+        scores = labels[label]
+        if era.is_skipped(scores):  # never printed as numbers: they count for nothing
+            lines.append(f"    {crop + ' (skipped)':<14} not scored ({_skip_reason(scores)})")
+        else:
+            lines += _rows(keys, [(crop + (" (missing)" if scores["is_missing"] else ""), scores)], indent="    ")
+    return lines
+
+
 def format_table(ev: Evaluation, *, per_crop: bool = False) -> str:
-    """Readable summary: era, overall scores, one line per class (and per crop with `per_crop`)."""
+    """Readable summary: era, overall scores, one line per class (and per crop with `per_crop`), the skipped
+    (crop, label) pairs (module docstring)."""
     era = get_era(ev.metric)
+    skipped = era.skipped(ev.crop_scores)
     lines = [f"cellseg evaluate: {era.title}",
              f"overall {_fmt(ev.overall_score)}   instance {_fmt(ev.overall_instance_score)}   "
-             f"semantic {_fmt(ev.overall_semantic_score)}"]
+             f"semantic {_fmt(ev.overall_semantic_score)}   skipped {len(skipped)} of "
+             f"{sum(len(labels) for labels in ev.crop_scores.values())} (crop, label) pairs"]
     for kind in ("instance", "semantic"):
         labels = [k for k in sorted(ev.label_scores) if is_scored_as_instance(k) == (kind == "instance")]
         if not labels:
             continue
         lines += ["", f"{kind} classes ({era.title})"]
         for label in labels:
-            lines += _rows(era.class_columns[kind], [(label, ev.label_scores[label])])
+            total = sum(label in s for s in ev.crop_scores.values())
+            note = _class_note(sum(lab == label for _, lab in skipped), total)
+            lines += [row + note for row in _rows(era.class_columns[kind], [(label, ev.label_scores[label])])]
             if per_crop:
-                crops = [(c, s[label]) for c, s in sorted(ev.crop_scores.items()) if label in s]
-                crops = [(c + (" (missing)" if s["is_missing"] else ""), s) for c, s in crops]
-                lines += _rows(era.crop_columns[kind], crops, indent="    ")
+                lines += _crop_rows(ev, label, era.crop_columns[kind])
+    lines += _skipped_lines(ev, skipped)
     lines += _problem_lines(ev)
     return "\n".join(lines)
+
+
+MAX_LISTED = 20  # skipped pairs and notes listed on the console; the JSON has them all
+
+
+def _skipped_lines(ev: Evaluation, skipped: list[tuple[str, str]]) -> list[str]:
+    """The skipped pairs, counted and listed (at most `MAX_LISTED`)."""
+    if not skipped:
+        return []
+    lines = ["", f"skipped {len(skipped)} (crop, label) pairs: the {get_era(ev.metric).title} leaves them out of "
+                 "its scores (they count for nothing; cellseg's decisions count them as their worst case)"]
+    lines += [f"  {crop}/{label}: {_skip_reason(ev.crop_scores[crop][label])}" for crop, label in skipped[:MAX_LISTED]]
+    if len(skipped) > MAX_LISTED:
+        lines.append(f"  ... and {len(skipped) - MAX_LISTED} more (see --json)")
+    return lines
 
 
 def _problem_lines(ev: Evaluation) -> list[str]:

@@ -22,6 +22,10 @@ leaves it out. An empty array never scores below a missing one and usually far a
 rules a missing semantic label counts every voxel of the crop as a false negative of the class, pooled over
 crops, where an empty one adds only the crop's true foreground (docs/scoring.md, "Missing and empty labels").
 The empty array is metadata only (`fill_value` 0, no chunk stored), which zarr reads as zeros.
+A submission of which fewer than `min_share` of the (crop, label) pairs come from the predictions is refused
+before anything is written (`TooFewPredictions`; `cellseg submit` asks for `MIN_PREDICTED_SHARE` unless
+`--allow-empty`): written, it would be a valid zip that scores almost nothing, which is what a manifest of other
+crops than the predictions' (the packaged official one for a user's own data) produces.
 
 Output: a zip whose root holds the zarr store (`.zgroup`, `crop<N>/.zgroup`, `crop<N>/<label>/...`) as
 the official packer writes it (arrays at the root are read by both evaluators; a store zipped inside a
@@ -59,6 +63,13 @@ from cellseg.eval.rules import is_scored_as_instance
 from cellseg.pool import default_budget, map_bounded, usable_cores
 
 log = logging.getLogger(__name__)
+# The least share of the manifest's (crop, label) pairs `cellseg submit` takes from the predictions without
+# `--allow-empty`. Below it the submission is nearly all empty arrays: the predictions are of other crops than
+# the manifest's (0 of 413 pairs for a user's own data against the packaged official manifest). A model of a few
+# classes stays above it on a manifest of many: the 6 classes of the demo and smoke models cover 12.5 % (6 of
+# 48 per crop) to 18 % of the synthetic test manifests' pairs. A model of one class on the official manifest
+# (16 of 413, 3.9 %) is below it and must say so with `--allow-empty`.
+MIN_PREDICTED_SHARE = 0.10
 TRAIN_HEADER = "crop_name,dataset,class_label,voxel_size,translation,shape\n"
 
 
@@ -99,6 +110,47 @@ class SubmitReport:
     missing: list[str] = field(default_factory=list)
     empty: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_share(self) -> float:
+        """The share of the (crop, label) pairs written from the predictions (1.0 for no pair)."""
+        total = len(self.written) + len(self.missing)
+        return len(self.written) / total if total else 1.0
+
+
+class TooFewPredictions(ValueError):
+    """Fewer than the asked share of the manifest's (crop, label) pairs are in the prediction store."""
+
+
+def recorded_data_root(predictions: str | os.PathLike[str]) -> Path | None:
+    """The data root a cellseg prediction or segmentation store records it was predicted from (its provenance's
+    `data_root`, its source's, or its run's `data.root`); None for any other store or when none is recorded."""
+    import json
+
+    import yaml
+
+    try:
+        provenance = json.loads((Path(predictions) / ".zattrs").read_text())["cellseg"]["provenance"]
+        for record in (provenance, provenance.get("source_provenance") or {}):
+            if record.get("data_root"):
+                return Path(record["data_root"])
+            if record.get("run_dir"):
+                return Path(yaml.safe_load((Path(record["run_dir"]) / "config.yaml").read_text())["data"]["root"])
+    except (OSError, KeyError, TypeError, AttributeError, ValueError, yaml.YAMLError):
+        return None
+    return None
+
+
+def check_share(num_predicted: int, total: int, min_share: float, predictions: Path) -> None:
+    """Refuse a submission of which fewer than `min_share` of the `total` (crop, label) pairs are predicted.
+
+    Raises:
+        TooFewPredictions: naming both counts and the share needed.
+    """
+    if total and num_predicted / total < min_share:
+        raise TooFewPredictions(
+            f"only {num_predicted} of the manifest's {total} (crop, label) pairs ({num_predicted / total:.1%}) are "
+            f"in {predictions}, fewer than {min_share:.0%}: the other {total - num_predicted} would be empty arrays")
 
 
 def instance_dtype(max_id: int) -> np.dtype:
@@ -273,15 +325,17 @@ def _write_job(job: _Job) -> bool:
 
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
-                     progress: bool = False, workers: int | None = None, allow_missing: bool = False
-                     ) -> SubmitReport:
+                     progress: bool = False, workers: int | None = None, allow_missing: bool = False,
+                     min_share: float = 0.0) -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops`: from `predictions` where it has the label,
     else an empty array (`write_empty`), or nothing when `allow_missing` (the label then scores as missing).
 
     `workers` (default `default_workers()`) threads write the arrays, at most `workers` at a time and within
-    a memory budget; the zip's members and the report are the same for any number.
+    a memory budget; the zip's members and the report are the same for any number. Fewer than `min_share` of
+    the pairs in `predictions` refuses the submission before anything is written (`check_share`).
 
     Raises:
+        TooFewPredictions: fewer than `min_share` of the pairs are in `predictions`.
         FileExistsError: `out` exists and `overwrite` is False, or `out` is a directory.
         FileNotFoundError: `predictions` does not exist.
         ValueError: `workers` < 1; a threshold outside [0, 1); a prediction that cannot be submitted (NaN
@@ -303,6 +357,8 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     wanted = set(labels) if labels else None
     rows = [(c, label, g) for c in crops.values() for label, g in sorted(c.labels.items())
             if wanted is None or label in wanted]
+    check_share(sum((predictions / c.name / label).exists() for c, label, _ in rows), len(rows), min_share,
+                predictions)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _temp_dir(out) as tmp:
         store = tmp / "submission.zarr"

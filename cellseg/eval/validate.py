@@ -8,7 +8,8 @@ multiscale groups, which are never read; unknown or unexpected labels; array met
 attributes); where each array lands after the evaluator's resampling, snapping and cropping (coverage,
 the 2025 copy-length bug, the 16³ size limit); and, reading the data, NaNs, float or wrapped instance
 ids and the number of 26-connected objects against the instance-count cutoffs (integer semantic masks
-are only decoded: every chunk must decode to its size).
+are only decoded: every chunk must decode to its size), and the share of arrays that are all zeros
+(`empty_summary`: a warning when almost nothing is predicted).
 
 The data checks run on `workers` threads (decompression and numpy release the GIL on large arrays), or,
 from `PROCESS_MIN_INSTANCE_VOXELS` instance voxels on, on `workers` spawned processes (cc3d's connected
@@ -228,12 +229,12 @@ def _data_check(check: DataCheck) -> list[Issue]:
     integer semantic mask is only decoded, chunk by chunk (`check_decodes`)."""
     try:
         if not check.values_needed:
-            check_decodes(check.source, check.info)
-            return []
+            return [] if check_decodes(check.source, check.info) else [Issue("info", check.where, EMPTY_ARRAY)]
         data = read_array(check.source, check.info, max_bytes=check.max_bytes)
         truth = None if check.truth is None or check.truth_info is None else read_array(
             check.truth, check.truth_info, max_bytes=check.max_bytes)
-        return data_issues(check.where, data, check.instance, truth)
+        empty = [] if np.any(data) else [Issue("info", check.where, EMPTY_ARRAY)]
+        return empty + data_issues(check.where, data, check.instance, truth)
     except ValueError as err:
         return [Issue("error", check.where, f"{err} (scored as missing)")]
     except MemoryError:
@@ -243,6 +244,24 @@ def _data_check(check: DataCheck) -> list[Issue]:
 
 def _died(check: DataCheck) -> list[Issue]:
     return [Issue("error", check.where, "values not checked: the process reading them died (out of memory?)")]
+
+
+EMPTY_ARRAY = "all zeros: nothing predicted (an empty array)"
+EMPTY_SHARE = "arrays all zeros:"  # the summary's start (`empty_summary`), printed by validate-submission
+
+
+def empty_summary(issues: list[Issue], num_arrays: int) -> Issue:
+    """The share of the `num_arrays` arrays whose values were read that are all zeros: a warning when fewer
+    than `MIN_PREDICTED_SHARE` of them hold anything (the submission scores almost nothing), else info."""
+    from cellseg.eval.submit import MIN_PREDICTED_SHARE
+
+    empty = sum(i.message == EMPTY_ARRAY for i in issues)
+    share = empty / num_arrays if num_arrays else 0.0
+    low = num_arrays > 0 and (num_arrays - empty) / num_arrays < MIN_PREDICTED_SHARE
+    return Issue("warning" if low else "info", "submission",
+                 f"{EMPTY_SHARE} {empty} of {num_arrays} ({share:.1%})" + (
+                     f": fewer than {MIN_PREDICTED_SHARE:.0%} hold a prediction (written for other crops than "
+                     "these? check the manifest)" if low else ""))
 
 
 GROUP_LABEL = "written as a group (OME-NGFF multiscale?): the evaluators list arrays only"
@@ -378,4 +397,5 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
     else:
         found = map_bounded(_data_check, checks, workers)
     results = iter(found)  # in order, spliced back in place
-    return [j for i in issues for j in ([i] if isinstance(i, Issue) else next(results))]
+    final = [j for i in issues for j in ([i] if isinstance(i, Issue) else next(results))]
+    return ([empty_summary(final, len(checks))] if read_data else []) + final  # the summary first: a headline

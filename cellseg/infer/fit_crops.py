@@ -52,7 +52,7 @@ def _splits(stores: Sequence[PredictionStore], root: Path | None) -> dict[str, l
         run_dir = store.provenance.get("run_dir")
         if run_dir and (Path(run_dir) / "datasplit.csv").is_file():
             path = Path(run_dir) / "datasplit.csv"
-            found[str(path)] = read_datasplit(path)
+            found[str(path)] = read_datasplit(path, root=root)  # relative rows: under the data root
     if not found and root is not None and (root / "datasplit.csv").is_file():
         found[str(root / "datasplit.csv")] = read_datasplit(root / "datasplit.csv")
     return found

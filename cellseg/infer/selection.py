@@ -106,7 +106,7 @@ class _Sources:
         path = self.run_dir / "datasplit.csv"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing (it lists the run's validation crops)")
-        return {_crop_id(e.crop_name): e for e in read_datasplit(path)}
+        return {_crop_id(e.crop_name): e for e in read_datasplit(path, root=self.root)}
 
     def locate(self, entry: SplitEntry) -> SplitEntry:
         """The row as it is, or with another data root (`relocate`) the same crop located in that root."""

@@ -110,14 +110,15 @@ def url_rows(dataset: str, crops: Sequence[PlannedCrop]) -> str:
 
 def write_tables(root: Path, *, final_root: Path, dataset: str, crops: Sequence[PlannedCrop],
                  classes: Sequence[str], test_classes: Sequence[str]) -> None:
-    """The manifests and `datasplit.csv` (absolute paths under `final_root`, where `root` will end up)."""
+    """The manifests and `datasplit.csv` (`final_root`: where `root` will end up; no table names it, the
+    datasplit's locations being relative to the root, so that a copy reads its own)."""
     labelled = [c for c in crops if c.role != "test"]
     tests = [c for c in crops if c.role == "test"]
     if labelled:
         (root / "manifest.csv").write_text(url_rows(dataset, labelled))
         (root / "train_crop_manifest.csv").write_text(crop_rows(dataset, labelled, classes))
-        entries = [SplitEntry(split=c.role, em_url=str(final_root / em_url(dataset)),
-                              crop_url=str(final_root / crop_url(dataset, c)), classes=tuple(classes))
+        entries = [SplitEntry(split=c.role, em_url=em_url(dataset), crop_url=crop_url(dataset, c),
+                              classes=tuple(classes))
                    for c in sorted(labelled, key=lambda c: (c.role != "validate", c.id))]
         write_datasplit(entries, root / "datasplit.csv")
     else:  # EM only: an empty training manifest keeps the root readable by `Catalog.from_dir`

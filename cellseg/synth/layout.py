@@ -126,12 +126,13 @@ def url_rows(crops: Iterable[PlacedCrop]) -> str:
     return out.getvalue()
 
 
-def datasplit_rows(final_root: Path, crops: Iterable[PlacedCrop], validate: set[int]) -> str:
-    """The 5-column, fully quoted, header-less `datasplit.csv` with absolute zarr paths under `final_root`."""
+def datasplit_rows(crops: Iterable[PlacedCrop], validate: set[int]) -> str:
+    """The 5-column, fully quoted, header-less `datasplit.csv` with zarr paths relative to the data root (its
+    folder), so that a copied root reads its own copy."""
     out = io.StringIO()
     writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
     for crop in sorted(crops, key=lambda c: (c.id not in validate, c.id)):
-        zarr_path = str(final_root / dataset_zarr(crop.dataset))
+        zarr_path = dataset_zarr(crop.dataset)
         writer.writerow(["validate" if crop.id in validate else "train", zarr_path, EM_PATH, zarr_path,
                          f"{GT_PATH}/crop{crop.id}/[{','.join(crop.classes)}]"])
     return out.getvalue()
@@ -139,14 +140,15 @@ def datasplit_rows(final_root: Path, crops: Iterable[PlacedCrop], validate: set[
 
 def write_tables(root: Path, *, final_root: Path, scenes: Sequence[Scene], validate: set[int],
                  meta: Mapping[str, object]) -> None:
-    """Write the manifests, the datasplit and `synth.json` (`final_root`: where `root` will end up)."""
+    """Write the manifests, the datasplit and `synth.json` (`final_root`: where `root` will end up; no table names
+    it, the datasplit's locations being relative)."""
     crops = [c for s in scenes for c in s.crops]
     train = [c for c in crops if c.role == "train"]
     test = [c for c in crops if c.role == "test"]
     (root / "manifest.csv").write_text(url_rows(train))
     (root / "train_crop_manifest.csv").write_text(crop_rows(train))
     (root / "test_crop_manifest.csv").write_text(crop_rows(test))
-    (root / "datasplit.csv").write_text(datasplit_rows(final_root, train, validate))
+    (root / "datasplit.csv").write_text(datasplit_rows(train, validate))
     description = {
         **meta,
         "datasets": [{"name": s.name, "voxel_size_nm": list(s.em.voxel_size_nm), "shape_vox": list(s.em.shape_vox),

@@ -118,11 +118,11 @@ def test_datasplit_is_the_quoted_five_column_form(tiny_synth_root: Path, catalog
     for line, row in zip(text.splitlines(), rows, strict=True):
         assert line == ",".join(f'"{field}"' for field in row)
         _, raw, raw_name, gt, gt_name = row
-        assert Path(raw).is_absolute() and raw == gt and raw_name == EM_PATH
+        assert not Path(raw).is_absolute() and raw == gt and raw_name == EM_PATH  # relative: a copy reads its own
         crop_id = int(gt_name.split("/crop")[1].split("/")[0])
         listed = gt_name.split("[")[1].rstrip("]").split(",")
         assert set(listed) == set(catalog.train[crop_id].classes)
-        assert (Path(gt) / gt_name.split("/[")[0]).is_dir()
+        assert (tiny_synth_root / gt / gt_name.split("/[")[0]).is_dir()
 
 
 def test_validation_crops_cover_every_class(tiny_synth_root: Path) -> None:
