@@ -11,7 +11,7 @@ halved a few times to bracket the largest one that fits).
 Work is done in phases over all architectures (bf16 channels-last first, since that is how we
 train), and ``OUT/models.json`` + ``OUT/models.md`` are rewritten after each phase, so a run cut
 short by ``--time-budget-s`` still leaves the most important numbers. Eager mode only unless
-``--compile`` (compiling costs ~20-110 s per graph, see performance.md §7.4).
+``--compile`` (compiling took 17-83 s per architecture on one H200, docs/benchmarks.md).
 
 Usage (GPU):  PYTHONPATH=. python bench/models.py --out bench/out
 Smoke (CPU):  PYTHONPATH=. python bench/models.py --quick --out /tmp/bench

@@ -167,12 +167,6 @@ def mutually_exclusive(a: str, b: str) -> bool:
     return get_class(a).atom_ids.isdisjoint(get_class(b).atom_ids)
 
 
-def exclusion_map(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """For each class in `names`, the other classes in `names` it is mutually exclusive with."""
-    names = list(names)
-    return {a: tuple(b for b in names if b != a and mutually_exclusive(a, b)) for a in names}
-
-
 def tested_classes() -> tuple[str, ...]:
     """The 48 classes the challenge scores, in the order of `tested_classes.csv`."""
     return tuple(row[0] for row in _read_csv("tested_classes.csv"))

@@ -7,7 +7,8 @@ written by `cellseg synth` carries manifests in the same formats, so both load t
 
 Geometry convention (z, y, x order, nm): `translation_nm` is the physical position of the *centre* of voxel
 (0, 0, 0); voxel i of an axis sits at `translation + i * voxel_size`. This is the convention under which
-the official pyramids' half-voxel shifts between levels are consistent (`cellmap.md` §1.3).
+the official pyramids' half-voxel shifts between levels are consistent: a level f times coarser than a
+v nm `s0` at 0 starts at (f − 1) · v / 2 nm (test crop 982 at 16 nm, over a 4 nm `s0`: 6 nm).
 """
 
 from __future__ import annotations

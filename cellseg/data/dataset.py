@@ -60,11 +60,6 @@ def oriented_shape(shape_vox: Sequence[int], slice_axis: int) -> tuple[int, int,
     return tuple(shape)  # type: ignore[return-value]
 
 
-def pack_bits(mask: np.ndarray) -> np.ndarray:
-    """`(K, ...)` bool → `(ceil(K/8), ...)` uint8, class k in bit k % 8 of byte k // 8."""
-    return np.packbits(mask, axis=0, bitorder="little")
-
-
 class EpochSampler(torch.utils.data.Sampler[int]):
     """The global sample indices of one rank, epoch by epoch; resumable mid-epoch.
 

@@ -4,7 +4,7 @@
 the crop's physical volume `prod(voxel_size) · num_voxels` (nm³), missing crops included with 0; the
 class `combined_score` is that weighted mean of the per-crop combined scores (not recomputed). Overall:
 plain means over classes of `combined_score` (instance) and `iou` (semantic); with no class of a kind the
-official `np.mean([])` gives NaN, and so the overall score is NaN (quirk 5, reported as null).
+official `np.mean([])` gives NaN, and so the overall score is NaN (docs/scoring.md quirk 14, reported as null).
 
 2026 (official `combine_scores`, current): per class, pooled counts: semantic `IoU = ΣTP/(ΣTP+ΣFP+ΣFN)`
 (1.0 when the denominator is 0); instance `F1 = 2ΣTP/(2ΣTP+ΣFP+ΣFN)`, normalised Hausdorff = the mean

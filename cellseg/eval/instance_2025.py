@@ -21,7 +21,6 @@ import numpy as np
 
 from cellseg.eval.distance import Boxes, pair_hausdorff
 from cellseg.eval.overlaps import Overlaps, iou_values, overlaps
-from cellseg.eval.relabel import relabel_26
 from cellseg.eval.rules import RATIO_CUTOFF_2025, geometric_mean, normalized_distance_2025
 
 
@@ -94,10 +93,3 @@ def score_relabelled_2025(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray,
         "normalized_hausdorff_distance": normalized,
         "combined_score": geometric_mean(accuracy, normalized),
     }
-
-
-def score_instance_2025(pred: np.ndarray, truth: np.ndarray, voxel_size_nm: Sequence[float], *,
-                        max_matrix_bytes: int | None = None) -> dict[str, float]:
-    """Per-crop 2025 instance scores: accuracy, hausdorff_distance, normalized_hausdorff_distance, combined_score."""
-    pred_cc, num_pred = relabel_26(pred)
-    return score_relabelled_2025(pred_cc, num_pred, truth, voxel_size_nm, max_matrix_bytes=max_matrix_bytes)

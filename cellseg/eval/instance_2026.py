@@ -24,7 +24,6 @@ import numpy as np
 from cellseg.eval.distance import Boxes, pair_hausdorff
 from cellseg.eval.matching import match_weights, max_weight_matching
 from cellseg.eval.overlaps import Overlaps, iou_values, overlaps
-from cellseg.eval.relabel import relabel_26
 from cellseg.eval.rules import (
     MAX_OVERLAP_EDGES_2026,
     max_distance_2026,
@@ -113,9 +112,3 @@ def score_relabelled_2026(pred_cc: np.ndarray, num_pred: int, truth: np.ndarray,
     distances = hausdorff_2026(truth, pred_cc, ov, mapping, voxel_size_nm, truth_boxes)
     return crop_counts(ov, mapping, normalized_distances_2026(distances, voxel_size_nm))
 
-
-def score_instance_2026(pred: np.ndarray, truth: np.ndarray, voxel_size_nm: Sequence[float]
-                        ) -> dict[str, float | int | str]:
-    """Per-crop 2026 instance counts: tp, fp, fn, hausdorff_norm_sum, n_hausdorff, status."""
-    pred_cc, num_pred = relabel_26(pred)
-    return score_relabelled_2026(pred_cc, num_pred, truth, voxel_size_nm)

@@ -31,7 +31,6 @@ import numpy as np
 from cellseg.eval.distance import Boxes, pair_hausdorff
 from cellseg.eval.instance_2026 import crop_counts, matched_2026, skipped
 from cellseg.eval.overlaps import Overlaps
-from cellseg.eval.relabel import relabel_26
 from cellseg.eval.rules import max_distance_2026
 
 # The normalised Hausdorff score of a real match at the cap (rule 3), the same on every crop.
@@ -82,9 +81,3 @@ def score_relabelled_2026_07(pred_cc: np.ndarray, num_pred: int, truth: np.ndarr
     cap = max_distance_2026(voxel_size_nm, truth.shape)
     return crop_counts(ov, mapping, normalized_distances_2026_07(distances, cap))
 
-
-def score_instance_2026_07(pred: np.ndarray, truth: np.ndarray, voxel_size_nm: Sequence[float]
-                           ) -> dict[str, float | int | str]:
-    """Per-crop "2026-07" instance scores of a prediction of any object ids (relabelled here)."""
-    pred_cc, num_pred = relabel_26(pred)
-    return score_relabelled_2026_07(pred_cc, num_pred, truth, voxel_size_nm)

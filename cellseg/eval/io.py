@@ -6,7 +6,7 @@ A *source* is a zarr hierarchy in a directory or in a zip, read in place (zips a
 - crops are the folders at the root (2026 also accepts a store nested one or more folders deep when it
   is the only `*.zarr` folder in the archive, and bare numbers when no `crop<N>` name matches);
 - labels are found with zarr's `array_keys()`: only *arrays* count, so an OME-NGFF multiscale label
-  group is never read (quirk 2) and a truth `<label>_mask` array is itself a label (quirk 1).
+  group is never read and a truth `<label>_mask` array is itself a label (docs/scoring.md quirks 2 and 1).
 
 Array metadata is checked before any chunk is read: only numeric dtypes and a fixed list of
 compressors and filters are accepted (zarr's object codecs can run pickled code).

@@ -7,17 +7,17 @@ Both eras (2025 `match_crop_space`, 2026 `MatchedCrop.load_aligned`):
    Gaussian of σ = (factor − 1)/2 first whenever any axis is down-sampled, except for integer or bool
    input at order 0);
 3. snap the offset to the target grid, `floor(t_in / vs) · vs`, then take
-   `floor(|snapped − t_truth| / vs) · sign(...)` voxels of shift (quirk 8);
+   `floor(|snapped − t_truth| / vs) · sign(...)` voxels of shift (quirk 3 of docs/scoring.md);
 4. crop or zero-pad to the target shape.
 
 Where they differ (each reproduced in its era):
 - "different voxel size": 2025 compares exactly, 2026 with `np.allclose`;
 - bool semantic arrays that need resampling: 2025 crashes (skimage refuses bool at order 1), 2026
-  casts to float32 first; cellseg casts and records that the 2025 evaluator would have failed (quirk 3);
+  casts to float32 first; cellseg casts and records that the 2025 evaluator would have failed;
 - no attributes at all: both centre-crop/pad; only a translation: 2025 places the array by it, 2026
   centre-crops/pads first and then shifts;
 - a prediction smaller than the crop that starts inside it: 2025 copies `min(crop, pred) − offset`
-  voxels, dropping the prediction's last `offset` voxels (quirk 7); 2026 copies all of it;
+  voxels, dropping the prediction's last `offset` voxels (quirk 11); 2026 copies all of it;
 - 2026 refuses sources with more than 16³ times the target's voxels, and re-samples sources over 500 MB
   (as float32) in blocks of 297³ voxels, each block anti-aliased on its own.
 """
@@ -127,7 +127,7 @@ def centre_crop_pad(image: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 
 def voxel_offset(translation_nm: Sequence[float], target: Target) -> np.ndarray:
-    """Shift in target voxels of a prediction whose voxel 0 sits at `translation_nm` (quirk 8)."""
+    """Shift in target voxels of a prediction whose voxel 0 sits at `translation_nm` (quirk 3)."""
     tvs = np.asarray(target.voxel_size_nm, dtype=float)
     ttr = np.asarray(target.translation_nm, dtype=float)
     snapped = (np.asarray(translation_nm, dtype=float) // tvs) * tvs
@@ -136,7 +136,7 @@ def voxel_offset(translation_nm: Sequence[float], target: Target) -> np.ndarray:
 
 def place(image: np.ndarray, shape: Sequence[int], offset: Sequence[int], *, copy_length_bug: bool
           ) -> tuple[np.ndarray, int]:
-    """Shift by `offset` voxels, then crop/zero-pad to `shape` (returns the array and voxels dropped by quirk 7).
+    """Shift by `offset` voxels, then crop/zero-pad to `shape` (returns the array and voxels dropped by quirk 11).
 
     A positive offset means the prediction starts inside the crop; with `copy_length_bug` (2025) such a
     prediction, smaller than the crop, loses its last `offset` voxels.

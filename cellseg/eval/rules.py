@@ -15,7 +15,7 @@ import numpy as np
 
 # The official INSTANCE_CLASSES list decides the scoring branch in both eras. `vim` and `instance` are in
 # it although no test manifest lists them; any other label name (including `<label>_mask` arrays of the
-# truth, quirk 1) is scored semantically.
+# truth, quirk 1 of docs/scoring.md) is scored semantically.
 OFFICIAL_INSTANCE_LABELS: frozenset[str] = frozenset(
     {"nuc", "vim", "ves", "endo", "lyso", "ld", "perox", "mito", "np", "mt", "cell", "instance"}
 )

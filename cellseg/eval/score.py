@@ -1,7 +1,7 @@
 """`evaluate`: score a submission against a ground-truth store under one era's rules.
 
 The (crop, label) pairs scored are exactly the label arrays of the truth (`crop<N>/<label>`, `_mask`
-arrays included, quirk 1). Each pair is one task (`tasks.run_task`); tasks run in a process pool,
+arrays included, docs/scoring.md quirk 1). Each pair is one task (`tasks.run_task`); tasks run in a process pool,
 largest first, and are only started while the sum of their estimated memory stays within the budget.
 A task whose own estimate exceeds the budget is refused and scored as missing, with the reason.
 """

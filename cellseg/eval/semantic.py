@@ -41,13 +41,3 @@ def semantic_counts_2025(tp: int, fp: int, fn: int) -> dict[str, float]:
 def semantic_counts_2026(tp: int, fp: int, fn: int) -> dict[str, int | str]:
     """Per-crop 2026 semantic counts: tp, fp, fn, status."""
     return {"tp": tp, "fp": fp, "fn": fn, "status": "scored"}
-
-
-def score_semantic_2025(pred: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    """Per-crop 2025 semantic scores of a (prediction, truth) pair: iou, dice_score."""
-    return semantic_counts_2025(*confusion(pred, truth))
-
-
-def score_semantic_2026(pred: np.ndarray, truth: np.ndarray) -> dict[str, int | str]:
-    """Per-crop 2026 semantic counts of a (prediction, truth) pair: tp, fp, fn, status."""
-    return semantic_counts_2026(*confusion(pred, truth))

@@ -1,9 +1,9 @@
 """`cellseg fetch`: download the EM and ground truth of selected CellMap crops, resumably.
 
-`fetch` runs the whole thing: select crops (`fetch_select.select_targets`), read the metadata and list the
-chunks they need (`fetch_plan.build_plan`: matched EM levels, crop box plus padding, every label
+`fetch` runs the whole thing: select crops (`select.select_targets`), read the metadata and list the
+chunks they need (`plan.build_plan`: matched EM levels, crop box plus padding, every label
 level), then either size the download without fetching anything (`dry_run=True`,
-`fetch_size.estimate`) or download it (`execute`) and record what was fetched in DEST's manifests.
+`size.estimate`) or download it (`execute`) and record what was fetched in DEST's manifests.
 
 Resuming
     Every chunk is written to a hidden temporary file (`.<key>.part-<random>`) in its directory and
@@ -48,6 +48,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cellseg.data import chunks as local_chunks
 from cellseg.data.chunks import LEDGER, read_ledger
 from cellseg.data.crops import Catalog, Geometry, format_vector
 from cellseg.data.stores import resolve
@@ -230,6 +231,7 @@ def execute(plan: FetchPlan, dest: str | os.PathLike[str], *, workers: int = DEF
     downloader = _Downloader(dest, workers=workers, progress=progress,
                              max_consecutive_failures=max_consecutive_failures)
     downloader.run(pending.chunks)
+    local_chunks.forget()  # a read later in this process sees the new chunks and ledgers
     report = downloader.report
     report.num_present, report.num_known_absent = pending.num_present, pending.num_known_absent
     report.seconds = time.monotonic() - start
@@ -306,7 +308,7 @@ def fetch(catalog: Catalog, dest: str | os.PathLike[str], *, crops: str | Sequen
           recheck_absent: bool = False, progress: bool = True) -> FetchReport | SizeReport:
     """Select crops, plan their chunks and download them into `dest` (or only size them: `dry_run`).
 
-    The arguments mirror `cellseg fetch` (see `fetch_plan.select_targets` and `fetch_plan.build_plan`).
+    The arguments mirror `cellseg fetch` (see `select.select_targets` and `plan.build_plan`).
 
     Raises:
         ValueError: unknown crops, datasets or classes; bad options; malformed metadata.

@@ -11,7 +11,7 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
    the data root the members' provenance names (`cellseg.infer.fit_crops`).
 2. **Truth on each class's annotation grid** (the `s0` grid of its label, `cellseg.eval.label_grid`, as
    the leaderboard scores): `cellseg.eval.truth.read_class_truth`, scored only where the class is
-   annotated, exactly as validation during training scores (`cellseg.train.validate.score_crop`); each
+   annotated, exactly as validation during training scores (`cellseg.train.validate.class_tasks`); each
    member's channel is resampled onto it (`read_on_grid`: linear when up-sampling, area averaging when
    down-sampling). `score_grid="ensemble"` scores on the grid the ensemble is written on instead
    (`ensemble_grid`; cheaper when labels are much finer than the members).

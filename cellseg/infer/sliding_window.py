@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 
@@ -157,18 +156,3 @@ def sliding_window_slabs(
             sums[(slice(None), *local)].addcmul_(o, weight)
             norm[local] += weight
     yield from finish(padded[0])
-
-
-def sliding_window(predict: PredictFn, image: torch.Tensor, *, patch_vox: Sequence[int], num_outputs: int,
-                   **options: Any) -> torch.Tensor:
-    """The whole (K, Z, Y, X) float32 result of `sliding_window_slabs` (same arguments) on `accumulate_on`."""
-    _check(image, options.get("overlap", 0.5))
-    if options.get("start_plane"):
-        raise ValueError("sliding_window returns the whole volume: use sliding_window_slabs to start at a plane")
-    out: torch.Tensor | None = None
-    for z0, slab in sliding_window_slabs(predict, image, patch_vox=patch_vox, num_outputs=num_outputs, **options):
-        if out is None:
-            out = slab.new_empty((num_outputs, *image.shape[1:]))
-        out[:, z0:z0 + slab.shape[1]] = slab
-    assert out is not None  # the slabs cover every plane
-    return out

@@ -57,11 +57,6 @@ class Transform:
                 (["transpose_yx"] if self.transpose_yx else [])
         return "+".join(parts) or "identity"
 
-    @property
-    def is_identity(self) -> bool:
-        """True when `apply` returns its input unchanged."""
-        return not self.flip_axes and not self.transpose_yx
-
     def _dims(self, x: torch.Tensor) -> tuple[list[int], tuple[int, int]]:
         if x.ndim != 2 + len(self.axes):
             raise ValueError(f"transform {self.name} acts on (B, C, {', '.join(self.axes.upper())}) tensors, "

@@ -2,9 +2,10 @@
 
 Norm choice (``norm``): ``"batch"`` is the default everywhere. BatchNorm has native
 channels-last kernels in cuDNN and fuses well under graph compilation, while eager
-``InstanceNorm3d`` has no channels-last support and loses to layout conversions (see
-``/work/shared/reference/performance.md`` §7.2 for the measured numbers). ``"instance"``
-(nnU-Net's choice, affine) and ``"group"`` (8 groups) remain selectable.
+``InstanceNorm3d`` has no channels-last support and loses to layout conversions. Measured on
+``unet_3d`` (batch 8 × 128³, compiled, one H200; docs/benchmarks.md, the MFU matrix): 121.4 ms per
+step with BatchNorm, 150.2 ms with InstanceNorm. ``"instance"`` (nnU-Net's choice, affine) and
+``"group"`` (8 groups) remain selectable.
 
 Input convolutions (fewer than 8 input channels, e.g. the one EM channel) are :class:`AlignedConv2d` /
 :class:`AlignedConv3d`: in a channels-last model (:func:`set_channels_last`) they zero-pad input and weight

@@ -412,12 +412,6 @@ def postprocess_stores(stores: Stores) -> dict[str, PredictionStore]:
     return out
 
 
-def plain_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
-               ) -> list[tuple[Path, Path, Sequence[str]]]:
-    """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
-    return thresholding_of([job for _, job in score_jobs(runs, stores, layout, plan).values()])
-
-
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
                  root: Path, timings: Timings) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in

@@ -86,29 +86,22 @@ def _intervals(samples: Sequence[Mapping[str, np.ndarray]], crops: Sequence[str]
     return {"crops": list(crops), "draws": num, "seed": seed, "level": level, "stages": stages, "changes": changes}
 
 
-def stage_uncertainty(documents: Sequence[Mapping[str, Any]], era: Era, *, num: int = DRAWS, seed: int = SEED,
-                      level: float = LEVEL) -> dict[str, Any]:
-    """Intervals of every part of every stage, and paired intervals of each stage's change from the one
-    before, from the stages' evaluation documents (`crop_scores` of `cellseg.eval.report.to_json`).
-
-    Returns:
-        `{"crops", "draws", "seed", "level", "stages": [{part: Interval}], "changes": [None, {part: Interval}]}`.
-    """
-    crops = sorted(documents[0]["crop_scores"])
-    picks = draws(crops, num, seed)
-    samples = [part_draws(doc["crop_scores"], era, crops, picks) for doc in documents]
-    return _intervals(samples, crops, num=num, seed=seed, level=level)
-
-
 def _part_draws_job(job: tuple[CropScores, Era, Sequence[str], np.ndarray]) -> dict[str, np.ndarray]:
     return part_draws(*job)
 
 
 def uncertainties(groups: Mapping[str, Mapping[Era, Sequence[Mapping[str, Any]]]], *, workers: int = 1,
                   num: int = DRAWS, seed: int = SEED, level: float = LEVEL) -> dict[Era, dict[str, Any]]:
-    """`stage_uncertainty` of several lists of documents in every era, the documents' draws spread over
-    `workers` processes (the intervals do not depend on it): `groups` is name → era → documents, e.g.
-    {"stages": ..., "singles": ...}; returns era → name → the `stage_uncertainty` result."""
+    """Intervals of every part of every stage, and paired intervals of each stage's change from the one
+    before, for several lists of stages' evaluation documents (`crop_scores` of `cellseg.eval.report.to_json`)
+    in every era, the documents' draws spread over `workers` processes (the intervals do not depend on it).
+
+    `groups` is name → era → documents, e.g. {"stages": ..., "singles": ...}.
+
+    Returns:
+        era → name → `{"crops", "draws", "seed", "level", "stages": [{part: Interval}],
+        "changes": [None, {part: Interval}]}`.
+    """
     from cellseg.pool import map_bounded
 
     jobs, where = [], []

@@ -150,7 +150,7 @@ class Report:
     weights: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
-    # era → {"stages" | "singles": `cellseg.report.bootstrap.stage_uncertainty`}
+    # era → {"stages" | "singles": intervals} (`cellseg.report.bootstrap.uncertainties`)
     uncertainty: dict[str, dict[str, Any]] = field(default_factory=dict)
     # "era"; "uniform" | "tta" | "postprocess" → {"off": classes, "classes": class → {"before", "after", "on"}}
     # ("uniform" also "best_single": the run it is compared with; `cellseg.report.switches`)

@@ -12,7 +12,7 @@ stays resolvable at its own s0, the way organelle sizes are "scaled to the voxel
 | quality | 4 | as `medium` | 24 + 8 | the quality benchmark (`bench/quality`) |
 
 `mirror_preset(mirror_crops(real_test_crops, scale))` (end of this file) builds a preset whose test crops are
-laid out like real ones, scaled down (`bench/test_set.py`).
+laid out like real ones, scaled down (`bench/test_set`).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def get_preset(name: str) -> Preset:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# A test set laid out like a real one (`bench/test_set.py`): one dataset per real dataset and one test crop per
+# A test set laid out like a real one (`bench/test_set`): one dataset per real dataset and one test crop per
 # real test crop, its shape the real shape divided by `scale` (in crop voxels). A dataset's EM s0 voxel size is
 # its finest real crop's; every other crop sits at s0 × 1, 2 or 4 (`CropSpec.scale`), the step nearest to the
 # real ratio, so real 8× steps (4 → 32 nm) become 4× (4 → 16 nm). Crops listing every scored class annotate

@@ -139,12 +139,3 @@ def blocks(shape_vox: tuple[int, int, int], block_vox: int) -> list[tuple[tuple[
     ranges = [range(0, n, block_vox) for n in shape_vox]
     return [((z, y, x), tuple(min(block_vox, n - s) for s, n in zip((z, y, x), shape_vox, strict=True)))
             for z in ranges[0] for y in ranges[1] for x in ranges[2]]
-
-
-def render_em(scene: Scene, block_vox: int) -> np.ndarray:
-    """The whole EM volume of a scene, block by block, in this process."""
-    out = np.zeros(scene.em.shape_vox, dtype=np.uint8)
-    for index, (start, shape) in enumerate(blocks(scene.em.shape_vox, block_vox)):
-        out[tuple(slice(s, s + n) for s, n in zip(start, shape, strict=True))] = render_block(
-            scene, start, shape, index)  # type: ignore[arg-type]
-    return out

@@ -6,7 +6,7 @@ The probe runs on random input, restores BatchNorm buffers and clears gradients,
 untouched. Under DDP every rank probes and the minimum wins.
 
 During training an OOM frees memory, shrinks the *micro*-batch by 20 % and re-runs the step with more
-micro-steps, so the effective batch (and the result) stays the same (seed 000 §9).
+micro-steps, so the effective batch (and the result) stays the same.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from cellseg.eval.label_grid import annotation_grid
 from cellseg.infer.engine import predict_volume
 from cellseg.infer.plan import crop_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
-from cellseg.train.valpool import ClassTask, ValidationPool, gather, score_task
+from cellseg.train.valpool import ClassTask, ValidationPool, gather
 
 log = logging.getLogger(__name__)
 CropScores = dict[str, dict[str, dict[str, Any]]]
@@ -95,18 +95,6 @@ def class_tasks(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig)
                                boundary=probs[boundary_of[name]] if name in boundary_of else None,
                                source=grid, target=target, params=params, metric=cfg.val.metric))
     return tasks
-
-
-def score_crop(crop: CropSource, probs: np.ndarray, grid: Grid, cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Per-class scores of one crop in the era of `cfg.val.metric` (`probs`: (C, z, y, x) on `grid`), each
-    class decoded and scored on its annotation grid (`val.grid`: "annotation") or on `grid` ("model"), in this
-    process (`cellseg.train.valpool.score_task`)."""
-    scores = {}
-    for task in class_tasks(crop, probs, grid, cfg):
-        s = score_task(task)
-        if s is not None:
-            scores[task.name] = s
-    return scores
 
 
 def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunConfig, *, device: torch.device,

@@ -1,4 +1,4 @@
-"""The crop catalogue against the official manifests (cellmap.md §1.2, §1.4, §1.6)."""
+"""The crop catalogue against the official manifests (packaged in `cellseg/manifests/`)."""
 
 from collections import Counter
 
@@ -6,7 +6,7 @@ import pytest
 
 from cellseg.data.crops import Catalog, Geometry, format_vector, parse_vector
 
-# Crops per dataset, cellmap.md §1.4.
+# Crops per dataset in the official `train_crop_manifest.csv`.
 PER_DATASET = {
     "cos7-1a": 12, "cos7-1b": 11, "ctl-id8-1": 5, "fly-mb-1a": 6, "fly-vnc-1": 6, "hela-2": 26, "hela-3": 19,
     "jurkat-1": 20, "macrophage-2": 18, "mus-heart-1": 2, "mus-kidney": 23, "mus-kidney-3": 1,

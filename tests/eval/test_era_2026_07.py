@@ -7,13 +7,14 @@ Crops of 20³ voxels at 8 nm unless said otherwise: the Hausdorff cap is 20 · 8
 
 import numpy as np
 import pytest
+from crop_scores import score_instance_2026_07
 from eval_helpers import VS8
 
 from cellseg.eval import evaluate
 from cellseg.eval.crop_score import combine, score_class, score_missing
 from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.eras.era_2026 import Era2026
-from cellseg.eval.instance_2026_07 import normalized_distances_2026_07, score_instance_2026_07
+from cellseg.eval.instance_2026_07 import normalized_distances_2026_07
 
 SHAPE = (20, 20, 20)
 CAP = 80.0  # nm: half the smallest physical side, 20 · 8 / 2

@@ -7,16 +7,19 @@ import textwrap
 
 import numpy as np
 import pytest
+from crop_scores import (
+    score_instance_2025,
+    score_instance_2026,
+    score_instance_2026_07,
+    score_semantic_2025,
+    score_semantic_2026,
+)
 from eval_helpers import THREE_BALLS, VS8, balls
 
 from cellseg.eval import eras, evaluate
 from cellseg.eval.crop_score import combine, score_class, score_missing, semantic_from_counts
 from cellseg.eval.eras import ERA_TITLES, ERAS, ScoringEra, get_era
-from cellseg.eval.instance_2025 import score_instance_2025
-from cellseg.eval.instance_2026 import score_instance_2026
-from cellseg.eval.instance_2026_07 import score_instance_2026_07
 from cellseg.eval.report import format_table, to_json
-from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 
 OFFICIAL = {"2025": (score_semantic_2025, score_instance_2025), "2026": (score_semantic_2026, score_instance_2026),
             "2026-07": (score_semantic_2026, score_instance_2026_07)}  # 2026-07: reconstructed, not official code

@@ -4,6 +4,7 @@ import cc3d
 import numpy as np
 import pytest
 import zarr
+from crop_scores import score_instance_2026
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -61,7 +62,7 @@ def test_sparse_contingency_equals_dense(monkeypatch):
 
 def test_truth_ids_beyond_the_voxel_count_are_scored(stores, make_big_id=70_000):
     truth = np.zeros((20, 20, 20), np.uint32)
-    truth[5:10, 5:10, 5:10] = make_big_id  # crashes cc3d.statistics in the 2026 evaluator (quirk 4)
+    truth[5:10, 5:10, 5:10] = make_big_id  # crashes cc3d.statistics in the 2026 evaluator (docs/scoring.md)
     t = stores.truth({"crop1": {"nuc": truth}})
     ev = evaluate(stores.submission({"crop1": {"nuc": (truth > 0).astype(np.uint8)}}), t, metric="2026")
     assert ev.label_scores["nuc"]["combined_score"] == 1.0
@@ -72,7 +73,7 @@ def test_truth_ids_beyond_the_voxel_count_are_scored(stores, make_big_id=70_000)
 
 def test_too_many_overlapping_pairs_skip_the_crop(monkeypatch, three_balls):
     monkeypatch.setattr(instance_2026, "MAX_OVERLAP_EDGES_2026", 2)
-    scores = instance_2026.score_instance_2026(three_balls, three_balls, [8.0, 8.0, 8.0])
+    scores = score_instance_2026(three_balls, three_balls, [8.0, 8.0, 8.0])
     assert scores["status"] == "skipped_too_many_instances" and scores["n_hausdorff"] == 0
 
 

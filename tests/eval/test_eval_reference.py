@@ -5,12 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crop_scores import score_instance_2025, score_instance_2026
 from scipy.ndimage import distance_transform_edt
 from scipy.spatial import cKDTree
 
 from cellseg.eval.distance import Boxes, pair_hausdorff
-from cellseg.eval.instance_2025 import score_instance_2025
-from cellseg.eval.instance_2026 import score_instance_2026
 from cellseg.eval.semantic import confusion
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

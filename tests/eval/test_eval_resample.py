@@ -1,4 +1,4 @@
-"""Bringing predictions into the truth grid: each era's rules and quirks (spec §3, §2E quirks 3, 7, 8, 9)."""
+"""Bringing predictions into the truth grid: each era's rules and quirks (docs/scoring.md, "Reproduced quirks")."""
 
 import numpy as np
 import pytest

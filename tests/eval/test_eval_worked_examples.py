@@ -1,4 +1,5 @@
-"""The worked examples of the spec (cellmap.md §2A, §2B): 48³ crop at 8 nm, three balls, both eras."""
+"""Worked examples against the values the official score functions of both eras give: 48³ crop at 8 nm,
+three balls."""
 
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ def test_2026_worked_examples(scored):
         assert got["f1"] == pytest.approx(f1, rel=1e-15), name
         assert got["normalized_hausdorff_distance"] == pytest.approx(hd, rel=1e-12), name
         assert got["combined_score"] == pytest.approx(combined if combined is not None else np.sqrt(f1 * hd), rel=1e-12)
-    # the rounded values printed in the spec
+    # the official functions' values, rounded as they were recorded
     assert round(UNMATCHED_2026, 5) == 0.87121
     assert (round(s["two_of_three"]["normalized_hausdorff_distance"], 5), round(s["two_of_three"]["combined_score"], 5)) \
         == (0.95707, 0.87502)

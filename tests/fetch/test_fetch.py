@@ -24,7 +24,7 @@ import pytest
 
 from cellseg.cli import main
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.chunks import LEDGER, chunk_keys
+from cellseg.data.chunks import LEDGER, chunk_keys, coverage
 from cellseg.data.crops import Catalog, format_vector
 from cellseg.data.ngff import parse_multiscales
 from cellseg.data.stores import resolve
@@ -354,6 +354,15 @@ def test_fetch_mirrors_source_and_requests_only_overlapping_chunks(source_root: 
     again = fetch(catalog, tmp_path, crops="train", padding_vox=PAD, workers=4, progress=False)
     assert again.ok and again.num_files == 0 and again.num_present == len(expected - absent)
     assert again.num_known_absent == len(absent) and state.count("GET") == 0
+
+
+def test_a_read_after_a_download_in_this_process_sees_what_it_fetched(source_root: Path, server, tmp_path: Path):
+    catalog, level = load_catalog(server[0]), tmp_path / "jrc_synth-a/jrc_synth-a.zarr" / EM / "s1"
+    assert fetch(catalog, tmp_path, crops=[2], padding_vox=PAD, workers=4, progress=False).ok  # s2's chunks
+    zarray, box = json.loads((level / ".zarray").read_text()), ((16, 32), (32, 48), (16, 32))  # chunk 1/2/1
+    assert coverage(level, zarray, box) == 0.0  # before s1 is fetched (the per-process caches fill)
+    assert fetch(catalog, tmp_path, crops=[1], padding_vox=PAD, workers=4, progress=False).ok  # s1's chunks
+    assert coverage(level, zarray, box) == 1.0  # 1/2/1 is absent at the source: the ledger was re-read
 
 
 def test_resume_after_killed_download(source_root: Path, server, tmp_path: Path):

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from crafted import crop_truth
+from crop_scores import score_semantic_2025, score_semantic_2026
 
 from cellseg.cli import main
 from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
-from cellseg.eval.semantic import score_semantic_2025, score_semantic_2026
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import (
     FitOptions,

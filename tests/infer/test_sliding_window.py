@@ -5,8 +5,9 @@ import itertools
 
 import pytest
 import torch
+from windows import sliding_window
 
-from cellseg.infer.sliding_window import gaussian_weight, sliding_window, sliding_window_slabs, tile_starts
+from cellseg.infer.sliding_window import gaussian_weight, sliding_window_slabs, tile_starts
 
 
 def _model(batch: torch.Tensor) -> torch.Tensor:

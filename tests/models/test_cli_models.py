@@ -39,7 +39,7 @@ def test_models_subset_and_unknown_names(capsys: pytest.CaptureFixture[str]) -> 
 def test_default_preset_counts_the_reference_unet() -> None:
     from cellseg.models.summary import summarize_model
 
-    # nnU-Net-like 3D UNet at 128^3: ~955 GFLOP forward, ~455 kFLOP/voxel (performance.md §6.3).
+    # nnU-Net-like 3D UNet at 128^3: 956 GFLOP forward, 456 kFLOP/voxel (what `cellseg models` prints).
     row = summarize_model("unet_3d")
     assert 900 < row.forward_gflop_per_patch < 1000
     assert 430 < row.forward_kflop_per_voxel < 480

@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cellseg.report.bootstrap import stage_uncertainty, within_noise
+from cellseg.report.bootstrap import uncertainties, within_noise
 from cellseg.report.decisions import crop_scores_of, skipped_count
+
+
+def stage_uncertainty(documents: list[dict], era: str) -> dict:
+    """The intervals of one list of stages' documents in one era (`uncertainties` of a single group)."""
+    return uncertainties({"stages": {era: documents}})[era]["stages"]
 
 
 def _document(era: str, tp_er: list[int], tp_mito: list[int], *, skip: int | None = None) -> dict:

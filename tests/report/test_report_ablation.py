@@ -30,7 +30,7 @@ from cellseg.postprocess.native import (
     segment_class,
 )
 from cellseg.report import ReportOptions, run_report
-from cellseg.report.ablation import Stores, plain_jobs
+from cellseg.report.ablation import Stores, score_jobs
 from cellseg.report.plan import check_runs, plan_crops
 from cellseg.report.results import Layout
 from cellseg.report.scoring import (
@@ -39,6 +39,7 @@ from cellseg.report.scoring import (
     score_segmentations,
     scores_file,
     scoring_beside,
+    thresholding_of,
 )
 
 STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
@@ -46,6 +47,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Fast settings: the smaller test crop scored (truth in ground_truth.zarr), the runs' validation crop tunes;
 # no tile overlap, one overlay crop.
 FAST = ("--crops", "501", "--tune-crops", "val", "--overlap", "0", "--slices", "1", "--device", "cpu")
+
+
+def plain_jobs(runs, stores, layout, plan):
+    """The thresholded segmentations `score_stages` scores: (probability store, segmentation store, crops)."""
+    return thresholding_of([job for _, job in score_jobs(runs, stores, layout, plan).values()])
 
 
 def _options(runs, out, **kw) -> ReportOptions:

@@ -14,7 +14,7 @@ from cellseg import classes
 from cellseg.classes import get_class
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.crops import Catalog, Crop
-from cellseg.synth.atoms import scene_atom_ids
+from cellseg.synth.atoms import ATOM_NAMES, check_coverage, scene_atom_ids
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,12 @@ def test_all_array_matches_annotated_atoms(crops: list) -> None:
 def test_every_tested_class_occurs(crops: list) -> None:
     present = {name for _, arrays in crops for name, data in arrays.items() if name != "all" and data.any()}
     assert present == set(classes.tested_classes())
+
+
+def test_a_tested_class_no_painted_atom_covers_is_refused() -> None:
+    check_coverage()  # the atoms scenes paint cover every tested class (also checked when the module is imported)
+    with pytest.raises(RuntimeError, match="mt_in"):
+        check_coverage(tuple(a for a in ATOM_NAMES if a != "mt_in"))
 
 
 def test_em_and_labels_read_on_the_crop_grid(tiny_synth_root: Path, crops: list) -> None:

@@ -50,7 +50,8 @@ class ScoringEra(abc.ABC):
         repairs_layout: its loader repairs a store zipped inside a folder, bare crop numbers and crop
             folders without `.zgroup` (else it rejects them and reads crop folders at the root only).
         copy_length_bug: its loader drops the last voxels of a prediction smaller than the crop that
-            starts inside it (quirk 7); `align` must agree, the submission validator reads the flag.
+            starts inside it (docs/scoring.md quirk 11); `align` must agree, the submission validator reads
+            the flag.
         class_columns: per kind ("instance", "semantic"), the class-score keys a table shows.
         crop_columns: per kind, the per-crop keys a table shows.
         skip_statuses: per-crop `status` values its combining leaves out (the crop counts for nothing).
