@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cellseg.cli._eras import LazyChoices, add_era_alias
+from cellseg.config.fields import DEFAULT_ERA
+
 ORDER = 61
 
 
@@ -25,9 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and renamed when complete.",
     )
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
-    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the packaged official one of --era)")
-    parser.add_argument("--era", choices=("2025", "2026"), default="2026",
-                        help="which packaged official test manifest to use without --manifest (default 2026)")
+    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the packaged official one of --metric)")
+    parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=DEFAULT_ERA,
+                        help="the scoring era whose test manifest is used without --manifest: "
+                             f"%(choices)s (default {DEFAULT_ERA}; each era names its manifest)")
+    add_era_alias(parser)
     parser.add_argument("--out", required=True, help="submission zip to write")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
     parser.add_argument("--threshold", type=float, default=0.5,
@@ -58,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
         crops = load_manifest(args.manifest)
     else:
         from cellseg.data.crops import Catalog
+        from cellseg.eval.eras import get_era
 
-        crops = Catalog.official().test(args.era)
+        crops = Catalog.official().test(get_era(args.metric).test_manifest)
     if args.labels:
         from cellseg.classes import get_class
 
