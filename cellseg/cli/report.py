@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="training crops the best single model, the ensemble weights and the post-processing "
                              "are chosen on (default: the runs' tuning crops; 'same': the scored crops, biased)")
     parser.add_argument("--metric", default="all", choices=LazyChoices(_metric_choices), metavar="ERA",
-                        help="scoring eras: 'all' (default: every registered era; 'both' is the same) or one of "
+                        help="scoring eras: all (default: every registered era; both: the same) or one era: "
                              "%(choices)s")
     parser.add_argument("--tune-metric", choices=LazyChoices(), metavar="ERA",
                         help=f"era the weights and parameters are tuned for: %(choices)s (default {DEFAULT_ERA}, "
