@@ -142,8 +142,9 @@ def _device(choice: str) -> str:
 
 class Kept:
     """Per (crop, class) scored on IoU: the members' values and the truth at the known voxels, (M, N) float32 and
-    (N,) bool, with the crop's record (`num_voxels`, `voxel_size`); within `max_bytes` in all (default: the smaller
-    of `KEEP_MAX_BYTES` and `KEEP_AVAILABLE_FRACTION` of the memory available), thread-safe."""
+    (N,) bool, with the crop's record (`num_voxels`, `voxel_size`); within `max_bytes` in all (`fit_weights` gives
+    the smaller of `ensemble_fit.KEEP_MAX_BYTES` and `KEEP_AVAILABLE_FRACTION` of the memory available),
+    thread-safe."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
