@@ -17,7 +17,7 @@ here (docs/scoring.md, "Adding an era"). What an era decides:
 Everything outside this package names an era by its string (`Era`) and asks `get_era(name)` for its rules, and
 takes the names it offers (command-line choices, config checks, the eras a report scores) from `registry()`;
 which labels take the instance branch is the same official rule in every era
-(`cellseg.eval.rules.is_scored_as_instance`). The era commands and configs default to is
+(`cellseg.eval.rules.is_scored_as_instance`). The era that commands and configs default to is
 `cellseg.config.fields.DEFAULT_ERA`.
 """
 
