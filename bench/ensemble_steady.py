@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON output")
     args = parser.parse_args(argv)
 
+    from cellseg.config.inference import EnsembleConfig
     from cellseg.infer.ensemble import ensemble
     from cellseg.infer.plan import scored_channels
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         probabilities = members[0]
         if args.members > 1:
             start = time.perf_counter()
-            ensemble([str(m) for m in members], work / "ensemble.zarr", weights="uniform")
+            ensemble(EnsembleConfig(members=tuple(str(m) for m in members)), work / "ensemble.zarr")
             record["ensemble_seconds"] = time.perf_counter() - start
             record["ensemble_seconds_per_channel_voxel"] = record["ensemble_seconds"] / channel_voxels
             probabilities = work / "ensemble.zarr"

@@ -48,7 +48,7 @@ from bench.inference import default_out_channels, write_volume  # noqa: E402
 from bench.models import load_preset, measure_matmul_peak  # noqa: E402
 from cellseg import runtime  # noqa: E402
 from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import predict_volume  # noqa: E402
+from cellseg.infer.engine import Window, predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
 from cellseg.models.summary import count_flops  # noqa: E402
 from cellseg.runtime.compile import CompiledModel, compile_backend  # noqa: E402
@@ -229,11 +229,10 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
         patch3 = (1, *patch) if spec.spatial_dims == 2 else patch
 
         def run() -> object:
-            return predict_volume(model, em, grid, patch_vox=patch3, num_outputs=outputs, device=device,
-                                  precision=precision, overlap=ENGINE_OVERLAP, batch_size=batch, transforms=tfms,
-                                  channels_last=True, dtype=torch.float16, keep=list(range(args.keep)),
-                                  compiled=net, tta_fold=fold,
-                                  on_tiles=lambda n: tiles.__setitem__(0, tiles[0] + n))
+            window = Window(patch_vox=tuple(patch3), device=device, precision=precision, overlap=ENGINE_OVERLAP,
+                            batch_size=batch, transforms=tuple(tfms), channels_last=True, compiled=net, tta_fold=fold)
+            return predict_volume(model, em, grid, window, num_outputs=outputs, dtype=torch.float16,
+                                  keep=list(range(args.keep)), on_tiles=lambda n: tiles.__setitem__(0, tiles[0] + n))
 
         run()  # warm-up: compilation and autotuning
         tiles[0] = 0

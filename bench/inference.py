@@ -44,7 +44,7 @@ from cellseg.data.arrays import MultiscaleImage  # noqa: E402
 from cellseg.data.grid import Grid  # noqa: E402
 from cellseg.data.write import write_multiscale  # noqa: E402
 from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import predict_volume  # noqa: E402
+from cellseg.infer.engine import Window, predict_volume  # noqa: E402
 from cellseg.models import build_model, list_models  # noqa: E402
 from cellseg.runtime.compile import CompiledModel  # noqa: E402
 
@@ -137,10 +137,11 @@ def ours(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, patch: tupl
     net = CompiledModel(model) if compiled else None
 
     def run() -> object:
-        return predict_volume(model, em, grid, patch_vox=patch, num_outputs=outputs, device=device,
-                              precision=precision, overlap=overlap, batch_size=batch, transforms=tfms,
-                              channels_last=True, dtype=torch.float16,  # as `cellseg predict` keeps them
-                              keep=None if keep is None else list(range(keep)), compiled=net)
+        window = Window(patch_vox=tuple(patch), device=device, precision=precision, overlap=overlap,
+                        batch_size=batch, transforms=tuple(tfms), channels_last=True, compiled=net)
+        return predict_volume(model, em, grid, window, num_outputs=outputs,
+                              dtype=torch.float16,  # as `cellseg predict` keeps them
+                              keep=None if keep is None else list(range(keep)))
 
     result = timed_run(run, device)
     return {**result, "tta": len(tfms), "precision": precision, "overlap": overlap, "blend": "gaussian",

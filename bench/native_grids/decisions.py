@@ -1,7 +1,7 @@
 """The decisions both ways: ensemble weights fitted and post-processing parameters tuned on the tuning crops,
 scored on the model's grid or on each class's annotation grid ("native").
 
-| side | weights (`FitOptions.score_grid`) | parameters (`tune_store(grid=...)`) |
+| side | weights (`FitConfig.score_grid`) | parameters (`tune_store(grid=...)`) |
 |---|---|---|
 | model | "ensemble": the ensemble's 8 nm grid | "model": the store's grid |
 | annotation | "annotation": each class's label grid | "annotation": each class's label grid |
@@ -47,8 +47,8 @@ class Decided:
 
 def decide(work: Path, side: str, members: list[Path], root: Path, tuning: list[str]) -> Decided:
     """Fit the weights and tune the parameters of one side on the `tuning` crops (reused when present)."""
+    from cellseg.config.inference import EnsembleConfig, FitConfig
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.ensemble_fit import FitOptions
     from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.params import ParamSet
     from cellseg.postprocess.tuning import tune_store
@@ -58,8 +58,9 @@ def decide(work: Path, side: str, members: list[Path], root: Path, tuning: list[
     if out.is_dir():
         store = PredictionStore.open(out)
     else:
-        fit = FitOptions(metric=DECISION_ERA, device="cpu", score_grid=score_grid)
-        store = ensemble(members, out, weights="auto", truth_root=root, val_crops=tuning, fit=fit).store
+        fit = FitConfig(metric=DECISION_ERA, device="cpu", score_grid=score_grid, truth_root=str(root),
+                        crops=",".join(tuning))
+        store = ensemble(EnsembleConfig(members=tuple(map(str, members)), weights="auto", fit=fit), out).store
     path = work / f"params_{side}.json"
     if path.is_file():
         return Decided(side, store, ParamSet.load(path))

@@ -71,13 +71,14 @@ def member_stores(work: Path, runs: list[Path], *, tta: int) -> list[Path]:
 
 def uniform_store(work: Path, members: list[Path]) -> Any:
     """The members averaged with uniform weights (the default-parameter rows)."""
+    from cellseg.config.inference import EnsembleConfig
     from cellseg.infer.ensemble import ensemble
     from cellseg.infer.store import PredictionStore
 
     out = work / "ensemble.zarr"
     if out.is_dir():
         return PredictionStore.open(out)
-    return ensemble(members, out, weights="uniform").store
+    return ensemble(EnsembleConfig(members=tuple(map(str, members))), out).store
 
 
 def crop_roles(runs: list[Path], root: Path) -> dict[str, str]:

@@ -20,13 +20,14 @@ from cellseg.eval.submit import load_manifest
 def ensemble_stage(stores: Sequence[Path], out: Path, smallest: str) -> dict[str, Any]:
     """Uniform-weight ensemble of the member stores, as `cellseg ensemble --weights uniform`; then the smallest
     crop alone (`write_ensemble`, what `ensemble` runs) for the cost per crop that does not grow with voxels."""
+    from cellseg.config.inference import EnsembleConfig
     from cellseg.infer.ensemble import ensemble, write_ensemble
     from cellseg.infer.members import open_members, plan_channels
     from cellseg.infer.weights import uniform_weights
 
     record: dict[str, Any] = {}
     with timed(record):
-        result = ensemble([str(s) for s in stores], out, weights="uniform")
+        result = ensemble(EnsembleConfig(members=tuple(str(s) for s in stores)), out)
     members = open_members(stores)
     plan = plan_channels(members)
     with timed(record, "smallest_crop_seconds"):

@@ -26,7 +26,7 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     from cellseg.data.arrays import MultiscaleImage
     from cellseg.data.grid import Grid
     from cellseg.data.write import write_multiscale
-    from cellseg.infer.engine import predict_volume, tta_fold
+    from cellseg.infer.engine import Window, predict_volume, tta_fold
     from cellseg.infer.run import load_run, run_transforms
     from cellseg.infer.store import PredictionStore
     from cellseg.infer.tiling import count_tiles
@@ -43,16 +43,16 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
     compiled = CompiledModel(run.model) if device == "cuda" else None
     keep, tfms = list(range(channels)), run_transforms(run, TTA)
     fold = tta_fold(batch, patch, len(tfms), run.device)  # as `predict_run`
-    common = dict(num_outputs=len(run.channels), device=run.device, precision="bf16" if device == "cuda" else "fp32",
-                  batch_size=batch, transforms=tfms, channels_last=True, keep=keep,
-                  dtype=torch.float16, compiled=compiled, tta_fold=fold)
+    window = Window(patch_vox=tuple(patch), device=run.device, precision="bf16" if device == "cuda" else "fp32",
+                    batch_size=batch, transforms=tuple(tfms), channels_last=True, compiled=compiled, tta_fold=fold)
+    common = dict(num_outputs=len(run.channels), keep=keep, dtype=torch.float16)
     record: dict[str, Any] = {"shape_vox": list(shape), "channels": channels, "batch_size": batch, "tta_fold": fold}
     with timed(record, "warmup_seconds"):
         predict_volume(run.model, em, Grid(translation_nm=tuple(v / 2 for v in vs), shape_vox=(patch[0], 8, 8),
-                                           voxel_size_nm=vs), patch_vox=patch, **common)
+                                           voxel_size_nm=vs), window, **common)
     grid = Grid(translation_nm=tuple(v / 2 for v in vs), shape_vox=shape, voxel_size_nm=vs)  # type: ignore[arg-type]
     with timed(record, "predict_seconds"):
-        probs = predict_volume(run.model, em, grid, patch_vox=patch, **common)
+        probs = predict_volume(run.model, em, grid, window, **common)
         if device == "cuda":
             torch.cuda.synchronize()
     store = PredictionStore.create(work / "steady.zarr", kind="probabilities", channels=run.channels,

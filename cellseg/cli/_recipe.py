@@ -108,6 +108,8 @@ def resolve(cls: type[J], args: argparse.Namespace) -> J:
             is expected.
         FileNotFoundError: no such CONFIG file.
     """
+    from cellseg.cli._eras import era_names
+    from cellseg.config.fields import check_eras
     from cellseg.config.jobs import merge_job
     from cellseg.config.load import from_dict
 
@@ -120,7 +122,9 @@ def resolve(cls: type[J], args: argparse.Namespace) -> J:
         flags[spec.key] = items if spec.many else items[0]
     data = merge_job(cls, config, overrides, flags=flags)
     _check_required(cls, data, spec)
-    return from_dict(cls, data)
+    job = from_dict(cls, data)
+    check_eras(job, era_names())  # the era keys name registered eras (`cellseg.config.fields`)
+    return job
 
 
 def _check_required(cls: type, data: dict[str, Any], spec: Items) -> None:

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cellseg.cli._eras import LazyChoices
 from cellseg.cli._recipe import (
     PRECEDENCE,
     add_command,
@@ -16,6 +17,7 @@ from cellseg.cli._recipe import (
     show_progress,
     weights_flag,
 )
+from cellseg.config.fields import DEFAULT_ERA
 
 if TYPE_CHECKING:
     from cellseg.infer.ensemble import EnsembleResult
@@ -59,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     option(fit, "--crops", key="ensemble.fit.crops", metavar="val|IDS",
            help="crops to fit on: 'val' (default: the validation crops of every member's run) or comma-separated "
                 "ids, e.g. 12,34")
-    option(fit, "--metric", key="ensemble.fit.metric", choices=("2025", "2026"),
-           help="scoring era of the fit (default 2026, the current metric)")
+    option(fit, "--metric", key="ensemble.fit.metric", choices=LazyChoices(), metavar="ERA",
+           help=f"scoring era of the fit: %(choices)s (default {DEFAULT_ERA}, the current metric)")
     option(fit, "--shrink", key="ensemble.fit.shrink", type=float, metavar="F",
            help="shrinkage towards uniform with ample validation data, in [0, 1] (default 0.5); fewer than 8 "
                 "validation crops or 10^4 truth voxels of a class shrink it more")
@@ -83,16 +85,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(job)
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.ensemble_fit import FitOptions
 
     if Path(job.out).exists() and not job.overwrite:  # before any work; main() reports ValueErrors in one line
         raise ValueError(f"{job.out} already exists; pass --overwrite to replace it")
-    ens, fit = job.ensemble, job.ensemble.fit
-    options = FitOptions(metric=fit.metric, shrink=fit.shrink, instance_score=fit.instance_score, device=fit.device)
-    result = ensemble(list(ens.members), job.out, weights=ens.library_weights(), grid=ens.grid,
-                      allow_partial=ens.allow_partial, truth_root=fit.truth_root, val_crops=fit.crop_ids(),
-                      fit=options, uint8=job.uint8, overwrite=job.overwrite, progress=show_progress(args))
-    print(format_summary(result, list(ens.members)))
+    result = ensemble(job.ensemble, job.out, uint8=job.uint8, overwrite=job.overwrite, progress=show_progress(args))
+    print(format_summary(result, list(job.ensemble.members)))
     return 0
 
 

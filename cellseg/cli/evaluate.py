@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cellseg.cli._eras import LazyChoices
+
 ORDER = 60
 
 
@@ -12,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `evaluate` sub-command."""
     parser = subparsers.add_parser(
         "evaluate",
-        help="score a submission against ground truth (2025 or 2026 leaderboard metric)",
+        help="score a submission against ground truth (a leaderboard metric era: 2025, 2026, ...)",
         description="Score SUBMISSION (a zarr directory or a .zip holding one, in the official submission format) "
                     "against TRUTH (a zarr directory in the evaluator's ground-truth layout: crop<N>/<label> "
                     "arrays with voxel_size, translation and shape attributes, optional crop<N>/<label>_mask). "
@@ -25,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("submission", help="submission zarr directory or .zip")
     parser.add_argument("truth", help="ground-truth zarr directory (crop<N>/<label> arrays)")
-    parser.add_argument("--metric", required=True, choices=("2025", "2026"), help="scoring era")
+    parser.add_argument("--metric", required=True, choices=LazyChoices(), metavar="ERA",
+                        help="scoring era: %(choices)s")
     parser.add_argument("--json", metavar="OUT", help="write the full results (official key names) to this file")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     parser.add_argument("--workers", type=int, default=1, metavar="N",

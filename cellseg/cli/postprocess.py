@@ -8,7 +8,9 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cellseg.cli._eras import LazyChoices
 from cellseg.cli._recipe import PRECEDENCE, add_command, option, print_config, resolve, show_progress
+from cellseg.config.fields import DEFAULT_ERA
 
 if TYPE_CHECKING:
     from cellseg.postprocess.params import ParamSet
@@ -58,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     option(parser, "--crops", key="postprocess.crops", nargs="+", type=str, metavar="ID", action=_JoinIds,
            help="with --tune-on: the crops to tune on (12 or crop12; default: every crop of the store with truth "
                 "in DATA_ROOT, except the report crops of the store's runs, which no decision may touch)")
-    option(parser, "--metric", key="postprocess.metric", choices=("2025", "2026"),
-           help="with --tune-on: the scoring era to tune for (default 2026)")
+    option(parser, "--metric", key="postprocess.metric", choices=LazyChoices(), metavar="ERA",
+           help=f"with --tune-on: the scoring era to tune for, %(choices)s (default {DEFAULT_ERA})")
     option(parser, "--device", key="postprocess.device", metavar="auto|cpu|cuda",
            help="cpu: the numpy/cc3d path; cuda[:N]: the torch path on a GPU; auto (default): cuda when available")
     option(parser, "--grid", key="postprocess.grid", choices=("annotation", "model"),

@@ -39,8 +39,9 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
     option(parser, "--crops", key="crops", metavar="val|test|IDS",
            help="val: the run's validation crops (run_dir/datasplit.csv); test: the data root's test crops (their "
                 "boxes); or comma-separated crop ids, e.g. 12,34")
-    option(parser, "--tta", key="infer.tta", type=int, choices=(1, 8),
-           help="test-time transforms averaged per tile (default 8; 1 = none)")
+    option(parser, "--tta", key="infer.tta", type=int, metavar="N",
+           help="test-time transforms averaged per tile, at least 1 (default 8: 3D identity + 7 flips, 2D the 8 "
+                "in-plane symmetries; 1 = none; more than a model's distinct transforms uses them all)")
     option(parser, "--overlap", key="infer.overlap", type=float,
            help="fraction of a tile shared with its neighbour (default 0.5)")
     option(parser, "--checkpoint", key="infer.checkpoint", metavar="best|last|PATH",

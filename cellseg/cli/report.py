@@ -6,6 +6,9 @@ import argparse
 import sys
 import textwrap
 
+from cellseg.cli._eras import LazyChoices
+from cellseg.config.fields import DEFAULT_ERA
+
 ORDER = 63  # after evaluate (60), submit (61), validate-submission (62)
 
 
@@ -13,9 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `report` sub-command."""
     parser = subparsers.add_parser(
         "report",
-        help="ablation table: single model → ensembles → TTA → post-processing, both metric eras",
+        help="ablation table: single model → ensembles → TTA → post-processing, every metric era",
         description=textwrap.dedent("""\
-            Measure what each inference stage adds, on crops with truth, in both metric eras, overall and per
+            Measure what each inference stage adds, on crops with truth, in every metric era, overall and per
             class:
               1. best single model (each run alone, no TTA)   2. uniform ensemble   3. weighted ensemble
               (per-class weights fitted on the tuning crops)   4. + TTA (8 transforms, stage 3's weights; runs of
@@ -54,10 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tune-crops", metavar="same|val|IDS",
                         help="training crops the best single model, the ensemble weights and the post-processing "
                              "are chosen on (default: the runs' tuning crops; 'same': the scored crops, biased)")
-    parser.add_argument("--metric", default="both", choices=("both", "2025", "2026"),
-                        help="scoring eras (default both)")
-    parser.add_argument("--tune-metric", choices=("2025", "2026"),
-                        help="era the weights and parameters are tuned for (default 2026, or the one --metric era)")
+    parser.add_argument("--metric", default="all", choices=LazyChoices(_metric_choices), metavar="ERA",
+                        help="scoring eras: all (default: every registered era; both: the same) or one era: "
+                             "%(choices)s")
+    parser.add_argument("--tune-metric", choices=LazyChoices(), metavar="ERA",
+                        help=f"era the weights and parameters are tuned for: %(choices)s (default {DEFAULT_ERA}, "
+                             "or the one --metric era)")
     parser.add_argument("--checkpoint", default="best", metavar="best|last|PATH",
                         help="checkpoint of each run (default best)")
     parser.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap of predict (default 0.5)")
@@ -81,6 +86,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
+
+
+def _metric_choices() -> tuple[str, ...]:
+    from cellseg.report.plan import metric_choices
+
+    return metric_choices()
 
 
 def _jobs(text: str) -> int | str:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cellseg.data.crops import Crop
 
+from cellseg.cli._eras import LazyChoices, add_era_alias
+from cellseg.config.fields import DEFAULT_ERA
+
 ORDER = 61
 MIN_SHARE_TEXT = "10 %"  # cellseg.eval.submit.MIN_PREDICTED_SHARE, written out so that --help imports nothing
 
@@ -38,15 +41,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
     parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the data root's, else the packaged "
-                                           "official one of --era)")
+                                           "official one of --metric)")
     parser.add_argument("--truth", metavar="TRUTH",
                         help="take the crops and their grids from a ground-truth store instead of a manifest (e.g. "
                              "the validation crops' truth `cellseg truth` wrote)")
     parser.add_argument("--data-root", metavar="ROOT",
                         help="take ROOT/test_crop_manifest.csv as the manifest (default: the data root PREDICTIONS "
                              "records, when it has a test manifest)")
-    parser.add_argument("--era", choices=("2025", "2026"), default="2026",
-                        help="which packaged official test manifest to use without --manifest (default 2026)")
+    parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=DEFAULT_ERA,
+                        help="the scoring era whose packaged official test manifest is used when no other manifest "
+                             f"is given: %(choices)s (default {DEFAULT_ERA}; each era names its manifest)")
+    add_era_alias(parser)
     parser.add_argument("--out", required=True, help="submission zip to write")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
     parser.add_argument("--threshold", type=float, default=0.5,
@@ -140,5 +145,7 @@ def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:
         raise FileNotFoundError(f"--data-root {args.data_root}: no test_crop_manifest.csv there (a root from "
                                 "`cellseg import` has one only with --test-box); pass --manifest")
     from cellseg.data.crops import Catalog
+    from cellseg.eval.eras import get_era
 
-    return Catalog.official().test(args.era), f"the packaged official {args.era} test manifest"
+    version = get_era(args.metric).test_manifest
+    return Catalog.official().test(version), f"the packaged official {version} test manifest"

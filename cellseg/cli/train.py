@@ -44,12 +44,15 @@ def run(args: argparse.Namespace) -> int:
 
     stop = StopRequest()  # before torch is imported: a signal during the start-up counts too
     try:
+        from cellseg.cli._eras import era_names
         from cellseg.config import dump, load_run_config
+        from cellseg.config.fields import check_eras
         from cellseg.train.checkpoint import NonFiniteError
         from cellseg.train.trainer import TrainingStopped, train
 
         overrides = list(args.overrides) + ([f"train.profile_steps={args.profile}"] if args.profile else [])
         cfg = load_run_config(args.config, overrides)
+        check_eras(cfg, era_names())  # val.metric: a registered era, before any training
         if args.print_config:
             print(dump(cfg))
             return 0

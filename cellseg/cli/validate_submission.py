@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from cellseg.cli._eras import LazyChoices, add_era_alias
+from cellseg.config.fields import DEFAULT_ERA
+
 ORDER = 62
 
 
@@ -24,8 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", help="submission .zip or zarr directory")
     parser.add_argument("--manifest", help="test_crop_manifest.csv to check against (default: the packaged one)")
-    parser.add_argument("--era", choices=("2025", "2026"), default="2026",
-                        help="which packaged test manifest to use without --manifest or --truth (default 2026)")
+    parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=DEFAULT_ERA,
+                        help="the scoring era whose test manifest is used without --manifest or --truth: "
+                             f"%(choices)s (default {DEFAULT_ERA}; each era names its manifest)")
+    add_era_alias(parser)
     parser.add_argument("--truth", help="a ground-truth store: check against its crops and count its objects")
     parser.add_argument("--no-data", action="store_true", help="skip the checks that read array values")
     parser.add_argument("--all", action="store_true", help="also print info lines")
@@ -51,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
         crops = load_manifest(args.manifest)
     else:
         from cellseg.data.crops import Catalog
+        from cellseg.eval.eras import get_era
 
-        crops = Catalog.official().test(args.era)
+        crops = Catalog.official().test(get_era(args.metric).test_manifest)
     issues = validate_submission(args.file, crops, read_data=not args.no_data, truth=truth,
                                  workers=args.workers, allow_missing=args.allow_missing)
     shown = [i for i in issues if args.all or i.severity != "info" or i.message.startswith(EMPTY_SHARE)]

@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from cellseg.config.schema import _check
+from cellseg.config.fields import _check, check_era_name, era_field
 
 STORE_CHUNK_VOX = 64  # the prediction store's chunk edge (`cellseg.data.write.DEFAULT_CHUNK`)
 WEIGHT_METHODS = ("uniform", "auto")
+INSTANCE_SCORES: tuple[str, ...] = ("iou", "metric")  # what instance classes are fitted on (`FitConfig`)
+SCORE_GRIDS: tuple[str, ...] = ("annotation", "ensemble")  # where the fit scores a class (`FitConfig`)
 BAND_RTOL = 1e-3  # a crop's voxel edge within 0.1% of a band's bound counts as on it (manifests print 2 decimals)
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")  # "cuda" or "cuda:N"
 _CROP_ID = re.compile(r"(crop)?\d+")  # 12 or crop12
@@ -30,8 +32,9 @@ class InferConfig:
     """How a trained run predicts crops (`cellseg predict`, `cellseg predict-ensemble`).
 
     Attributes:
-        tta: test-time transforms averaged per tile: 8 (3D: identity + 7 flip combinations; 2D: the 8 in-plane
-            symmetries) or 1 (none).
+        tta: test-time transforms averaged per tile, at least 1 (`cellseg.infer.tta`): 8 (3D: identity + 7 flip
+            combinations; 2D: the 8 in-plane symmetries), 1 (none); more than a model's distinct transforms uses
+            them all. `--tta` takes the same numbers.
         overlap: fraction of a tile shared with its neighbour, in [0, 1).
         blend: "gaussian" (tiles weighted towards their centre) or "constant".
         checkpoint: "best", "last" or the path of a checkpoint file of the run.
@@ -90,34 +93,43 @@ class InferConfig:
 @dataclass(frozen=True, kw_only=True)
 class FitConfig:
     """How `weights: auto` fits per-class weights on validation crops (`cellseg ensemble` only; the method is in
-    cellseg/infer/ensemble_fit.py).
+    cellseg/infer/ensemble_fit.py, which takes this object).
 
     Attributes:
-        metric: scoring era of the fit: "2026" (current) or "2025" (challenge era).
+        metric: scoring era of the fit: a registered one (`cellseg.eval.eras`; 2026 the current metric, 2025 the
+            challenge era's).
         shrink: shrinkage towards uniform weights with ample validation data, in [0, 1]; fewer than 8 validation
             crops or 10^4 truth voxels of a class shrink it more.
         instance_score: instance classes are fitted on their foreground IoU ("iou") or on the official instance
             score of connected components ("metric", slower).
+        threshold: probability threshold of the candidate ensembles, in (0, 1).
         device: where candidate ensembles are mixed and counted: "auto" (CUDA when available), "cpu" or "cuda".
+        score_grid: where each class is scored: "annotation" (its label grid, as the leaderboard scores) or
+            "ensemble" (the grid the ensemble is written on; cheaper when labels are much finer than the members).
         truth_root: data root with the validation crops' labels (null: the members' provenance).
         crops: crops to fit on: "val" (the validation crops of every member's run) or comma-separated crop ids,
             e.g. "12,34".
     """
 
-    metric: Literal["2025", "2026"] = "2026"
+    metric: str = era_field()
     shrink: float = 0.5
     instance_score: Literal["iou", "metric"] = "iou"
+    threshold: float = 0.5
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    score_grid: Literal["annotation", "ensemble"] = "annotation"
     truth_root: str | None = None
     crops: str | int = "val"
 
     def __post_init__(self) -> None:
-        _check(self.metric in ("2025", "2026"), f"ensemble.fit.metric={self.metric!r} (--metric): choose '2025' or '2026'")
+        check_era_name(self.metric, "ensemble.fit.metric (--metric)")
         _check(0.0 <= self.shrink <= 1.0, f"ensemble.fit.shrink={self.shrink} (--shrink): must be in [0, 1]")
-        _check(self.instance_score in ("iou", "metric"),
+        _check(self.instance_score in INSTANCE_SCORES,
                f"ensemble.fit.instance_score={self.instance_score!r} (--instance-score): choose 'iou' or 'metric'")
+        _check(0.0 < self.threshold < 1.0, f"ensemble.fit.threshold={self.threshold}: must be in (0, 1)")
         _check(self.device in ("auto", "cpu", "cuda"),
                f"ensemble.fit.device={self.device!r} (--device): choose 'auto', 'cpu' or 'cuda'")
+        _check(self.score_grid in SCORE_GRIDS,
+               f"ensemble.fit.score_grid: score grid {self.score_grid!r} is not one of {SCORE_GRIDS}")
         if self.crops != "val":
             _check_ids(self.crops, "ensemble.fit.crops (--crops)", "'val' or crop ids such as '12,34'")
 
@@ -237,7 +249,8 @@ class PostprocessConfig:
             challenge (null: no tuning).
         crops: with `tune_on`: the crops to tune on, comma-separated ids ("12,crop34"; null: every crop of the
             store with truth in the data root).
-        metric: with `tune_on`: the scoring era to tune for, "2026" (current) or "2025".
+        metric: with `tune_on`: the scoring era to tune for, a registered one (`cellseg.eval.eras`; 2026 the
+            current metric).
         device: "cpu" (numpy, cc3d and scipy), "cuda" or "cuda:N" (torch on a GPU; identical output) or "auto"
             (CUDA when available).
         grid: where the segmentation is written: "annotation" (each crop's label grids, e.g. 2 nm: the probability
@@ -250,7 +263,7 @@ class PostprocessConfig:
     params: str | None = None
     tune_on: str | None = None
     crops: str | int | None = None
-    metric: Literal["2025", "2026"] = "2026"
+    metric: str = era_field()
     device: str = "auto"
     grid: Literal["annotation", "model"] = "annotation"
     data_root: str | None = None
@@ -261,8 +274,7 @@ class PostprocessConfig:
         _check(self.crops is None or self.tune_on is not None,
                f"postprocess.crops={self.crops!r} (--crops) selects tuning crops; it needs --tune-on DATA_ROOT "
                "(postprocess.tune_on)")
-        _check(self.metric in ("2025", "2026"),
-               f"postprocess.metric={self.metric!r} (--metric): choose '2025' or '2026'")
+        check_era_name(self.metric, "postprocess.metric (--metric)")
         _check(self.device in ("auto", "cpu") or _CUDA_DEVICE.fullmatch(self.device) is not None,
                f"postprocess.device={self.device!r} (--device): choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
         _check(self.grid in ("annotation", "model"),

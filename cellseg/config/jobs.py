@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cellseg.config.fields import _check
 from cellseg.config.inference import EnsembleConfig, InferConfig, PostprocessConfig
 from cellseg.config.load import apply_overrides, deep_merge, from_dict, read_yaml
-from cellseg.config.schema import _check
 
 log = logging.getLogger(__name__)
 J = TypeVar("J")

@@ -22,14 +22,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 from cellseg.classes import MANIFEST_PACKAGE
 from cellseg.data.stores import Location, resolve
 
 Vec3 = tuple[float, float, float]
-TestVersion = Literal["2025", "2026"]
-TEST_MANIFESTS: dict[str, str] = {"2025": "test_crop_manifest_2025.csv", "2026": "test_crop_manifest.csv"}
+# The test manifest's versions, named by the year of the scoring era that reads it (`ScoringEra.test_manifest`): a
+# property of the data, kept apart from the eras, which are scoring rules.
+TestVersion = str
+CURRENT_TEST_VERSION = "2026"  # test_crop_manifest.csv, the 413-row version
+TEST_MANIFESTS: dict[str, str] = {"2025": "test_crop_manifest_2025.csv", CURRENT_TEST_VERSION: "test_crop_manifest.csv"}
+TEST_VERSIONS_NEWEST_FIRST: tuple[str, ...] = tuple(sorted(TEST_MANIFESTS, reverse=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,7 +255,7 @@ class Catalog:
             raise ValueError(f"relative location {url!r} in a catalogue with no base location")
         return resolve(self.base).join(*url.split("/"))
 
-    def test(self, version: TestVersion = "2026") -> Mapping[int, Crop]:
+    def test(self, version: TestVersion = CURRENT_TEST_VERSION) -> Mapping[int, Crop]:
         """Test crops of a manifest version: "2026" (current, 413 rows) or "2025" (challenge era, 420 rows)."""
         if version not in self.tests:
             raise ValueError(f"no test manifest {version!r} in this catalogue; available: {sorted(self.tests)}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cellseg.classes import tested_classes
-from cellseg.data.crops import Catalog, Crop, crop_id
+from cellseg.data.crops import CURRENT_TEST_VERSION, Catalog, Crop, crop_id
 
 CROP_GROUPS = ("all", "train", "test")
 Split = Literal["train", "test"]
@@ -66,10 +66,10 @@ def parse_crop_spec(text: str) -> str | tuple[int, ...]:
 
 
 def _test_crops(catalog: Catalog) -> dict[int, Crop]:
-    """The test crops of the current manifest version ("2026"), or of the only one there is."""
+    """The test crops of the current manifest version (`CURRENT_TEST_VERSION`), or of the only one there is."""
     if not catalog.tests:
         return {}
-    version = "2026" if "2026" in catalog.tests else sorted(catalog.tests)[0]
+    version = CURRENT_TEST_VERSION if CURRENT_TEST_VERSION in catalog.tests else sorted(catalog.tests)[0]
     return dict(catalog.tests[version])
 
 

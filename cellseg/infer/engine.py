@@ -1,12 +1,12 @@
 """The prediction engine shared by `cellseg predict` and validation during training: a model over one box
-of EM, streamed out in z-slabs (`predict_slabs`) or whole (`predict_whole`, `predict_volume`).
+of EM, streamed out in z-slabs (`predict_slabs`) or whole (`predict_volume`), run as a `Window` says.
 
 For one box: read the EM over the box on the model's grid plus half a patch of context on every side (from the
 full EM volume; outside it the EM pad value), then the Gaussian-blended sliding window
 (`cellseg.infer.sliding_window`) with batched tiles, each batch averaged over the TTA transforms
 (`cellseg.infer.tta`), bf16 autocast on CUDA, sigmoid probabilities, optionally through the model under
 torch.compile (`CompiledModel`). A 2D model predicts slice by slice; across z only, or across z, y and x
-(isotropic voxels) with the three results averaged (`predict_whole`).
+(isotropic voxels) with the three results averaged (`predict_volume`).
 
 Data that is not there is never predicted silently: `require_em` refuses a box no EM level holds data for (a
 partial download), naming the crop, the level and the `cellseg fetch` option, and the tiles whose EM is mostly at
@@ -30,7 +30,7 @@ import torch
 
 from cellseg import runtime
 from cellseg.data.arrays import Level, MultiscaleImage
-from cellseg.data.grid import Grid, shape3
+from cellseg.data.grid import Grid
 from cellseg.infer import tta
 from cellseg.infer.sliding_window import sliding_window_slabs
 from cellseg.infer.tiling import AXIS_INDEX, context_margin, stream_bytes, working_device
@@ -175,7 +175,8 @@ def tta_fold(batch_size: int, patch_vox: Sequence[int], num_transforms: int, dev
 
 @dataclass(frozen=True, kw_only=True)
 class Window:
-    """How `predict_slabs` runs the model over a box: the sliding window and TTA settings (module docstring)."""
+    """How `predict_slabs` and `predict_volume` run the model over a box: the sliding window and TTA settings
+    (module docstring)."""
 
     patch_vox: tuple[int, int, int]  # tile shape (z, y, x); (1, H, W) for a 2D model
     device: torch.device
@@ -191,6 +192,7 @@ class Window:
 
     @property
     def is_2d(self) -> bool:
+        """A 2D model's window: tiles one plane thick."""
         return self.patch_vox[0] == 1
 
 
@@ -294,28 +296,12 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, *, patch_vox: Sequence[int],
-                   num_outputs: int, device: torch.device, precision: runtime.Precision, overlap: float = 0.5,
-                   batch_size: int = 4, blend: str = "gaussian", transforms: Sequence[tta.Transform] | None = None,
-                   slice_axes: Sequence[str] = ("z",), channels_last: bool = False, pad_value: int = 0,
-                   on_tiles: Callable[[int], None] | None = None, dtype: torch.dtype = torch.float32,
-                   keep: Sequence[int] | None = None, compiled: CompiledModel | None = None,
-                   tta_fold: int = 1) -> np.ndarray:
-    """`predict_whole` with the `Window` given field by field (see there for the arguments): what validation
-    during training and the benchmarks call."""
-    window = Window(patch_vox=shape3(patch_vox), device=device, precision=precision, overlap=overlap,
-                    batch_size=batch_size, blend=blend, transforms=tuple(transforms or ()),
-                    channels_last=channels_last, pad_value=pad_value, compiled=compiled, tta_fold=tta_fold)
-    return predict_whole(model, em, grid, window, num_outputs=num_outputs, slice_axes=slice_axes, keep=keep,
-                         dtype=dtype, on_tiles=on_tiles)
-
-
-@torch.inference_mode()
-def predict_whole(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
-                  slice_axes: Sequence[str] = ("z",), keep: Sequence[int] | None = None,
-                  dtype: torch.dtype = torch.float32, on_tiles: Callable[[int], None] | None = None) -> np.ndarray:
+def predict_volume(model: torch.nn.Module, em: MultiscaleImage, grid: Grid, window: Window, *, num_outputs: int,
+                   slice_axes: Sequence[str] = ("z",), keep: Sequence[int] | None = None,
+                   dtype: torch.dtype = torch.float32, on_tiles: Callable[[int], None] | None = None) -> np.ndarray:
     """(K, Z, Y, X) probabilities of every output channel on `grid`: the slabs of `predict_slabs` (see there
-    for the arguments) put together; a 2D model sliced across several axes averages them.
+    for the arguments) put together; a 2D model sliced across several axes averages them. What `cellseg predict`
+    (a block of a crop), validation during training and the benchmarks call.
 
     Args:
         slice_axes: 2D only: the axes slices are cut across; the predictions are averaged.

@@ -45,11 +45,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from cellseg import __version__
+from cellseg.config.inference import EnsembleConfig
 from cellseg.data.grid import Grid
 from cellseg.data.write import atomic_dir, check_replaceable, replace_dir
 from cellseg.infer.members import (
@@ -74,9 +75,6 @@ from cellseg.infer.weights import (
     uniform_weights,
     weights_from_file,
 )
-
-if TYPE_CHECKING:
-    from cellseg.infer.ensemble_fit import FitOptions
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +194,17 @@ def _write_crops(store: PredictionStore, stores: Sequence[PredictionStore], plan
                  "x".join(f"{v:g}" for v in target.voxel_size_nm), len(stores))
 
 
-def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-             weights: str | Sequence[float] | os.PathLike[str] = "uniform", grid: GridChoice = "finest",
-             allow_partial: bool = False, truth_root: str | os.PathLike[str] | None = None,
-             val_crops: Sequence[str] | None = None, fit: FitOptions | None = None, uint8: bool = False,
-             overwrite: bool = False, resume: bool = False, progress: bool = False) -> EnsembleResult:
+def ensemble(config: EnsembleConfig, out: str | os.PathLike[str], *, uint8: bool = False, overwrite: bool = False,
+             resume: bool = False, progress: bool = False) -> EnsembleResult:
     """Ensemble member prediction stores into `out` (the steps are in the module docstring).
 
     Args:
-        members: probability stores, in a fixed order (explicit weights and weight files follow it).
+        config: the members (probability stores, in a fixed order: explicit weights and weight files follow it),
+            the weights ("uniform", "auto", one per member, or the path of a `weights.json`), the grid ("finest"
+            or "first", per crop), `allow_partial` (classes that only some members have) and, for "auto", the
+            fit (`config.fit`: era, shrinkage, instance scoring, device, truth root and crops); `routes` are
+            for `predict-ensemble` and refused here.
         out: the output store.
-        weights: "uniform", "auto", one weight per member, or the path of a `weights.json`.
-        grid: "finest" or "first" (per crop).
-        allow_partial: allow classes that only some members have.
-        truth_root: data root with the validation crops' labels (`auto`); default: the members' provenance.
-        val_crops: crops to fit on (`auto`): names or ids; default: the validation crops of the members' runs.
-        fit: `ensemble_fit.FitOptions` for `auto` (metric era, shrinkage, instance scoring, device).
         uint8: store uint8-quantised probabilities instead of float16.
         overwrite: replace an existing `out`.
         resume: keep the crops an interrupted run with the same members, weights and grid wrote (rule 6).
@@ -222,32 +215,36 @@ def ensemble(members: Sequence[str | os.PathLike[str]], out: str | os.PathLike[s
         ValueError: incompatible members, no common crop, bad weights, or no validation data for `auto`.
 
     Example:
-        >>> ensemble(["unet3d.zarr", "unet2d.zarr"], "ens.zarr", weights="auto", truth_root="data/")
+        >>> ensemble(EnsembleConfig(members=("unet3d.zarr", "unet2d.zarr"), weights=(3, 1)), "ens.zarr")
     """
     out = Path(out)
+    members = config.members
+    if config.routes:
+        raise ValueError("ensemble.routes are for `cellseg predict-ensemble`; `cellseg ensemble` averages "
+                         "ensemble.members")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
     if any(out.resolve() == Path(m).resolve() for m in members):
         raise ValueError(f"{out}: the output cannot be one of the members")
     stores = open_members(members)
-    plan = plan_channels(stores, allow_partial=allow_partial)
+    plan = plan_channels(stores, allow_partial=config.allow_partial)
     crops, skipped = common_crops(stores)
     if not crops:
         raise ValueError(f"no crop is present in every member: {[(str(s.path), s.completed()) for s in stores]}")
-    spec = parse_weights(weights) if isinstance(weights, str) else weights
+    spec = parse_weights(config.weights) if isinstance(config.weights, str) else config.weights
     if spec == "uniform":
         chosen = uniform_weights(plan, len(stores))
     elif spec == "auto":
-        from cellseg.infer.ensemble_fit import FitOptions, fit_weights
+        from cellseg.infer.ensemble_fit import fit_weights
         from cellseg.infer.fit_crops import validation_entries
 
-        options = fit or FitOptions()
-        entries = validation_entries(stores, data_root=truth_root, crops=val_crops, available=crops)
-        chosen = fit_weights(stores, plan, entries, grid=grid, options=options, progress=progress)
+        fit = config.fit
+        entries = validation_entries(stores, data_root=fit.truth_root, crops=fit.crop_ids(), available=crops)
+        chosen = fit_weights(stores, plan, entries, grid=config.grid, options=fit, progress=progress)
     elif isinstance(spec, os.PathLike):
         chosen = weights_from_file(spec, plan, stores)
     else:
         chosen = explicit_weights(plan, list(spec), len(stores))  # type: ignore[arg-type]
-    store = write_ensemble(stores, out, plan, chosen, crops, grid=grid, uint8=uint8, overwrite=overwrite,
+    store = write_ensemble(stores, out, plan, chosen, crops, grid=config.grid, uint8=uint8, overwrite=overwrite,
                            resume=resume, progress=progress)
     return EnsembleResult(store=store, weights=chosen, crops=tuple(crops), skipped=skipped)

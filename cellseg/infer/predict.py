@@ -34,7 +34,7 @@ from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
 from cellseg.infer.columns import commit_crop, write_columns
-from cellseg.infer.engine import Window, predict_slabs, predict_whole, require_em
+from cellseg.infer.engine import Window, predict_slabs, predict_volume, require_em
 from cellseg.infer.plan import box_grid, pending_crops, plan_crop, predict_crops, scored_channels, shard_crops
 from cellseg.infer.run import (
     LoadedRun,
@@ -125,7 +125,7 @@ def _predict_one(run: LoadedRun, window: Window, target: CropTarget, store: Pred
             return predict_slabs(run.model, em, block, window, num_outputs=outputs, axis=axes[0],  # type: ignore[return-value]
                                  keep=keep, start=start, on_tiles=on_tiles)
         # a block is predicted whole, across every slicing axis, and written at once (it never resumes partly)
-        return iter([(0, predict_whole(run.model, em, block, window, num_outputs=outputs, slice_axes=axes, keep=keep,
+        return iter([(0, predict_volume(run.model, em, block, window, num_outputs=outputs, slice_axes=axes, keep=keep,
                                        dtype=torch.float16, on_tiles=on_tiles))])
 
     def tiles_of(shape: Sequence[int], start: int) -> int:

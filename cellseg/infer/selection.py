@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cellseg.config.schema import RunConfig
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.crops import Catalog, Crop, crop_id
+from cellseg.data.crops import CURRENT_TEST_VERSION, TEST_MANIFESTS, Catalog, Crop, crop_id
 from cellseg.data.loader import open_crops
 from cellseg.data.split import SplitEntry, dataset_paths, read_datasplit
 from cellseg.data.targets import CropSource
@@ -124,13 +124,13 @@ class _Sources:
         """The data root's test crops, or the official ones for a real-data root without a test manifest."""
         tests = self.catalog().tests
         if tests:
-            return dict(tests["2026"] if "2026" in tests else next(iter(tests.values())))
-        return dict(Catalog.official().test("2026"))
+            return dict(tests[CURRENT_TEST_VERSION] if CURRENT_TEST_VERSION in tests else next(iter(tests.values())))
+        return dict(Catalog.official().test(CURRENT_TEST_VERSION))
 
     def scored_labels(self, crop_id: int) -> tuple[str, ...]:
-        """The labels a test crop is scored on in either metric era (the union of the test manifests)."""
-        eras = self.catalog().tests or {era: Catalog.official().test(era) for era in ("2025", "2026")}
-        return tuple(sorted({label for crops in eras.values() if crop_id in crops for label in crops[crop_id].labels}))
+        """The labels a test crop is scored on in any metric era (the union of the test manifests)."""
+        tests = self.catalog().tests or {v: Catalog.official().test(v) for v in TEST_MANIFESTS}
+        return tuple(sorted({label for crops in tests.values() if crop_id in crops for label in crops[crop_id].labels}))
 
     def em_of(self, dataset: str) -> str:
         """The EM of a dataset: as a training crop of it lists it, else the standard layout under the root."""

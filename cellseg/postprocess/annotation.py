@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.crops import Catalog, Crop, Geometry, crop_id, is_crop_name
+from cellseg.data.crops import TEST_VERSIONS_NEWEST_FIRST, Catalog, Crop, Geometry, crop_id, is_crop_name
 from cellseg.data.grid import Grid
 from cellseg.infer.store import PredictionStore
 
@@ -71,8 +71,8 @@ class AnnotationGrids:
         catalog = self.catalog()
         if catalog is None:
             return []
-        tests = dict(catalog.tests) or {era: Catalog.official().test(era) for era in ("2026", "2025")}
-        return [tests[v] for v in ("2026", "2025") if v in tests]
+        tests = dict(catalog.tests) or {v: Catalog.official().test(v) for v in TEST_VERSIONS_NEWEST_FIRST}
+        return [tests[v] for v in TEST_VERSIONS_NEWEST_FIRST if v in tests]
 
     def label_grids(self, store: PredictionStore, crop: str) -> dict[str, Grid]:
         """Label → annotation grid of every label the crop annotates (empty when the crop is unknown)."""

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cellseg.classes import is_instance
+from cellseg.config.fields import DEFAULT_ERA
 from cellseg.data.split import SplitEntry
 from cellseg.infer.store import PredictionStore, boundary_channel
 from cellseg.pool import one_thread_per_process
@@ -176,7 +177,7 @@ def _tune_classes(store: PredictionStore, entries: Sequence[SplitEntry], crops: 
 
 
 def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence[str] | None = None,
-               era: str = "2026", device: str = "cpu", grid: str = "annotation", hierarchy: bool = True,
+               era: str = DEFAULT_ERA, device: str = "cpu", grid: str = "annotation", hierarchy: bool = True,
                progress: bool = True, workers: int = 1, checkpoint: Path | None = None) -> ParamSet:
     """Tune every class of a probability store on its tuning crops with truth in `data_root` (module docstring),
     scored on each class's annotation grid (`grid`: "annotation") or the store's ("model"); then, with

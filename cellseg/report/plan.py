@@ -31,11 +31,19 @@ from cellseg.config import load_run_config
 from cellseg.config.schema import RunConfig
 from cellseg.data.crops import Catalog, crop_name, crop_sort_key
 from cellseg.data.split import read_datasplit
-from cellseg.eval.eras import ERAS
+from cellseg.eval.eras import registry
 from cellseg.infer.run import checkpoint_path
 
 log = logging.getLogger(__name__)
-METRIC_CHOICES = ("both", *ERAS)
+ALL_ERAS = "all"  # `--metric all`: every registered era
+ALL_ERAS_ALIASES = ("both",)  # ALL_ERAS as spelled when two eras were registered
+
+
+def metric_choices() -> tuple[str, ...]:
+    """What `cellseg report --metric` takes: `ALL_ERAS` (and its aliases) or one registered era."""
+    return (ALL_ERAS, *ALL_ERAS_ALIASES, *registry())
+
+
 TRUTH_STORE = "ground_truth.zarr"  # test-crop labels of a (synthetic) data root, in the evaluator's layout
 
 

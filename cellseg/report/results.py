@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellseg.eval.eras import ERAS, Era
+from cellseg.config.fields import DEFAULT_ERA
+from cellseg.eval.eras import Era, registry
 from cellseg.pool import usable_cores
-from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
+from cellseg.report.plan import ALL_ERAS, ALL_ERAS_ALIASES, CropPlan, RunInfo, metric_choices
 from cellseg.report.scoring import EraScores
 
 # Default scoring processes: the cores this process may use, at most this many. A 2x H100 host's 32 cores were half
@@ -49,8 +50,9 @@ class ReportOptions:
         crops: scored crops: "val" (the runs' report crops), "test" or ids.
         tune_crops: crops the ensemble weights, post-processing and best single model are chosen on: None or
             "val" (the runs' tuning crops), "same" (the scored crops) or ids.
-        metric: "both", "2025" or "2026": the eras scored.
-        tune_metric: the era weights and parameters are tuned for (default 2026, or the only era scored).
+        metric: the eras scored: "all" (every registered era; "both" is the same) or one registered era.
+        tune_metric: the era weights and parameters are tuned for (default `DEFAULT_ERA`, the current metric, or
+            the only era scored).
         checkpoint, overlap, device: passed to `predict` (and `device` to ensembling and post-processing).
         slices: crops drawn as slice overlays.
         workers: processes scoring (crop, label) pairs, and tuning the instance classes' post-processing, in
@@ -68,7 +70,7 @@ class ReportOptions:
     data_root: str | None = None
     crops: str = "val"
     tune_crops: str | None = None
-    metric: str = "both"
+    metric: str = ALL_ERAS
     tune_metric: str | None = None
     checkpoint: str = "best"
     overlap: float = 0.5
@@ -81,10 +83,10 @@ class ReportOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.metric not in METRIC_CHOICES:
-            raise ValueError(f"--metric {self.metric!r}: choose one of {METRIC_CHOICES}")
-        if self.tune_metric is not None and self.tune_metric not in ERAS:
-            raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {ERAS}")
+        if self.metric not in metric_choices():
+            raise ValueError(f"--metric {self.metric!r}: choose one of {metric_choices()}")
+        if self.tune_metric is not None and self.tune_metric not in registry():
+            raise ValueError(f"--tune-metric {self.tune_metric!r}: choose one of {tuple(registry())}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device {self.device!r}: choose auto, cpu or cuda")
         if self.slices < 0:
@@ -103,12 +105,17 @@ class ReportOptions:
     @property
     def eras(self) -> tuple[Era, ...]:
         """The eras scored."""
-        return ERAS if self.metric == "both" else (self.metric,)  # type: ignore[return-value]
+        return tuple(registry()) if self.scores_all else (self.metric,)
 
     @property
     def tuning_era(self) -> Era:
         """The era the weights and post-processing parameters are tuned for."""
-        return self.tune_metric or ("2026" if self.metric == "both" else self.metric)  # type: ignore[return-value]
+        return self.tune_metric or (DEFAULT_ERA if self.scores_all else self.metric)
+
+    @property
+    def scores_all(self) -> bool:
+        """Whether every registered era is scored (`--metric all`)."""
+        return self.metric in (ALL_ERAS, *ALL_ERAS_ALIASES)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,12 +41,12 @@ import torch
 from cellseg import runtime
 from cellseg.classes import is_instance
 from cellseg.config.schema import RunConfig
-from cellseg.data.grid import Grid
+from cellseg.data.grid import Grid, shape3
 from cellseg.data.targets import CropSource
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
-from cellseg.infer.engine import predict_volume
+from cellseg.infer.engine import Window, predict_volume
 from cellseg.infer.plan import crop_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
 from cellseg.train.valpool import ClassTask, ValidationPool, gather
@@ -104,15 +104,15 @@ def score_crops(model: torch.nn.Module, crops: Sequence[CropSource], cfg: RunCon
     With worker processes, the next crop is predicted while the workers decode and score the classes of the
     ones before; at most `CROPS_AHEAD` crops wait for their scores (each holds its classes' probabilities).
     """
+    window = Window(patch_vox=shape3(cfg.data.patch_shape_vox), device=device, precision=precision,
+                    overlap=cfg.val.overlap, batch_size=cfg.val.batch_size, channels_last=cfg.train.channels_last,
+                    pad_value=cfg.data.em_pad_value)
     crop_scores: CropScores = {}
     waiting: dict[str, dict[str, Future[dict[str, Any] | None]]] = {}
     try:
         for crop in crops:
             grid = crop_grid(crop, cfg.data.voxel_size_nm)
-            probs = predict_volume(model, crop.em(), grid, patch_vox=cfg.data.patch_shape_vox,
-                                   num_outputs=cfg.data.num_target_channels, device=device, precision=precision,
-                                   overlap=cfg.val.overlap, batch_size=cfg.val.batch_size,
-                                   channels_last=cfg.train.channels_last, pad_value=cfg.data.em_pad_value)
+            probs = predict_volume(model, crop.em(), grid, window, num_outputs=cfg.data.num_target_channels)
             waiting[crop.name] = {t.name: pool.submit(t) for t in class_tasks(crop, probs, grid, cfg)}
             del probs
             while len(waiting) > CROPS_AHEAD:

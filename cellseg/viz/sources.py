@@ -27,7 +27,7 @@ import numpy as np
 from cellseg.classes import all_classes, atoms_of, get_class
 from cellseg.data import resample
 from cellseg.data.arrays import ArrayReader, MultiscaleImage, open_array
-from cellseg.data.crops import Catalog, Crop, crop_id
+from cellseg.data.crops import TEST_VERSIONS_NEWEST_FIRST, Catalog, Crop, crop_id
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry, dataset_paths
 from cellseg.data.targets import CropSource, plan_class
@@ -324,7 +324,7 @@ def open_crop(root: str | os.PathLike[str], crop: int | str) -> CropView:
     number = crop_id(crop)
     if number in catalog.train:
         return TrainingCrop(catalog, catalog.train[number])
-    for version in ("2026", "2025"):
+    for version in TEST_VERSIONS_NEWEST_FIRST:
         if number in catalog.tests.get(version, {}):
             return HeldOutCrop(root, catalog.tests[version][number])
     tests = sorted({c for crops in catalog.tests.values() for c in crops})

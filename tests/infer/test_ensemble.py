@@ -12,18 +12,15 @@ from crafted import crop_truth
 from crop_scores import score_semantic_2025, score_semantic_2026
 
 from cellseg.cli import main
+from cellseg.config.inference import EnsembleConfig, FitConfig
 from cellseg.data.grid import Grid
 from cellseg.data.split import read_datasplit
+from cellseg.eval.crop_score import semantic_from_counts
 from cellseg.infer.ensemble import ensemble
-from cellseg.infer.ensemble_fit import (
-    FitOptions,
-    candidate_weights,
-    semantic_from_counts,
-    shrinkage,
-)
+from cellseg.infer.ensemble_fit import candidate_weights, shrinkage
 from cellseg.infer.members import read_on_grid
 from cellseg.infer.store import PredictionStore, quantise
-from cellseg.infer.weights import members_in_use, restrict_weights_file
+from cellseg.infer.weights import members_in_use, parse_weights, restrict_weights_file
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(8, 10, 12), voxel_size_nm=(8.0, 8.0, 8.0))
 CHANNELS = ("mito", "er", "mito_boundary")
@@ -46,7 +43,7 @@ def random_channels(seed: int, grid: Grid = GRID, channels=CHANNELS) -> dict[str
 def test_uniform_ensemble_of_two_members_is_their_mean(tmp_path):
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0)), "crop7": (GRID, random_channels(1))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(2)), "crop7": (GRID, random_channels(3))})
-    result = ensemble([a, b], tmp_path / "ens.zarr")
+    result = ensemble(EnsembleConfig(members=(a, b)), tmp_path / "ens.zarr")
     out, sa, sb = result.store, PredictionStore.open(a), PredictionStore.open(b)
     assert out.channels == CHANNELS and out.instance_channels == ("mito",) and out.completed() == ["crop1", "crop7"]
     for crop in ("crop1", "crop7"):
@@ -62,16 +59,16 @@ def test_uniform_ensemble_of_two_members_is_their_mean(tmp_path):
 def test_explicit_weights_are_normalised_and_checked(tmp_path):
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(1))})
-    out = ensemble([a, b], tmp_path / "ens.zarr", weights="3,1").store
+    out = ensemble(EnsembleConfig(members=(a, b), weights=(3, 1)), tmp_path / "ens.zarr").store
     sa, sb = PredictionStore.open(a), PredictionStore.open(b)
     np.testing.assert_allclose(out.read("crop1", "er"), 0.75 * sa.read("crop1", "er") + 0.25 * sb.read("crop1", "er"),
                                atol=5e-4)
     with pytest.raises(ValueError, match="3 values for 2 member stores"):
-        ensemble([a, b], tmp_path / "e2.zarr", weights=[1, 2, 3])
+        ensemble(EnsembleConfig(members=(a, b), weights=(1, 2, 3)), tmp_path / "e2.zarr")
     with pytest.raises(ValueError, match="non-negative"):
-        ensemble([a, b], tmp_path / "e2.zarr", weights="1,-1")
+        ensemble(EnsembleConfig(members=(a, b), weights=(1, -1)), tmp_path / "e2.zarr")
     with pytest.raises(ValueError, match="expected 'uniform', 'auto'"):
-        ensemble([a, b], tmp_path / "e2.zarr", weights="best")
+        parse_weights("best")
 
 
 def linear_field(grid: Grid) -> np.ndarray:
@@ -90,7 +87,7 @@ def test_members_on_different_voxel_sizes_meet_on_a_common_grid(tmp_path):
     coarse = write_store(tmp_path / "m8.zarr", {"crop3": (g8, {"er": quantise(linear_field(g8))})}, channels=ch,
                          instance=())
     fine = write_store(tmp_path / "m4.zarr", {"crop3": (g4, {"er": linear_field(g4)})}, channels=ch, instance=())
-    out = ensemble([coarse, fine], tmp_path / "finest.zarr").store  # default: the finest member's grid
+    out = ensemble(EnsembleConfig(members=(coarse, fine)), tmp_path / "finest.zarr").store  # default grid: finest
     assert out.grid("crop3") == g4
     # Up-sampling is linear; the outermost 4 nm voxels lie beyond the outer 8 nm centres (edge values repeat).
     inner = (slice(1, -1),) * 3
@@ -98,7 +95,7 @@ def test_members_on_different_voxel_sizes_meet_on_a_common_grid(tmp_path):
     coarse_on_fine = read_on_grid(PredictionStore.open(coarse), "crop3", "er", g4)
     assert coarse_on_fine.dtype == np.float32 and not np.isnan(coarse_on_fine).any()
 
-    out = ensemble([coarse, fine], tmp_path / "first.zarr", grid="first").store
+    out = ensemble(EnsembleConfig(members=(coarse, fine), grid="first"), tmp_path / "first.zarr").store
     assert out.grid("crop3") == g8
     # Down-sampling averages the two 4 nm voxels under each 8 nm voxel: exact for a linear field, edges included.
     np.testing.assert_allclose(out.read("crop3", "er"), linear_field(g8), atol=3e-3)
@@ -110,7 +107,7 @@ def test_a_member_that_covers_part_of_the_grid_is_averaged_only_where_it_covers(
                     channels=("er",), instance=())
     b = write_store(tmp_path / "b.zarr", {"crop1": (half, {"er": np.full(half.shape_vox, 0.6, np.float32)})},
                     channels=("er",), instance=())
-    er = ensemble([a, b], tmp_path / "ens.zarr", grid="first").store.read("crop1", "er")
+    er = ensemble(EnsembleConfig(members=(a, b), grid="first"), tmp_path / "ens.zarr").store.read("crop1", "er")
     np.testing.assert_allclose(er[:4], 0.4, atol=1e-3)
     np.testing.assert_allclose(er[5:], 0.2, atol=1e-3)  # slice 4 is the half-voxel edge (still inside b)
 
@@ -121,16 +118,16 @@ def test_incompatible_classes_are_a_clear_error_or_partial(tmp_path, caplog):
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(1, channels=b_channels))},
                     channels=b_channels, instance=("mito", "nuc"))
     with pytest.raises(ValueError, match="incompatible classes") as err:
-        ensemble([a, b], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a, b)), tmp_path / "ens.zarr")
     message = str(err.value)
     assert f"{a} lacks ['nuc']" in message and f"{b} lacks ['er']" in message and "--allow-partial" in message
     c = write_store(tmp_path / "c.zarr", {"crop1": (GRID, random_channels(1, channels=("ecs",)))}, channels=("ecs",),
                     instance=())
     with pytest.raises(ValueError, match="share no class"):
-        ensemble([a, c], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a, c)), tmp_path / "ens.zarr")
 
     with caplog.at_level(logging.WARNING, logger="cellseg.infer.ensemble"):
-        out = ensemble([a, b], tmp_path / "ens.zarr", allow_partial=True, weights="1,3").store
+        out = ensemble(EnsembleConfig(members=(a, b), allow_partial=True, weights=(1, 3)), tmp_path / "ens.zarr").store
     assert out.channels == ("mito", "er", "nuc", "mito_boundary")
     assert out.instance_channels == ("mito", "nuc")
     sa, sb = PredictionStore.open(a), PredictionStore.open(b)
@@ -144,7 +141,7 @@ def test_incompatible_classes_are_a_clear_error_or_partial(tmp_path, caplog):
     d = write_store(tmp_path / "d.zarr", {"crop1": (GRID, random_channels(4, channels=("mito", "er")))},
                     channels=("mito", "er"))
     with caplog.at_level(logging.WARNING, logger="cellseg.infer.members"):
-        out = ensemble([a, d], tmp_path / "ens2.zarr").store
+        out = ensemble(EnsembleConfig(members=(a, d)), tmp_path / "ens2.zarr").store
     assert out.channels == ("mito", "er")
     assert any("mito_boundary: dropped" in r.getMessage() and str(d) in r.getMessage() for r in caplog.records)
 
@@ -153,7 +150,7 @@ def test_crops_missing_in_a_member_are_skipped_with_a_log_line(tmp_path, caplog)
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0)), "crop2": (GRID, random_channels(1))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(2)), "crop3": (GRID, random_channels(3))})
     with caplog.at_level(logging.WARNING, logger="cellseg.infer.members"):
-        result = ensemble([a, b], tmp_path / "ens.zarr")
+        result = ensemble(EnsembleConfig(members=(a, b)), tmp_path / "ens.zarr")
     assert result.store.completed() == ["crop1"]
     assert result.skipped == {"crop2": [str(b)], "crop3": [str(a)]}
     lines = [r.getMessage() for r in caplog.records]
@@ -165,20 +162,20 @@ def test_output_is_written_atomically_and_replaced_only_with_overwrite(tmp_path)
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0)), "crop2": (GRID, random_channels(1))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(2)), "crop2": (GRID, random_channels(3))})
     out = tmp_path / "ens.zarr"
-    ensemble([a, b], out)
+    ensemble(EnsembleConfig(members=(a, b)), out)
     with pytest.raises(FileExistsError, match="--overwrite"):
-        ensemble([a, b], out, weights="1,0")
+        ensemble(EnsembleConfig(members=(a, b), weights=(1, 0)), out)
     assert json.loads((out / "weights.json").read_text())["method"] == "uniform"  # untouched
-    ensemble([a, b], out, weights="1,0", overwrite=True)
+    ensemble(EnsembleConfig(members=(a, b), weights=(1, 0)), out, overwrite=True)
     assert json.loads((out / "weights.json").read_text())["method"] == "explicit"
 
     # A member breaking mid-way (crop2 unreadable) leaves neither an output nor temporary folders behind.
     (b / "crop2" / "er" / "s0" / ".zarray").unlink()
     with pytest.raises(FileNotFoundError):
-        ensemble([a, b], tmp_path / "broken.zarr")
+        ensemble(EnsembleConfig(members=(a, b)), tmp_path / "broken.zarr")
     assert not (tmp_path / "broken.zarr").exists()
     with pytest.raises(FileNotFoundError):
-        ensemble([a, b], out, overwrite=True)
+        ensemble(EnsembleConfig(members=(a, b)), out, overwrite=True)
     assert json.loads((out / "weights.json").read_text())["method"] == "explicit"  # the old output survives
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zarr", "b.zarr", "ens.zarr"]
 
@@ -187,7 +184,7 @@ def test_resume_keeps_the_crops_an_interrupted_run_wrote(tmp_path, caplog):
     crops = {f"crop{i}": (GRID, random_channels(i)) for i in (1, 2, 3)}
     a = write_store(tmp_path / "a.zarr", crops)
     b = write_store(tmp_path / "b.zarr", {name: (GRID, random_channels(10 + i)) for i, name in enumerate(crops)})
-    fresh = ensemble([a, b], tmp_path / "fresh.zarr").store
+    fresh = ensemble(EnsembleConfig(members=(a, b)), tmp_path / "fresh.zarr").store
     out, partial = tmp_path / "ens.zarr", tmp_path / ".ens.zarr.partial"
 
     # A member breaking at crop2 (as a report cut there): crop1 stays in the hidden partial store, no output yet.
@@ -195,12 +192,12 @@ def test_resume_keeps_the_crops_an_interrupted_run_wrote(tmp_path, caplog):
     saved = zarray.read_bytes()
     zarray.unlink()
     with pytest.raises(FileNotFoundError):
-        ensemble([a, b], out, resume=True)
+        ensemble(EnsembleConfig(members=(a, b)), out, resume=True)
     assert not out.exists() and PredictionStore.open(partial).completed() == ["crop1"]
     zarray.write_bytes(saved)
 
     caplog.set_level(logging.INFO, logger="cellseg")
-    done = ensemble([a, b], out, resume=True).store
+    done = ensemble(EnsembleConfig(members=(a, b)), out, resume=True).store
     assert "resuming, 1 of 3 crops written by an interrupted run" in caplog.text
     assert not partial.exists() and done.completed() == fresh.completed() == ["crop1", "crop2", "crop3"]
     for crop in crops:
@@ -211,10 +208,11 @@ def test_resume_keeps_the_crops_an_interrupted_run_wrote(tmp_path, caplog):
     # A partial made with other weights is started over, not mixed in.
     zarray.unlink()
     with pytest.raises(FileNotFoundError):
-        ensemble([a, b], tmp_path / "other.zarr", weights="0,1", resume=True)  # crop1 from b alone
+        # crop1 from b alone
+        ensemble(EnsembleConfig(members=(a, b), weights=(0, 1)), tmp_path / "other.zarr", resume=True)
     zarray.write_bytes(saved)
     caplog.clear()
-    other = ensemble([a, b], tmp_path / "other.zarr", weights="1,0", resume=True).store
+    other = ensemble(EnsembleConfig(members=(a, b), weights=(1, 0)), tmp_path / "other.zarr", resume=True).store
     assert "made with other members, weights or grid: started over" in caplog.text
     np.testing.assert_allclose(other.read("crop1", "er"), PredictionStore.open(a).read("crop1", "er"), atol=5e-4)
 
@@ -223,15 +221,15 @@ def test_bad_members_are_clear_errors(tmp_path):
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0))})
     seg = PredictionStore.create(tmp_path / "seg.zarr", kind="segmentation", channels=("er",))
     with pytest.raises(ValueError, match="at least 2 member stores"):
-        ensemble([a], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a,)), tmp_path / "ens.zarr")
     with pytest.raises(ValueError, match="more than once"):
-        ensemble([a, a], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a, a)), tmp_path / "ens.zarr")
     with pytest.raises(ValueError, match=r"seg.zarr: holds segmentation"):
-        ensemble([a, seg.path], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a, seg.path)), tmp_path / "ens.zarr")
     with pytest.raises(FileNotFoundError, match="no prediction store"):
-        ensemble([a, tmp_path / "none.zarr"], tmp_path / "ens.zarr")
+        ensemble(EnsembleConfig(members=(a, tmp_path / "none.zarr")), tmp_path / "ens.zarr")
     with pytest.raises(ValueError, match="cannot be one of the members"):
-        ensemble([a, tmp_path / "none.zarr"], a, overwrite=True)
+        ensemble(EnsembleConfig(members=(a, tmp_path / "none.zarr")), a, overwrite=True)
 
 
 # ------------------------------------------------------------------------------------------- auto weights
@@ -259,7 +257,7 @@ def good_and_bad_members(root: Path, tmp_path: Path, *, noisy: bool = False) -> 
 def test_auto_weights_give_a_bad_member_less_weight_but_keep_it(tiny_synth_root, tmp_path):
     good, bad = good_and_bad_members(tiny_synth_root, tmp_path)
     # Validation crops come from the data root's datasplit (crop2, crop3), found through the provenance.
-    result = ensemble([bad, good], tmp_path / "ens.zarr", weights="auto")
+    result = ensemble(EnsembleConfig(members=(bad, good), weights="auto"), tmp_path / "ens.zarr")
     report = result.weights.report
     assert report["validation_crops"] == ["crop2", "crop3"] and report["metric"] == "2026"
     assert result.store.completed() == ["crop1", "crop2", "crop3"]  # every common crop is written
@@ -280,8 +278,9 @@ def test_auto_weights_give_a_bad_member_less_weight_but_keep_it(tiny_synth_root,
     assert doc["members"][0]["path"] == str(bad)
 
     # The challenge-era metric with the official instance scorer for mito, crops named explicitly.
-    result = ensemble([bad, good], tmp_path / "ens2025.zarr", weights="auto", truth_root=tiny_synth_root,
-                      val_crops=["2", "crop3"], fit=FitOptions(metric="2025", instance_score="metric", shrink=0.0))
+    fit = FitConfig(truth_root=str(tiny_synth_root), crops="2,crop3", metric="2025", instance_score="metric",
+                    shrink=0.0)
+    result = ensemble(EnsembleConfig(members=(bad, good), weights="auto", fit=fit), tmp_path / "ens2025.zarr")
     mito = result.weights.report["classes"]["mito"]
     assert mito["score"] == "combined_score" and mito["scores"]["members"][1] == 1.0
     w_bad, w_good = result.weights.per_channel["mito"]
@@ -290,7 +289,8 @@ def test_auto_weights_give_a_bad_member_less_weight_but_keep_it(tiny_synth_root,
 
 def test_auto_weights_give_a_noisy_member_less_weight(tiny_synth_root, tmp_path):
     good, noisy = good_and_bad_members(tiny_synth_root, tmp_path, noisy=True)
-    result = ensemble([good, noisy], tmp_path / "ens.zarr", weights="auto", fit=FitOptions(shrink=0.0))
+    result = ensemble(EnsembleConfig(members=(good, noisy), weights="auto", fit=FitConfig(shrink=0.0)),
+                      tmp_path / "ens.zarr")
     for c in ("mito", "er"):
         fit = result.weights.report["classes"][c]
         scores = fit["scores"]
@@ -306,13 +306,15 @@ def test_auto_weights_need_labels_and_validation_crops(tiny_synth_root, tmp_path
     a = write_store(tmp_path / "a.zarr", {"crop1": (GRID, random_channels(0))})
     b = write_store(tmp_path / "b.zarr", {"crop1": (GRID, random_channels(1))})
     with pytest.raises(ValueError, match="needs validation crops"):
-        ensemble([a, b], tmp_path / "ens.zarr", weights="auto")
+        ensemble(EnsembleConfig(members=(a, b), weights="auto"), tmp_path / "ens.zarr")
     with pytest.raises(ValueError, match=r"not in every member store"):
-        ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["2"])
+        fit = FitConfig(truth_root=str(tiny_synth_root), crops="2")
+        ensemble(EnsembleConfig(members=(a, b), weights="auto", fit=fit), tmp_path / "ens.zarr")
     with pytest.raises(ValueError, match="no validation crop is predicted by every member"):
-        ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root)  # crop1 is training
+        ensemble(EnsembleConfig(members=(a, b), weights="auto", fit=FitConfig(truth_root=str(tiny_synth_root))),
+                 tmp_path / "ens.zarr")  # crop1 is training
     with pytest.raises(ValueError, match="is not a crop id"):
-        ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["mito"])
+        FitConfig(truth_root=str(tiny_synth_root), crops="mito")
 
 
 def _run_dir(tmp_path: Path, root: Path, name: str, roles: dict[str, str]) -> Path:
@@ -334,7 +336,7 @@ def test_auto_weights_fit_on_the_runs_tuning_crops_only(tiny_synth_root, tmp_pat
         crops = {c: (store.grid(c), {k: store.read(c, k) for k in store.classes}) for c in ("crop2", "crop3")}
         members.append(write_store(tmp_path / f"{path.stem}_run.zarr", crops, channels=store.classes,
                                    provenance=provenance))
-    report = ensemble(members, tmp_path / "ens.zarr", weights="auto").weights.report
+    report = ensemble(EnsembleConfig(members=tuple(members), weights="auto"), tmp_path / "ens.zarr").weights.report
     assert report["validation_crops"] == ["crop2"] and report["crop_roles"] == {"crop2": "tuning"}
     assert report["combined"] == "decision mode"
 
@@ -343,7 +345,7 @@ def test_auto_weights_fit_on_the_runs_tuning_crops_only(tiny_synth_root, tmp_pat
                           channels=("mito", "er"), provenance={**provenance, "run_dir": str(all_report)})
               for i in range(2)]
     with pytest.raises(ValueError, match=r"all_report/datasplit.csv: no tuning crop .* all report crops"):
-        ensemble(others, tmp_path / "ens2.zarr", weights="auto")
+        ensemble(EnsembleConfig(members=tuple(others), weights="auto"), tmp_path / "ens2.zarr")
     assert not (tmp_path / "ens2.zarr").exists()
 
 
@@ -360,14 +362,14 @@ def test_auto_weights_are_scored_on_the_labels_grid_not_the_members(tiny_synth_r
             crops[crop] = (coarse, {"er": 1 - p if flip else p})
         members.append(write_store(tmp_path / f"{name}.zarr", crops, channels=("er",), instance=(),
                                    provenance={"data_root": str(tiny_synth_root)}))
-    fits = {g: ensemble(members, tmp_path / f"ens_{g}.zarr", weights="auto", fit=FitOptions(score_grid=g)
-                        ).weights.report for g in ("annotation", "ensemble")}
+    fits = {g: ensemble(EnsembleConfig(members=tuple(members), weights="auto", fit=FitConfig(score_grid=g)),
+                        tmp_path / f"ens_{g}.zarr").weights.report for g in ("annotation", "ensemble")}
     labels = sum(int(crop_truth(tiny_synth_root, c, ("er",))[1]["er"].sum()) for c in ("crop2", "crop3"))
     assert fits["annotation"]["score_grid"] == "annotation"
     assert fits["annotation"]["classes"]["er"]["truth_voxels"] == labels
     assert fits["ensemble"]["classes"]["er"]["truth_voxels"] < labels / 4
     with pytest.raises(ValueError, match="score grid 'model' is not one of"):
-        FitOptions(score_grid="model")
+        FitConfig(score_grid="model")
 
 
 def test_a_class_no_tuning_crop_annotates_is_refused_before_fitting(tiny_synth_root, tmp_path):
@@ -375,7 +377,8 @@ def test_a_class_no_tuning_crop_annotates_is_refused_before_fitting(tiny_synth_r
     a, b = (write_store(tmp_path / f"{n}.zarr", {"crop2": (GRID, random_channels(i, channels=channels))},
                         channels=channels, instance=("mito", "mt")) for i, n in enumerate("ab"))
     with pytest.raises(ValueError, match=r"no tuning crop annotates \['mt'\] \(tuning crops: \['crop2'\]\)"):
-        ensemble([a, b], tmp_path / "ens.zarr", weights="auto", truth_root=tiny_synth_root, val_crops=["2"])
+        fit = FitConfig(truth_root=str(tiny_synth_root), crops="2")
+        ensemble(EnsembleConfig(members=(a, b), weights="auto", fit=fit), tmp_path / "ens.zarr")
 
 
 def test_weights_restricted_to_the_members_in_use_give_the_same_ensemble(tmp_path):
@@ -383,14 +386,15 @@ def test_weights_restricted_to_the_members_in_use_give_the_same_ensemble(tmp_pat
     the restricted weights file over the others makes the same store, bit for bit."""
     stores = [write_store(tmp_path / f"{n}.zarr", {"crop1": (GRID, random_channels(seed))})
               for seed, n in enumerate("abc")]
-    full = ensemble(stores, tmp_path / "full.zarr", weights="1,0,3").store
+    full = ensemble(EnsembleConfig(members=tuple(stores), weights=(1, 0, 3)), tmp_path / "full.zarr").store
     weights = tmp_path / "full.zarr" / "weights.json"
     assert members_in_use(weights) == [0, 2]
     restricted = restrict_weights_file(weights, [0, 2], tmp_path / "w02.json")
     doc = json.loads(restricted.read_text())
     assert doc["channels"]["er"] == [0.25, 0.75] and [m["path"] for m in doc["members"]] == [str(stores[0]),
                                                                                          str(stores[2])]
-    part = ensemble([stores[0], stores[2]], tmp_path / "part.zarr", weights=restricted).store
+    part = ensemble(EnsembleConfig(members=(stores[0], stores[2]), weights=str(restricted)),
+                    tmp_path / "part.zarr").store
     for c in CHANNELS:
         np.testing.assert_array_equal(part.read("crop1", c), full.read("crop1", c))
     with pytest.raises(ValueError, match=r"members \[2\] have positive weights"):

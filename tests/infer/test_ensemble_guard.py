@@ -9,6 +9,7 @@ import pytest
 from crafted import crop_truth
 from test_ensemble import write_store
 
+from cellseg.config.inference import EnsembleConfig
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import guard
 
@@ -22,7 +23,7 @@ def test_shrinkage_that_would_lose_to_the_best_member_is_undone(tiny_synth_root,
     provenance = {"data_root": str(tiny_synth_root)}
     members = [write_store(tmp_path / f"{name}.zarr", data, channels=classes, provenance=provenance)
                for name, data in (("bad1", negative), ("good", truth), ("bad2", negative))]
-    result = ensemble(members, tmp_path / "ens.zarr", weights="auto")
+    result = ensemble(EnsembleConfig(members=tuple(members), weights="auto"), tmp_path / "ens.zarr")
     doc = json.loads((tmp_path / "ens.zarr" / "weights.json").read_text())
     for c in classes:
         fit = result.weights.report["classes"][c]
@@ -46,7 +47,7 @@ def test_weights_scored_in_the_first_pass_keep_their_scores(tiny_synth_root, tmp
     truth = {crop: crop_truth(tiny_synth_root, crop, classes) for crop in ("crop1", "crop2", "crop3")}
     provenance = {"data_root": str(tiny_synth_root)}
     members = [write_store(tmp_path / f"m{k}.zarr", truth, channels=classes, provenance=provenance) for k in range(3)]
-    result = ensemble(members, tmp_path / "ens.zarr", weights="auto")
+    result = ensemble(EnsembleConfig(members=tuple(members), weights="auto"), tmp_path / "ens.zarr")
     for c in classes:
         fit = result.weights.report["classes"][c]
         assert fit["chosen"] == "uniform" and fit["weights"] == fit["fitted_weights"] == [1 / 3] * 3
@@ -84,11 +85,12 @@ def test_the_second_pass_on_kept_values_equals_reading_them_again(tiny_synth_roo
                               for c, p in t.items()}) for crop, (grid, t) in truth.items()}
         members.append(write_store(tmp_path / f"m{k}.zarr", data, channels=classes, provenance=provenance))
     caplog.set_level("INFO", logger="cellseg.infer.ensemble_fit")
-    kept = ensemble(members, tmp_path / "kept.zarr", weights="auto").weights.report["classes"]
+    config = EnsembleConfig(members=tuple(members), weights="auto")
+    kept = ensemble(config, tmp_path / "kept.zarr").weights.report["classes"]
     assert "weight fit: 0.0 MB" not in caplog.text and "MB of member values kept" in caplog.text
     monkeypatch.setattr(ensemble_fit, "KEEP_MAX_BYTES", 0)
     caplog.clear()
-    read = ensemble(members, tmp_path / "read.zarr", weights="auto").weights.report["classes"]
+    read = ensemble(config, tmp_path / "read.zarr").weights.report["classes"]
     assert "weight fit: 0.0 MB of member values kept" in caplog.text
     for c in classes:
         assert kept[c]["fitted_weights"] not in ([0.2] * 5, *np.eye(5).tolist())  # a second pass was needed

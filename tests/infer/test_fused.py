@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from cellseg.cli import main as cli
-from cellseg.config.inference import InferConfig
+from cellseg.config.inference import EnsembleConfig, InferConfig
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.fused import AVERAGE_PLANES, Contribution, averaged_slabs, predict_ensemble
 from cellseg.infer.predict import predict_run
@@ -46,7 +46,7 @@ def members(tiny_run, tiny_run_2d, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_fused_equals_predict_then_ensemble(tiny_run, tiny_run_2d, members, tmp_path, capsys):
-    ensemble(members, tmp_path / "two_step.zarr", weights=[3.0, 1.0])
+    ensemble(EnsembleConfig(members=tuple(members), weights=(3.0, 1.0)), tmp_path / "two_step.zarr")
     out = tmp_path / "fused.zarr"
     assert cli(["predict-ensemble", str(tiny_run), str(tiny_run_2d), "--crops", "test", "--out", str(out),
                 "--weights", "3,1", "--tta", "8", "--overlap", "0", "--batch-size", "8", "--checkpoint", "last"]) == 0
@@ -65,8 +65,9 @@ def test_fused_equals_predict_then_ensemble(tiny_run, tiny_run_2d, members, tmp_
 
 
 def test_weights_file_and_uint8_match_the_two_step_path(tiny_run, tiny_run_2d, members, tmp_path):
-    fitted = ensemble(members, tmp_path / "fit.zarr", weights=[1.0, 2.0]).store.path / WEIGHTS_FILE  # as a fit saves it
-    ensemble(members, tmp_path / "two_step.zarr", weights=fitted, uint8=True)
+    fit = ensemble(EnsembleConfig(members=tuple(members), weights=(1.0, 2.0)), tmp_path / "fit.zarr")
+    fitted = fit.store.path / WEIGHTS_FILE  # as a fit saves it
+    ensemble(EnsembleConfig(members=tuple(members), weights=str(fitted)), tmp_path / "two_step.zarr", uint8=True)
     predict_ensemble([tiny_run, tiny_run_2d], "test", tmp_path / "fused.zarr", weights=str(fitted),
                      opts=InferConfig(**{**OPTS.__dict__, "uint8": True}))
     assert_same_stores(tmp_path / "fused.zarr", tmp_path / "two_step.zarr")
@@ -192,6 +193,7 @@ def test_fused_equals_two_step_on_cuda(tiny_run, tiny_run_2d, tmp_path):
     opts = InferConfig(**{**OPTS.__dict__, "device": "cuda", "compile": "on"})
     for run, name in ((tiny_run, "a.zarr"), (tiny_run_2d, "b.zarr")):
         predict_run(run, "test", tmp_path / name, opts)
-    ensemble([tmp_path / "a.zarr", tmp_path / "b.zarr"], tmp_path / "two_step.zarr", weights=[0.7, 0.3])
+    ensemble(EnsembleConfig(members=(tmp_path / "a.zarr", tmp_path / "b.zarr"), weights=(0.7, 0.3)),
+             tmp_path / "two_step.zarr")
     predict_ensemble([tiny_run, tiny_run_2d], "test", tmp_path / "fused.zarr", weights=[0.7, 0.3], opts=opts)
     assert_same_stores(tmp_path / "fused.zarr", tmp_path / "two_step.zarr")

@@ -13,7 +13,7 @@ from cellseg.config.inference import InferConfig
 from cellseg.data import chunks
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
-from cellseg.infer.engine import predict_volume, require_em
+from cellseg.infer.engine import Window, predict_volume, require_em
 from cellseg.infer.fused import predict_ensemble
 from cellseg.infer.predict import predict_run
 from cellseg.infer.store import PredictionStore
@@ -63,11 +63,11 @@ def test_tiles_mostly_at_the_padding_value_are_reported_once_per_crop(tiny_synth
     def model(batch):  # a stand-in network: one constant output channel
         return torch.zeros((batch.shape[0], 1, *batch.shape[2:]))
 
-    run = dict(patch_vox=(8, 8, 8), num_outputs=1, device=torch.device("cpu"), precision="fp32", overlap=0.0)
+    window = Window(patch_vox=(8, 8, 8), device=torch.device("cpu"), precision="fp32", overlap=0.0)
     require_em(em, grid, (8, 8, 8), what="crop9 (synth-iso8-1)")
     with caplog.at_level(logging.WARNING, logger="cellseg.infer.engine"):
-        probs = predict_volume(model, em, grid, **run)
-        predict_volume(model, em, grid, **run)  # the same crop again: no second warning
+        probs = predict_volume(model, em, grid, window, num_outputs=1)
+        predict_volume(model, em, grid, window, num_outputs=1)  # the same crop again: no second warning
     assert np.all(probs == 0.5)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("crop9 (synth-iso8-1): 9 of 27 tiles (33%) read EM mostly")

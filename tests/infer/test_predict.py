@@ -17,7 +17,7 @@ from cellseg.config.inference import InferConfig
 from cellseg.data.crops import Catalog
 from cellseg.data.loader import open_crops
 from cellseg.data.split import read_datasplit
-from cellseg.infer.engine import predict_volume
+from cellseg.infer.engine import Window, predict_volume
 from cellseg.infer.plan import crop_grid
 from cellseg.infer.predict import predict_run
 from cellseg.infer.run import load_run
@@ -165,9 +165,9 @@ def test_validation_and_predict_share_the_engine(tiny_run, tmp_path):
     entries = [e for e in read_datasplit(tiny_run / "datasplit.csv") if e.split == "validate"]
     source = open_crops(entries, cfg.data)[0]
     grid = crop_grid(source, cfg.data.voxel_size_nm)
-    probs = predict_volume(run.model, source.em(), grid, patch_vox=cfg.data.patch_shape_vox,
-                           num_outputs=cfg.data.num_target_channels, device=torch.device("cpu"), precision="fp32",
-                           overlap=cfg.val.overlap, batch_size=cfg.val.batch_size)
+    window = Window(patch_vox=cfg.data.patch_shape_vox, device=torch.device("cpu"), precision="fp32",
+                    overlap=cfg.val.overlap, batch_size=cfg.val.batch_size)
+    probs = predict_volume(run.model, source.em(), grid, window, num_outputs=cfg.data.num_target_channels)
     for k, channel in enumerate(store.channels):
         np.testing.assert_array_equal(store.read(source.name, channel), probs[k].astype(np.float16))
 
@@ -253,8 +253,8 @@ def test_progress_counts_every_tile(tiny_run, patch, axes):
     def model(batch):  # a stand-in network of any dimensionality: one constant output channel
         return torch.zeros((batch.shape[0], 1, *batch.shape[2:]))
 
-    probs = predict_volume(model, source.em(), grid, patch_vox=patch, num_outputs=1, device=torch.device("cpu"),
-                           precision="fp32", overlap=0.5, batch_size=5, slice_axes=axes, on_tiles=seen.append)
+    window = Window(patch_vox=patch, device=torch.device("cpu"), precision="fp32", overlap=0.5, batch_size=5)
+    probs = predict_volume(model, source.em(), grid, window, num_outputs=1, slice_axes=axes, on_tiles=seen.append)
     assert sum(seen) == count_tiles(grid.shape_vox, patch, 0.5, axes)
     assert probs.shape == (1, *grid.shape_vox)
     assert np.all(probs == 0.5)  # sigmoid(0), blended exactly

@@ -62,7 +62,7 @@ def test_test_crops_hold_their_scored_channels_through_to_the_submission(tiny_ru
         for name, pred in (("scored", scored), ("all", every)):
             seg_dir, zip_path = tmp_path / f"seg_{name}_{era}.zarr", tmp_path / f"{name}_{era}.zip"
             assert cli(["postprocess", str(pred), "--out", str(seg_dir), "--device", "cpu"]) == 0
-            assert cli(["submit", str(seg_dir), "--manifest", str(manifest), "--era", era, "--out", str(zip_path)]) == 0
+            assert cli(["submit", str(seg_dir), "--manifest", str(manifest), "--metric", era, "--out", str(zip_path)]) == 0
             zips.append(zipfile.ZipFile(zip_path))
         names = sorted(n for n in zips[0].namelist() if not n.endswith("/"))
         assert names and names == sorted(n for n in zips[1].namelist() if not n.endswith("/"))

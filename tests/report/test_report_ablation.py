@@ -170,8 +170,9 @@ def test_stage_4_begins_beside_stages_2_and_3_when_members_predict_in_processes(
 def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     """Of two members, one of weight 0 everywhere but on a finer grid: stage 4 still predicts it, so that its
     ensemble has stage 3's grid (grid "finest")."""
+    from cellseg.config.inference import EnsembleConfig
     from cellseg.infer.ensemble import ensemble
-    from cellseg.report.ablation import tta_members
+    from cellseg.report.stages import tta_members
 
     def member(name: str, grid: Grid) -> Path:
         store = PredictionStore.create(tmp_path / f"{name}.zarr", kind="probabilities", channels=("mito",),
@@ -182,8 +183,10 @@ def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     coarse = Grid(translation_nm=(4.0,) * 3, shape_vox=(4, 4, 4), voxel_size_nm=(8.0,) * 3)
     fine = Grid(translation_nm=(2.0,) * 3, shape_vox=(8, 8, 8), voxel_size_nm=(4.0,) * 3)
     a, b = member("a", coarse), member("b", fine)
-    assert tta_members(ensemble([a, b], tmp_path / "w.zarr", weights="1,0").store, [a, b], ["crop1"]) == [0, 1]
-    assert tta_members(ensemble([b, a], tmp_path / "v.zarr", weights="1,0").store, [b, a], ["crop1"]) == [0]
+    first_coarse = ensemble(EnsembleConfig(members=(a, b), weights=(1, 0)), tmp_path / "w.zarr").store
+    first_fine = ensemble(EnsembleConfig(members=(b, a), weights=(1, 0)), tmp_path / "v.zarr").store
+    assert tta_members(first_coarse, [a, b], ["crop1"]) == [0, 1]
+    assert tta_members(first_fine, [b, a], ["crop1"]) == [0]
 
 
 def test_pngs_are_written(report_dir):

@@ -14,9 +14,11 @@ here (docs/scoring.md, "Adding an era"). What an era decides:
   makes a decision (`worst_case`, `combine_decision`: the *decision mode*, docs/scoring.md);
 - its title and the columns of its tables.
 
-Everything outside this package names an era by its string (`"2025"`, `"2026"`, `Era`) and asks
-`get_era(name)` for its rules; which labels take the instance branch is the same official rule in
-every era (`cellseg.eval.rules.is_scored_as_instance`).
+Everything outside this package names an era by its string (`Era`) and asks `get_era(name)` for its rules, and
+takes the names it offers (command-line choices, config checks, the eras a report scores) from `registry()`;
+which labels take the instance branch is the same official rule in every era
+(`cellseg.eval.rules.is_scored_as_instance`). The era that commands and configs default to is
+`cellseg.config.fields.DEFAULT_ERA`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from cellseg.data.crops import CURRENT_TEST_VERSION
 from cellseg.eval.aggregate import CropScores
 from cellseg.eval.semantic import confusion
 
@@ -55,6 +58,9 @@ class ScoringEra(abc.ABC):
         class_columns: per kind ("instance", "semantic"), the class-score keys a table shows.
         crop_columns: per kind, the per-crop keys a table shows.
         skip_statuses: per-crop `status` values its combining leaves out (the crop counts for nothing).
+        test_manifest: the version of the packaged test crop manifest its leaderboard scores
+            (`cellseg.data.crops.TEST_MANIFESTS`; default the current one): what `cellseg submit --metric`
+            writes a submission for.
 
     Example:
         >>> era = get_era("2026")
@@ -69,6 +75,7 @@ class ScoringEra(abc.ABC):
     class_columns: ClassVar[Mapping[str, tuple[str, ...]]]
     crop_columns: ClassVar[Mapping[str, tuple[str, ...]]]
     skip_statuses: ClassVar[frozenset[str]] = frozenset()
+    test_manifest: ClassVar[str] = CURRENT_TEST_VERSION
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -33,6 +33,7 @@ class Era2025(ScoringEra):
     title = "2025 challenge-era metric"
     repairs_layout = False
     copy_length_bug = True
+    test_manifest = "2025"  # the 420-row manifest the challenge was scored on (`cellseg.data.crops.TEST_MANIFESTS`)
     class_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {"instance": INSTANCE_KEYS,
                                                               "semantic": ("iou", "dice_score")}
     crop_columns = class_columns
