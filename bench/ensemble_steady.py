@@ -11,11 +11,11 @@ parameters; CUDA when present), each timed; with `--members 1` the one store is 
 grid over the crop's box, every label of crop `--crop` (as `cellseg submit`), and the zip validated with its
 data checks (as `cellseg validate-submission`), each timed: seconds per submitted voxel on arrays the size of
 the real 2-4 nm crops' (512³ at 4 nm), with objects as many and as compressible as the segmentation's. Writes
-`--out` (JSON) for `python -m bench.test_set --rates`.
+`--out` (JSON) for `python -m bench.studies.test_set --rates`.
 
-Usage (GPU host):  PYTHONPATH=. python bench/ensemble_steady.py --out OUT/ensemble_steady.json
-Smoke (CPU):       PYTHONPATH=. python bench/ensemble_steady.py --shape 48 --members 2 --out /tmp/es.json
-Fused ensemble:    PYTHONPATH=. python bench/ensemble_steady.py --members 1 --out OUT/ensemble_steady_1member.json
+Usage (GPU host):  python -m bench.ensemble_steady --out OUT/ensemble_steady.json
+Smoke (CPU):       python -m bench.ensemble_steady --shape 48 --members 2 --out /tmp/es.json
+Fused ensemble:    python -m bench.ensemble_steady --members 1 --out OUT/ensemble_steady_h200.json
 """
 
 from __future__ import annotations
@@ -33,15 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
-
 # Only light modules at the top: the process pools of submit and validate spawn workers that import this file
 # again, and cellseg.infer.predict (torch, MONAI) would cost each of them seconds.
-from cellseg.classes import is_instance  # noqa: E402
-from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
-from cellseg.data.grid import Grid  # noqa: E402
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
+from cellseg.classes import is_instance
+from cellseg.data.crops import Catalog, Crop, Geometry
+from cellseg.data.grid import Grid
+from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+
+REPO = Path(__file__).resolve().parents[1]
 
 VOXEL_NM = 8.0
 BLOB_VOX = 16  # correlation length of the random fields (voxels)

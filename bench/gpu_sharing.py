@@ -3,10 +3,10 @@
     python -m bench.gpu_sharing --out OUT [--jobs unet_3d:2,resnet_3d:2,unet_2d,swin_2d] [--seconds 40]
     python -m bench.gpu_sharing --quick --out /tmp/gs   # CPU, tiny models, time-sliced only (checks the script)
 
-The quality benchmark trains four jobs on each GPU at once (bench/quality). Here the same mix trains in memory
+The quality benchmark trains four jobs on each GPU at once (bench/studies/quality). Here the same mix trains in memory
 (random batches already on the GPU, cellseg's step: bf16 autocast, channels-last, compiled, fused AdamW, the
 masked BCE + Dice loss; `bench/train_step.py`), each job in its own process, first time-sliced, then as clients of
-an MPS daemon (`bench/quality/mps.py`). Every process compiles and warms up, then all start together and count
+an MPS daemon (`bench/studies/quality/mps.py`). Every process compiles and warms up, then all start together and count
 their steps for `--seconds`. Per job: samples/s in each mode and their ratio; overall: the mean ratio (each job's
 share of the GPU weighs the same). A job is NAME or NAME:BATCH (default batch: the experiment config's).
 Writes OUT/gpu_sharing.json and OUT/gpu_sharing.md.
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from bench.quality.mps import mps_daemon
+    from bench.studies.quality.mps import mps_daemon
 
     jobs = parse_jobs(args.jobs)
     doc = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "seconds": args.seconds,

@@ -17,8 +17,8 @@ one untimed warm-up pass per setting (cuDNN autotuning). A row "ours tta1 ov0.25
 overlap, to tell the engine from the overlap. 2D models predict slice by slice across z in both. Failures (e.g. out of memory) are recorded,
 not fatal. Writes ``--out`` (JSON) and prints a markdown table.
 
-Usage (GPU):  PYTHONPATH=. python bench/inference.py --out bench/out/inference.json
-Smoke (CPU):  PYTHONPATH=. python bench/inference.py --models unet_3d --preset tiny --size 64 --device cpu
+Usage (GPU):  python -m bench.inference --out bench/out/inference.json
+Smoke (CPU):  python -m bench.inference --models unet_3d --preset tiny --size 64 --device cpu
 """
 
 from __future__ import annotations
@@ -36,17 +36,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from cellseg import runtime
+from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.grid import Grid
+from cellseg.data.write import write_multiscale
+from cellseg.infer import tta
+from cellseg.infer.engine import predict_volume
+from cellseg.models import build_model, list_models
+from cellseg.runtime.compile import CompiledModel
 
-from cellseg import runtime  # noqa: E402
-from cellseg.data.arrays import MultiscaleImage  # noqa: E402
-from cellseg.data.grid import Grid  # noqa: E402
-from cellseg.data.write import write_multiscale  # noqa: E402
-from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import predict_volume  # noqa: E402
-from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.runtime.compile import CompiledModel  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 VOXEL_SIZE_NM = (8.0, 8.0, 8.0)
 MONAI_OVERLAP = 0.25  # MONAI's default, as the baseline is specified

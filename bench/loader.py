@@ -1,8 +1,8 @@
 """Training-loader throughput: patches/s and MB/s vs workers, 3D 128³ and 2D 256², with and without
 augmentation, peak and growth of host RSS — optionally side by side with cellmap-data on the same data.
 
-    python bench/loader.py --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
-    python bench/loader.py --root DATA --out OUT --resident off,host[,gpu]   # streaming vs resident data
+    python -m bench.loader --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
+    python -m bench.loader --root DATA --out OUT --resident off,host[,gpu]   # streaming vs resident data
 
 `--resident` compares the streaming loader (`off`: DataLoader workers read zarr) with resident data
 (`cellseg.data.resident`: the crops read once into host or GPU memory, batches cut from them in the main

@@ -13,8 +13,8 @@ train), and ``OUT/models.json`` + ``OUT/models.md`` are rewritten after each pha
 short by ``--time-budget-s`` still leaves the most important numbers. Eager mode only unless
 ``--compile`` (compiling costs ~20-110 s per graph, see performance.md §7.4).
 
-Usage (GPU):  PYTHONPATH=. python bench/models.py --out bench/out
-Smoke (CPU):  PYTHONPATH=. python bench/models.py --quick --out /tmp/bench
+Usage (GPU):  python -m bench.models --out bench/out
+Smoke (CPU):  python -m bench.models --quick --out /tmp/bench
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from cellseg.models import build_model, list_models
+from cellseg.models.summary import count_flops
 
-from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.models.summary import count_flops  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = {  # name -> (bf16 autocast, channels-last); the first is how we train
     "bf16-cl": (True, True),

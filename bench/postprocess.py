@@ -1,8 +1,8 @@
 """Benchmark: instance post-processing of one probability volume, our GPU and CPU paths vs the textbook
 scipy/scikit-image pipeline.
 
-    .venv/bin/python bench/postprocess.py --size 128 --out OUT/postprocess_cpu128   # 2-core box
-    python bench/postprocess.py --size 512 --repeat 1 --no-torch-cpu --out bench/results/postprocess_h200_512  # a GPU
+    .venv/bin/python -m bench.postprocess --size 128 --out OUT/postprocess_cpu128   # 2-core box
+    python -m bench.postprocess --size 512 --repeat 1 --no-torch-cpu --out bench/results/postprocess_h200_512  # a GPU
 
 The volume (`--size`³ voxels at `--voxel-nm` nm) holds ~3000 × (size/512)³ touching ellipsoids (radii
 `--radius` voxels, 70 % of them placed against an earlier one, touching voxels assigned to the nearer

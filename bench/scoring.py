@@ -1,7 +1,7 @@
 """Benchmark: scoring one test-sized crop with all 48 labels, both eras, against a straightforward reference.
 
-    .venv/bin/python bench/scoring.py                 # 600³ crop at 4 nm (a few minutes on 2 cores)
-    .venv/bin/python bench/scoring.py --size 200      # quick run
+    .venv/bin/python -m bench.scoring                 # 600³ crop at 4 nm (a few minutes on 2 cores)
+    .venv/bin/python -m bench.scoring --size 200      # quick run
 
 A synthetic crop (`--size`³ voxels at 4 nm, 10 instance classes with ~200 objects each, 38 semantic
 classes) and an imperfect submission (objects shifted, some dropped, false positives added) are
@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 VOXEL_NM = 4.0
 OBJECTS = 200
@@ -149,9 +148,9 @@ def time_ours(submission: Path, truth: Path, era: str, workers: int):
 
 
 def time_reference(submission: Path, truth: Path, era: str):
-    import reference_scoring as ref
     import zarr
 
+    from bench import reference_scoring as ref
     from cellseg.eval.rules import is_scored_as_instance
 
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """Training as users run it vs the same step on a batch already on the GPU, per architecture.
 
-    python bench/train_e2e.py --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
+    python -m bench.train_e2e --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
                               [--gpus 1,2] [--cores-per-gpu 16] [key=value ...]
 
 For each architecture, in a process of its own (a fresh compile, a fresh CUDA context), the trainer is built
@@ -230,7 +230,7 @@ def _child(args: argparse.Namespace, name: str, gpus: int, cache: Path, out: Pat
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the cache under test is $CELLSEG_CACHE/inductor
     launch = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                  f"--nproc-per-node={gpus}"]
-    command = [*launch, str(Path(__file__).resolve()), "--one", name, "--root", str(args.root), "--out", str(out),
+    command = [*launch, "-m", "bench.train_e2e", "--one", name, "--root", str(args.root), "--out", str(out),
                "--run-dir", str(out.with_suffix(".run")), "--steps", str(args.steps), "--warmup", str(args.warmup),
                *(["--quick"] if args.quick else []), *args.overrides]
     cores = None

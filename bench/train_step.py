@@ -1,6 +1,6 @@
 """Training-step speed of the eight architectures: a stock fp32 eager loop vs cellseg's trainer settings.
 
-    python bench/train_step.py --out OUT [--names unet_3d,...] [--steps 10] [--compile auto|on|off]
+    python -m bench.train_step --out OUT [--names unet_3d,...] [--steps 10] [--compile auto|on|off]
 
 For each architecture at its experiment preset (configs/experiments/<name>.yaml: batch, patch):
 - `stock`: fp32 (TF32 off), eager, contiguous layout, `torch.optim.AdamW` (not fused), plain BCE — what a

@@ -1,8 +1,8 @@
 """One validation of a run, decoded and scored in the training process (`val.workers: 0`) or in a pool of worker
 processes (`cellseg.train.valpool`), alternating on warm pools; the scores must be identical.
 
-    PYTHONPATH=. python bench/validation_workers.py --root SMALL --out OUT/validation_workers_cpu --workers 2
-    PYTHONPATH=. python bench/validation_workers.py --root TINY --out /tmp/vw --rounds 1   # the test's run
+    python -m bench.validation_workers --root SMALL --out OUT/validation_workers_cpu --workers 2
+    python -m bench.validation_workers --root TINY --out /tmp/vw --rounds 1   # the test's run
 
 SMALL: a `cellseg synth --preset small` root. The model is `configs/smoke/unet_3d.yaml`, untrained (seeded), on
 the CPU, predicting every validation crop of the root (tuning and report crops) with the 48 scored classes: the
