@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.record import record_stem
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -210,7 +212,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="output path without extension (OUT.json, OUT.md)")
+    parser.add_argument("--out", help="output path without extension (OUT.json, OUT.md; default: bench/results/decode_cost_cpu)")
     parser.add_argument("--size", type=int, default=128, help="model-grid voxels per axis (default 128)")
     parser.add_argument("--factor", type=int, default=4, help="target voxels per model voxel and axis (default 4)")
     parser.add_argument("--classes", type=int, default=4, help="classes of the whole-path store, ≤ 8 (default 4)")
@@ -234,7 +236,7 @@ def main() -> None:
            "machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()})",
            "python": platform.python_version(), "numpy": np.__version__, "load_average": os.getloadavg(),
            "date": datetime.date.today().isoformat()}
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_stem("decode_cost", cpu=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.record import record_stem
+
 # Only light modules at the top: the process pools of submit and validate spawn workers that import this file
 # again, and cellseg.infer.predict (torch, MONAI) would cost each of them seconds.
 from cellseg.classes import is_instance
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="voxel size (nm) of the submission probe over the crop's box (default 4: 512³ arrays "
                              "from a 256³ crop at 8 nm)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="post-processing device")
-    parser.add_argument("--out", type=Path, required=True, help="JSON output")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/ensemble_steady_<hardware>.json)")
     args = parser.parse_args(argv)
 
     from cellseg.infer.ensemble import ensemble
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         record.update(submit_and_validate(work, crop, args.shape, args.submit_nm))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    args.out = args.out or record_stem("ensemble_steady").with_suffix(".json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(record, indent=1))

@@ -42,6 +42,7 @@ import torch
 
 from bench.inference import default_out_channels, write_volume
 from bench.models import load_preset, measure_matmul_peak
+from bench.record import record_stem
 from cellseg import runtime
 from cellseg.infer import tta
 from cellseg.infer.engine import predict_volume
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU and CUDA time of one engine run (torch.profiler): top ops of each")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny presets, batch 2 (CPU smoke run)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "forward_probe.json")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/forward_probe_<hardware>.json)")
     return parser.parse_args(argv)
 
 
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         print(f"probing {name} ...", flush=True)
         report["rows"].append(probe_model(name, args, device, outputs, peak))
+        args.out = args.out or record_stem("forward_probe").with_suffix(".json")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
         print(json.dumps({k: v for k, v in report["rows"][-1].items() if k != "profile"}), flush=True)

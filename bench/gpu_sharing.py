@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.record import record_paths
+
 READY_TIMEOUT_S = 600.0  # compilation of four models at once on a shared host
 REPO = Path(__file__).resolve().parents[1]  # the jobs import `bench` from here, whatever the working directory
 
@@ -122,7 +124,7 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python -m bench.gpu_sharing", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="folder for gpu_sharing.json and .md (default: bench/results/gpu_sharing_<hardware>.*)")
     p.add_argument("--jobs", default="unet_3d:2,resnet_3d:2,unet_2d,swin_2d",
                    help="NAME[:BATCH],... trained at once (default: the quality benchmark's first wave)")
     p.add_argument("--seconds", type=float, default=40.0, help="steps counted for this long in each mode")
@@ -153,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [b["samples_per_s"] / a["samples_per_s"]
                   for a, b in zip(doc["modes"]["time-sliced"], doc["modes"]["MPS"], strict=True)]
         doc["mean_ratio"] = math.fsum(ratios) / len(ratios)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_sharing.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "gpu_sharing.md").write_text(markdown(doc))
+    json_path, md_path = record_paths(args.out, "gpu_sharing")
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    md_path.write_text(markdown(doc))
     print(markdown(doc))
     return 0
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.record import record_stem
 from cellseg import runtime
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
@@ -80,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also measure ours with the model compiled (TTA 1 and 8; as `cellseg predict` on CUDA)")
     parser.add_argument("--keep", type=int, nargs="*", default=[], metavar="K",
                         help="with --compile: also TTA 8 keeping only K output channels (a test crop's scored set)")
-    parser.add_argument("--out", type=Path, default=Path("bench/out/inference.json"), help="JSON output")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/inference_<hardware>.json)")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="combine the rows of earlier runs (e.g. one per model, each under its own timeout) "
                              "into --out and print the table; nothing is measured")
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write JSON, print the table."""
     args = parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out)
+        return merge(args.merge, args.out or record_stem("inference").with_suffix(".json"))
+    args.out = args.out or record_stem("inference").with_suffix(".json")
     use_cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     device = torch.device("cuda" if use_cuda else "cpu")
     names = args.models.split(",") if args.models else list_models()

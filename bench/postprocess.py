@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
+from bench.record import record_stem
 from cellseg.data.targets import touching
 from cellseg.postprocess.gpu import segment_instances_torch, to_numpy_ids
 from cellseg.postprocess.instances import segment_instances
@@ -239,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA path even when present")
     parser.add_argument("--no-torch-cpu", action="store_true", help="skip the torch path on CPU tensors (slow)")
-    parser.add_argument("--out", default="bench/results/postprocess", help="writes OUT.json and OUT.md")
+    parser.add_argument("--out", help="writes OUT.json and OUT.md (default: bench/results/postprocess_<hardware>)")
     args = parser.parse_args(argv)
     results = run(args)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_stem("postprocess")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results))

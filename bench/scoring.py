@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from bench.record import record_paths
 
 VOXEL_NM = 4.0
 OBJECTS = 200
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     parser.add_argument("--naive-sizes", type=int, nargs=2, default=(64, 100),
                         help="two crop edges at which the reference is timed (default 64 100)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(HERE / "results"), help="folder for scoring.json / scoring.md")
+    parser.add_argument("--out", help="folder for scoring.json / scoring.md (default: bench/results/scoring_cpu.*)")
     args = parser.parse_args(argv)
     results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
                "size": args.size, "naive_sizes": list(args.naive_sizes), "workers": args.workers, "labels": 48,
@@ -214,11 +214,10 @@ def main(argv=None) -> int:
                 "reference_seconds_extrapolated": extrapolated, "speedup_extrapolated": extrapolated / seconds,
             }
             print(era, json.dumps(results["eras"][era], indent=1), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scoring.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "scoring.md").write_text(markdown(results))
-    print((out / "scoring.md").read_text())
+    json_path, md_path = record_paths(args.out, "scoring", cpu=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path.write_text(markdown(results))
+    print(md_path.read_text())
     return 0
 
 
