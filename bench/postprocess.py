@@ -2,7 +2,7 @@
 scipy/scikit-image pipeline.
 
     .venv/bin/python -m bench.postprocess --size 128 --out OUT/postprocess_cpu128   # 2-core box
-    python -m bench.postprocess --size 512 --repeat 1 --no-torch-cpu --out bench/results/postprocess_h200_512  # a GPU
+    python -m bench.postprocess --size 512 --repeat 1 --no-torch-cpu   # a GPU: writes bench/results/postprocess_<hardware>
 
 The volume (`--size`³ voxels at `--voxel-nm` nm) holds ~3000 × (size/512)³ touching ellipsoids (radii
 `--radius` voxels, 70 % of them placed against an earlier one, touching voxels assigned to the nearer

@@ -23,7 +23,7 @@ start=$SECONDS
   timeout 170 taskset -c 16-31 python3 -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/pytest_gpu.log" 2>&1
   left=$(( BUDGET_S - 10 - (SECONDS - start) ))
   timeout "$left" taskset -c 16-31 python3 -m bench.postprocess --size 512 --repeat 1 --no-torch-cpu \
-    --out "$OUT/postprocess_h200_512" > "$OUT/postprocess.log" 2>&1
+    --out "$OUT/postprocess_h200" > "$OUT/postprocess.log" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=2

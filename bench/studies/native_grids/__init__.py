@@ -1,7 +1,7 @@
 """Benchmark: decisions and decoding on the model's 8 nm grid vs on each crop's annotation grid
 ("native"), per crop voxel size, in both eras, with crop-bootstrap intervals.
 
-    python -m bench.studies.native_grids --seed 23,29,31,37,41 --out OUT/native_grids_small  # ~35 min, 2 CPU cores
+    python -m bench.studies.native_grids --seed 23,29,31,37,41 --out OUT/native_grids_cpu  # ~35 min, 2 CPU cores
     python -m bench.studies.native_grids --quick --out /tmp/ng                      # under a minute: the test's run
 
 Steps (what `scripts/demo.sh` does, through the library):

@@ -1,6 +1,6 @@
 """Why annotation-grid decoding can lose 2026 instance score: objects that fall apart into pieces.
 
-    python -m bench.studies.native_grids.fragments --out OUT/native_fragments   # ~1 minute, one CPU core
+    python -m bench.studies.native_grids.fragments --out OUT/native_fragments_cpu   # ~1 minute, one CPU core
     python -m bench.studies.native_grids.fragments --size 32 --seeds 0 --noise 0.1 --out /tmp/f  # the test's
 
 The 2026 evaluator relabels a prediction by 26-connected components of equal ids (`cellseg.eval.relabel`), so
