@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.record import record_stem
+
 EDGE_VOX = 96  # target grid edge (4 nm voxels): 384 nm, room for about 50 spheres
 RADIUS_VOX = (2.5, 7.0)  # sphere radii in 4 nm voxels: 10-28 nm, vesicle-like
 SPHERE_TRIES = 60  # spheres drawn per crop; those overlapping an earlier one are skipped
@@ -136,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = (__doc__ or "").split("\n\n")
     p = argparse.ArgumentParser(prog="python -m bench.studies.native_grids.fragments", description=doc[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    p.add_argument("--out", type=Path, help="writes OUT.json and OUT.md (default: bench/results/native_fragments_cpu)")
     p.add_argument("--seeds", default="0,1,2,3,4,5", help="comma-separated crop seeds (default 0-5)")
     p.add_argument("--noise", default="0.05,0.15", help="comma-separated noise levels (default 0.05,0.15)")
     p.add_argument("--size", type=int, default=EDGE_VOX, help=f"crop edge in 4 nm voxels, even (default {EDGE_VOX})")
@@ -155,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc_json = {"benchmark": "bench/studies/native_grids/fragments.py", "size_vox": args.size, "voxel_size_nm": [4, 4, 4],
                 "source_voxel_size_nm": [8, 8, 8], "rows": rows,
                 "seconds": round(time.perf_counter() - start, 1), "date": time.strftime("%Y-%m-%d")}
+    args.out = args.out or record_stem("native_fragments", cpu=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc_json, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(
