@@ -1,10 +1,10 @@
 """DDP scaling and MFU of the trainer's step on one host, with in-memory input (what the GPUs alone can do).
 
-    torchrun --nproc-per-node N bench/ddp_scaling.py --out OUT [--model unet_3d] [--batch 8] [--channels 48]
-    python bench/ddp_scaling.py --out OUT --batch 16 --compile-mode reduce-overhead --tag b16_ro   # one GPU
-    python bench/ddp_scaling.py --out OUT --preset tiny --device cpu --profile    # CPU check of the script
-    python bench/ddp_scaling.py --summarize OUT        # efficiency table from the runs of 1, 2, 4 GPUs
-    python bench/ddp_scaling.py --mfu-report RUNS --out OUT   # OUT/mfu.md + mfu.json (bench/gpu/mfu.sh)
+    torchrun --nproc-per-node N -m bench.ddp_scaling --out OUT [--model unet_3d] [--batch 8] [--channels 48]
+    python -m bench.ddp_scaling --out OUT --batch 16 --compile-mode reduce-overhead --tag b16_ro   # one GPU
+    python -m bench.ddp_scaling --out OUT --preset tiny --device cpu --profile    # CPU check of the script
+    python -m bench.ddp_scaling --summarize OUT        # efficiency table from the runs of 1, 2, 4 GPUs
+    python -m bench.ddp_scaling --mfu-report RUNS --out OUT   # OUT/mfu.md + mfu.json (bench/gpu/mfu.sh)
 
 Every rank runs the trainer's settings on its own random batch (per-GPU batch `--batch`): bf16 autocast,
 TF32, channels-last, `torch.compile` with static shapes before the DDP wrap (through

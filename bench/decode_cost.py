@@ -1,8 +1,8 @@
 """Benchmark: what decoding on the annotation grid costs (`cellseg.postprocess.native`), and its projection to
 the real test set.
 
-    PYTHONPATH=. python bench/decode_cost.py --out OUT/decode_cost_cpu          # ~2 minutes on 2 cores
-    PYTHONPATH=. python bench/decode_cost.py --size 32 --repeat 1 --out /tmp/dc  # smoke run, seconds
+    python -m bench.decode_cost --out OUT/decode_cost_cpu          # ~2 minutes on 2 cores
+    python -m bench.decode_cost --size 32 --repeat 1 --out /tmp/dc  # smoke run, seconds
 
 Measured, on one `--size`³ crop at 8 nm refined onto a `--factor`× finer grid (2 nm from 8 nm by default,
 offset by half a fine voxel as real crops are):
@@ -19,7 +19,7 @@ offset by half a fine voxel as real crops are):
    predict --channels scored` writes them): every (crop, label) whose annotation grid is finer than the model's
    (max(8 nm, the crop's voxel size) per axis) pays the extra; on the GPU host it is priced as a multiple of the
    measured submit cost (ratio of 2. on this machine × `--submit-rate`, the H200 host's seconds per submitted
-   voxel in `bench/results/ensemble_steady_h200_1member.json`), and the decoder's own CPU seconds from 1. over
+   voxel in `bench/results/ensemble_steady_h200.json`), and the decoder's own CPU seconds from 1. over
    `--host-threads` threads.
 JSON goes to `OUT.json`, a Markdown table to `OUT.md`.
 """
@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,11 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from bench.record import record_stem
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+
 
 MODEL_NM = 8.0
-H200_SUBMIT_SECONDS_PER_VOXEL = 1.3567877449095238e-09  # ensemble_steady_h200_1member.json
+H200_SUBMIT_SECONDS_PER_VOXEL = 1.3567877449095238e-09  # ensemble_steady_h200.json
 CURRENT_PROJECTION_MINUTES = 55.2  # docs/benchmarks.md, test_set_h200.md
 GOAL_MINUTES = 60.0
 
@@ -211,7 +212,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="output path without extension (OUT.json, OUT.md)")
+    parser.add_argument("--out", help="output path without extension (OUT.json, OUT.md; default: bench/results/decode_cost_cpu)")
     parser.add_argument("--size", type=int, default=128, help="model-grid voxels per axis (default 128)")
     parser.add_argument("--factor", type=int, default=4, help="target voxels per model voxel and axis (default 4)")
     parser.add_argument("--classes", type=int, default=4, help="classes of the whole-path store, ≤ 8 (default 4)")
@@ -235,7 +236,7 @@ def main() -> None:
            "machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or platform.machine()})",
            "python": platform.python_version(), "numpy": np.__version__, "load_average": os.getloadavg(),
            "date": datetime.date.today().isoformat()}
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_stem("decode_cost", cpu=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))

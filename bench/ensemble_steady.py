@@ -11,11 +11,11 @@ parameters; CUDA when present), each timed; with `--members 1` the one store is 
 grid over the crop's box, every label of crop `--crop` (as `cellseg submit`), and the zip validated with its
 data checks (as `cellseg validate-submission`), each timed: seconds per submitted voxel on arrays the size of
 the real 2-4 nm crops' (512³ at 4 nm), with objects as many and as compressible as the segmentation's. Writes
-`--out` (JSON) for `python -m bench.test_set --rates`.
+`--out` (JSON) for `python -m bench.studies.test_set --rates`.
 
-Usage (GPU host):  PYTHONPATH=. python bench/ensemble_steady.py --out OUT/ensemble_steady.json
-Smoke (CPU):       PYTHONPATH=. python bench/ensemble_steady.py --shape 48 --members 2 --out /tmp/es.json
-Fused ensemble:    PYTHONPATH=. python bench/ensemble_steady.py --members 1 --out OUT/ensemble_steady_1member.json
+Usage (GPU host):  python -m bench.ensemble_steady --out OUT/ensemble_steady.json
+Smoke (CPU):       python -m bench.ensemble_steady --shape 48 --members 2 --out /tmp/es.json
+Fused ensemble:    python -m bench.ensemble_steady --members 1 --out OUT/ensemble_steady_h200.json
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from bench.record import record_stem
 
 # Only light modules at the top: the process pools of submit and validate spawn workers that import this file
 # again, and cellseg.infer.predict (torch, MONAI) would cost each of them seconds.
-from cellseg.classes import is_instance  # noqa: E402
-from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
-from cellseg.data.grid import Grid  # noqa: E402
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
+from cellseg.classes import is_instance
+from cellseg.data.crops import Catalog, Crop, Geometry
+from cellseg.data.grid import Grid
+from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+
+REPO = Path(__file__).resolve().parents[1]
 
 VOXEL_NM = 8.0
 BLOB_VOX = 16  # correlation length of the random fields (voxels)
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="voxel size (nm) of the submission probe over the crop's box (default 4: 512³ arrays "
                              "from a 256³ crop at 8 nm)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="post-processing device")
-    parser.add_argument("--out", type=Path, required=True, help="JSON output")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/ensemble_steady_<hardware>.json)")
     args = parser.parse_args(argv)
 
     from cellseg.config.inference import EnsembleConfig
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         record.update(submit_and_validate(work, crop, args.shape, args.submit_nm))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    args.out = args.out or record_stem("ensemble_steady").with_suffix(".json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(record, indent=1))

@@ -1,6 +1,6 @@
 """SIGTERM to the whole process group of `cellseg train` at random moments: every run must stay resumable.
 
-    python bench/faults_sigterm.py --out OUT [--root DATA] [--trials 20] [--steps 10] [--workers 2] [--seed 0]
+    python -m bench.faults_sigterm --out OUT [--root DATA] [--trials 20] [--steps 10] [--workers 2] [--seed 0]
 
 SLURM and `timeout` signal the whole process group, DataLoader workers included. Each trial starts a tiny CPU
 training (configs/smoke/unet_3d.yaml, `--steps` steps, a checkpoint every 3 steps, `--workers` spawned loader

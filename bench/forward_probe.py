@@ -22,8 +22,8 @@ full challenge output channels of which ``--keep`` are kept), in bf16 autocast, 
 Times are milliseconds per tile (one forward of one tile), median of ``--repeats`` timed calls after warm-up,
 with TFLOP/s and MFU against a measured bf16 matmul peak. Writes ``--out`` (JSON) and prints a markdown table.
 
-Usage (GPU):  PYTHONPATH=. python bench/forward_probe.py --models vit_2d swin_3d --out bench/out/probe.json
-Smoke (CPU):  PYTHONPATH=. python bench/forward_probe.py --models unet_3d --quick --device cpu
+Usage (GPU):  python -m bench.forward_probe --models vit_2d swin_3d --out bench/out/probe.json
+Smoke (CPU):  python -m bench.forward_probe --models unet_3d --quick --device cpu
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,17 +40,17 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.inference import default_out_channels, write_volume
+from bench.models import load_preset, measure_matmul_peak
+from bench.record import record_stem
+from cellseg import runtime
+from cellseg.infer import tta
+from cellseg.infer.engine import Window, predict_volume
+from cellseg.models import build_model, list_models
+from cellseg.models.summary import count_flops
+from cellseg.runtime.compile import CompiledModel, compile_backend
 
-from bench.inference import default_out_channels, write_volume  # noqa: E402
-from bench.models import load_preset, measure_matmul_peak  # noqa: E402
-from cellseg import runtime  # noqa: E402
-from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import Window, predict_volume  # noqa: E402
-from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.models.summary import count_flops  # noqa: E402
-from cellseg.runtime.compile import CompiledModel, compile_backend  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ENGINE_OVERLAP = 0.25  # the test-set projection's policy (`cellseg predict --overlap 0.25`)
 KERNEL_KINDS = {  # substring of a CUDA kernel name -> kind (first match wins)
@@ -76,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU and CUDA time of one engine run (torch.profiler): top ops of each")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="tiny presets, batch 2 (CPU smoke run)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "forward_probe.json")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/forward_probe_<hardware>.json)")
     return parser.parse_args(argv)
 
 
@@ -219,7 +218,7 @@ def engine(model: torch.nn.Module, args: argparse.Namespace, device: torch.devic
     with tempfile.TemporaryDirectory() as tmp:
         size = args.box
         em, _, grid = write_volume(Path(tmp), size)
-        if spec.spatial_dims == 2:  # 32 slices of box²: the 2D steady-state probe of bench.test_set
+        if spec.spatial_dims == 2:  # 32 slices of box²: the 2D steady-state probe of bench.studies.test_set
             grid = Grid(translation_nm=grid.translation_nm, shape_vox=(32, size, size), voxel_size_nm=grid.voxel_size_nm)
         tiles = [0]
         from cellseg.infer.engine import tta_fold
@@ -295,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         print(f"probing {name} ...", flush=True)
         report["rows"].append(probe_model(name, args, device, outputs, peak))
+        args.out = args.out or record_stem("forward_probe").with_suffix(".json")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
         print(json.dumps({k: v for k, v in report["rows"][-1].items() if k != "profile"}), flush=True)

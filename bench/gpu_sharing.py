@@ -3,10 +3,10 @@
     python -m bench.gpu_sharing --out OUT [--jobs unet_3d:2,resnet_3d:2,unet_2d,swin_2d] [--seconds 40]
     python -m bench.gpu_sharing --quick --out /tmp/gs   # CPU, tiny models, time-sliced only (checks the script)
 
-The quality benchmark trains four jobs on each GPU at once (bench/quality). Here the same mix trains in memory
+The quality benchmark trains four jobs on each GPU at once (bench/studies/quality). Here the same mix trains in memory
 (random batches already on the GPU, cellseg's step: bf16 autocast, channels-last, compiled, fused AdamW, the
 masked BCE + Dice loss; `bench/train_step.py`), each job in its own process, first time-sliced, then as clients of
-an MPS daemon (`bench/quality/mps.py`). Every process compiles and warms up, then all start together and count
+an MPS daemon (`bench/studies/quality/mps.py`). Every process compiles and warms up, then all start together and count
 their steps for `--seconds`. Per job: samples/s in each mode and their ratio; overall: the mean ratio (each job's
 share of the GPU weighs the same). A job is NAME or NAME:BATCH (default batch: the experiment config's).
 Writes OUT/gpu_sharing.json and OUT/gpu_sharing.md.
@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.record import record_paths
 
 READY_TIMEOUT_S = 600.0  # compilation of four models at once on a shared host
 REPO = Path(__file__).resolve().parents[1]  # the jobs import `bench` from here, whatever the working directory
@@ -122,7 +124,7 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(prog="python -m bench.gpu_sharing", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="folder for gpu_sharing.json and .md (default: bench/results/gpu_sharing_<hardware>.*)")
     p.add_argument("--jobs", default="unet_3d:2,resnet_3d:2,unet_2d,swin_2d",
                    help="NAME[:BATCH],... trained at once (default: the quality benchmark's first wave)")
     p.add_argument("--seconds", type=float, default=40.0, help="steps counted for this long in each mode")
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from bench.quality.mps import mps_daemon
+    from bench.studies.quality.mps import mps_daemon
 
     jobs = parse_jobs(args.jobs)
     doc = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "seconds": args.seconds,
@@ -153,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [b["samples_per_s"] / a["samples_per_s"]
                   for a, b in zip(doc["modes"]["time-sliced"], doc["modes"]["MPS"], strict=True)]
         doc["mean_ratio"] = math.fsum(ratios) / len(ratios)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_sharing.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "gpu_sharing.md").write_text(markdown(doc))
+    json_path, md_path = record_paths(args.out, "gpu_sharing")
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    md_path.write_text(markdown(doc))
     print(markdown(doc))
     return 0
 

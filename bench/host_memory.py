@@ -1,9 +1,9 @@
 """Host memory of a training job over a long run: does the resident set of the job (loader workers included) stay
 flat, or does it grow with the steps?
 
-    python bench/host_memory.py --root DATA_ROOT --out OUT [--config configs/demo/unet_2d.yaml] [--minutes 30]
+    python -m bench.host_memory --root DATA_ROOT --out OUT [--config configs/demo/unet_2d.yaml] [--minutes 30]
                                 [--every 15] [key=value ...]
-    python bench/host_memory.py --quick --out /tmp/hm          # seconds: tiny synthetic root, smoke model
+    python -m bench.host_memory --quick --out /tmp/hm          # seconds: tiny synthetic root, smoke model
 
 `cellseg train CONFIG` runs in a process of its own for `--minutes` of its training clock
 (`train.time_budget_min`, so set-up is not charged; `train.max_steps` is lifted), with `key=value` overrides
@@ -45,10 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from cellseg.runtime.checkpoint import save_atomic_text
 
-from cellseg.runtime.checkpoint import save_atomic_text  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WARMUP_SHARE = 0.2  # share of the samples treated as warm-up (set-up, first validation)
 FLAT_SHARE = 0.05  # growth under 5 % of the post-warm-up RSS counts as flat

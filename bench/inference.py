@@ -17,8 +17,8 @@ one untimed warm-up pass per setting (cuDNN autotuning). A row "ours tta1 ov0.25
 overlap, to tell the engine from the overlap. 2D models predict slice by slice across z in both. Failures (e.g. out of memory) are recorded,
 not fatal. Writes ``--out`` (JSON) and prints a markdown table.
 
-Usage (GPU):  PYTHONPATH=. python bench/inference.py --out bench/out/inference.json
-Smoke (CPU):  PYTHONPATH=. python bench/inference.py --models unet_3d --preset tiny --size 64 --device cpu
+Usage (GPU):  python -m bench.inference --out bench/out/inference.json
+Smoke (CPU):  python -m bench.inference --models unet_3d --preset tiny --size 64 --device cpu
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from bench.record import record_stem
+from cellseg import runtime
+from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.grid import Grid
+from cellseg.data.write import write_multiscale
+from cellseg.infer import tta
+from cellseg.infer.engine import Window, predict_volume
+from cellseg.models import build_model, list_models
+from cellseg.runtime.compile import CompiledModel
 
-from cellseg import runtime  # noqa: E402
-from cellseg.data.arrays import MultiscaleImage  # noqa: E402
-from cellseg.data.grid import Grid  # noqa: E402
-from cellseg.data.write import write_multiscale  # noqa: E402
-from cellseg.infer import tta  # noqa: E402
-from cellseg.infer.engine import Window, predict_volume  # noqa: E402
-from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.runtime.compile import CompiledModel  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 VOXEL_SIZE_NM = (8.0, 8.0, 8.0)
 MONAI_OVERLAP = 0.25  # MONAI's default, as the baseline is specified
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also measure ours with the model compiled (TTA 1 and 8; as `cellseg predict` on CUDA)")
     parser.add_argument("--keep", type=int, nargs="*", default=[], metavar="K",
                         help="with --compile: also TTA 8 keeping only K output channels (a test crop's scored set)")
-    parser.add_argument("--out", type=Path, default=Path("bench/out/inference.json"), help="JSON output")
+    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/inference_<hardware>.json)")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="combine the rows of earlier runs (e.g. one per model, each under its own timeout) "
                              "into --out and print the table; nothing is measured")
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write JSON, print the table."""
     args = parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.out)
+        return merge(args.merge, args.out or record_stem("inference").with_suffix(".json"))
+    args.out = args.out or record_stem("inference").with_suffix(".json")
     use_cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     device = torch.device("cuda" if use_cuda else "cpu")
     names = args.models.split(",") if args.models else list_models()

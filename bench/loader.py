@@ -1,8 +1,8 @@
 """Training-loader throughput: patches/s and MB/s vs workers, 3D 128³ and 2D 256², with and without
 augmentation, peak and growth of host RSS — optionally side by side with cellmap-data on the same data.
 
-    python bench/loader.py --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
-    python bench/loader.py --root DATA --out OUT --resident off,host[,gpu]   # streaming vs resident data
+    python -m bench.loader --root DATA --out OUT [--workers 0,2,4,8,16] [--seconds 8] [--peer-python PY]
+    python -m bench.loader --root DATA --out OUT --resident off,host[,gpu]   # streaming vs resident data
 
 `--resident` compares the streaming loader (`off`: DataLoader workers read zarr) with resident data
 (`cellseg.data.resident`: the crops read once into host or GPU memory, batches cut from them in the main
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bench.record import record_paths
 from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.loader import build_train_data
 
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="data root (generated with --synth if missing)")
     parser.add_argument("--synth", choices=["tiny", "small", "medium"], help="generate ROOT with this preset first")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="folder for loader.json and .md (default: bench/results/loader_<hardware>.*)")
     parser.add_argument("--workers", default="0,2,4,8,16")
     parser.add_argument("--shapes", default="3d,2d")
     parser.add_argument("--seconds", type=float, default=8.0, help="timed seconds per configuration")
@@ -196,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         from cellseg.synth import generate
 
         generate(args.root, preset=args.synth, seed=0, workers=os.cpu_count() or 1)
-    args.out.mkdir(parents=True, exist_ok=True)
     results = {"date": datetime.date.today().isoformat(), "host": platform.node(), "torch": torch.__version__,
                "cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
                "runs": [], "peer": []}
@@ -229,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def save(out: Path, results: dict) -> None:
-    """Write JSON and markdown (after every configuration, so a cut-short run keeps what it measured)."""
-    (out / "loader.json").write_text(json.dumps(results, indent=2))
-    (out / "loader.md").write_text(markdown(results))
+def save(out: Path | None, results: dict) -> None:
+    """Write JSON and markdown into `out` (default: this hardware's record in bench/results), after every
+    configuration, so a cut-short run keeps what it measured."""
+    json_path, md_path = record_paths(out, "loader")
+    json_path.write_text(json.dumps(results, indent=2))
+    md_path.write_text(markdown(results))
 
 
 if __name__ == "__main__":

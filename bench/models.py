@@ -13,8 +13,8 @@ train), and ``OUT/models.json`` + ``OUT/models.md`` are rewritten after each pha
 short by ``--time-budget-s`` still leaves the most important numbers. Eager mode only unless
 ``--compile`` (compiling took 17-83 s per architecture on one H200, docs/benchmarks.md).
 
-Usage (GPU):  PYTHONPATH=. python bench/models.py --out bench/out
-Smoke (CPU):  PYTHONPATH=. python bench/models.py --quick --out /tmp/bench
+Usage (GPU):  python -m bench.models --out bench/out
+Smoke (CPU):  python -m bench.models --quick --out /tmp/bench
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
+from bench.record import record_paths
+from cellseg.models import build_model, list_models
+from cellseg.models.summary import count_flops
 
-from cellseg.models import build_model, list_models  # noqa: E402
-from cellseg.models.summary import count_flops  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = {  # name -> (bf16 autocast, channels-last); the first is how we train
     "bf16-cl": (True, True),
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see ``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1])
     parser.add_argument(
-        "--out", type=Path, default=Path("bench/out"), help="output folder (default: bench/out)"
+        "--out", type=Path, help="output folder for models.json and .md (default: bench/results/models_<hardware>.*)"
     )
     parser.add_argument("--names", help="comma-separated architectures (default: all registered)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
@@ -286,11 +286,12 @@ def derive(row: dict, setting: str, *, peak_tflops: float) -> None:
     result["mvox_per_s"] = row["batch_size"] * math.prod(row["patch_vox"]) / seconds / 1e6
 
 
-def write_reports(out: Path, env: dict, rows: list[dict]) -> None:
-    """Write ``models.json`` and ``models.md``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "models.json").write_text(json.dumps({"environment": env, "models": rows}, indent=2) + "\n")
-    (out / "models.md").write_text(markdown(env, rows))
+def write_reports(out: Path | None, env: dict, rows: list[dict]) -> tuple[Path, Path]:
+    """Write ``models.json`` and ``models.md`` into `out` (default: this hardware's record in bench/results)."""
+    json_path, md_path = record_paths(out, "models")
+    json_path.write_text(json.dumps({"environment": env, "models": rows}, indent=2) + "\n")
+    md_path.write_text(markdown(env, rows))
+    return json_path, md_path
 
 
 def markdown(env: dict, rows: list[dict]) -> str:
@@ -407,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
             row["fit_search"] = fit_search(
                 row["name"], presets[row["name"]], seed_fits=verdict, args=args, device=device
             )
-    write_reports(args.out, env, rows)
+    json_path, md_path = write_reports(args.out, env, rows)
     print(
-        f"wrote {args.out / 'models.json'} and {args.out / 'models.md'} in {time.monotonic() - started:.0f} s"
+        f"wrote {json_path} and {md_path} in {time.monotonic() - started:.0f} s"
     )
     return 0
 

@@ -1,8 +1,8 @@
 """Benchmark: instance post-processing of one probability volume, our GPU and CPU paths vs the textbook
 scipy/scikit-image pipeline.
 
-    .venv/bin/python bench/postprocess.py --size 128 --out OUT/postprocess_cpu128   # 2-core box
-    python bench/postprocess.py --size 512 --repeat 1 --no-torch-cpu --out bench/results/postprocess_h200_512  # a GPU
+    .venv/bin/python -m bench.postprocess --size 128 --out OUT/postprocess_cpu128   # 2-core box
+    python -m bench.postprocess --size 512 --repeat 1 --no-torch-cpu   # a GPU: writes bench/results/postprocess_<hardware>
 
 The volume (`--size`³ voxels at `--voxel-nm` nm) holds ~3000 × (size/512)³ touching ellipsoids (radii
 `--radius` voxels, 70 % of them placed against an earlier one, touching voxels assigned to the nearer
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from scipy import ndimage as ndi
 
+from bench.record import record_stem
 from cellseg.data.targets import touching
 from cellseg.postprocess.gpu import segment_instances_torch, to_numpy_ids
 from cellseg.postprocess.instances import segment_instances
@@ -239,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA path even when present")
     parser.add_argument("--no-torch-cpu", action="store_true", help="skip the torch path on CPU tensors (slow)")
-    parser.add_argument("--out", default="bench/results/postprocess", help="writes OUT.json and OUT.md")
+    parser.add_argument("--out", help="writes OUT.json and OUT.md (default: bench/results/postprocess_<hardware>)")
     args = parser.parse_args(argv)
     results = run(args)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else record_stem("postprocess")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results))

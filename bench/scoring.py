@@ -1,7 +1,7 @@
 """Benchmark: scoring one test-sized crop with all 48 labels, both eras, against a straightforward reference.
 
-    .venv/bin/python bench/scoring.py                 # 600³ crop at 4 nm (a few minutes on 2 cores)
-    .venv/bin/python bench/scoring.py --size 200      # quick run
+    .venv/bin/python -m bench.scoring                 # 600³ crop at 4 nm (a few minutes on 2 cores)
+    .venv/bin/python -m bench.scoring --size 200      # quick run
 
 A synthetic crop (`--size`³ voxels at 4 nm, 10 instance classes with ~200 objects each, 38 semantic
 classes) and an imperfect submission (objects shifted, some dropped, false positives added) are
@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench.record import record_paths
 
 VOXEL_NM = 4.0
 OBJECTS = 200
@@ -149,9 +148,9 @@ def time_ours(submission: Path, truth: Path, era: str, workers: int):
 
 
 def time_reference(submission: Path, truth: Path, era: str):
-    import reference_scoring as ref
     import zarr
 
+    from bench import reference_scoring as ref
     from cellseg.eval.rules import is_scored_as_instance
 
     start = time.perf_counter()
@@ -184,7 +183,7 @@ def main(argv=None) -> int:
     parser.add_argument("--naive-sizes", type=int, nargs=2, default=(64, 100),
                         help="two crop edges at which the reference is timed (default 64 100)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(HERE / "results"), help="folder for scoring.json / scoring.md")
+    parser.add_argument("--out", help="folder for scoring.json / scoring.md (default: bench/results/scoring_cpu.*)")
     args = parser.parse_args(argv)
     results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
                "size": args.size, "naive_sizes": list(args.naive_sizes), "workers": args.workers, "labels": 48,
@@ -215,11 +214,10 @@ def main(argv=None) -> int:
                 "reference_seconds_extrapolated": extrapolated, "speedup_extrapolated": extrapolated / seconds,
             }
             print(era, json.dumps(results["eras"][era], indent=1), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scoring.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "scoring.md").write_text(markdown(results))
-    print((out / "scoring.md").read_text())
+    json_path, md_path = record_paths(args.out, "scoring", cpu=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path.write_text(markdown(results))
+    print(md_path.read_text())
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.record import record_stem
 from bench.train_step import timed
 from cellseg.data.augment import _rows
 
@@ -103,7 +104,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="output stem: OUT.json and OUT.md")
+    parser.add_argument("--out", type=Path, help="output stem: OUT.json and OUT.md (default: bench/results/step_layouts_<hardware>)")
     parser.add_argument("--head-steps", type=int, default=20, help="timed calls per head variant (default 20)")
     parser.add_argument("--decode-steps", type=int, default=50, help="timed calls per decode variant (default 50)")
     parser.add_argument("--quick", action="store_true", help="CPU, 2 × 16³, 2 calls each (checks the script)")
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
            "head_steps": args.head_steps, "decode_steps": args.decode_steps}
     result = {"benchmark": "step_layouts", "env": env, "decode": decode_ms(batch, size, device, args.decode_steps),
               "head": head_ms(batch, size, device, args.head_steps)}
+    args.out = args.out or record_stem("step_layouts")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))

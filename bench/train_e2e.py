@@ -1,6 +1,6 @@
 """Training as users run it vs the same step on a batch already on the GPU, per architecture.
 
-    python bench/train_e2e.py --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
+    python -m bench.train_e2e --root DATA_ROOT --out OUT [--names unet_3d,...] [--steps 60] [--repeats 2]
                               [--gpus 1,2] [--cores-per-gpu 16] [key=value ...]
 
 For each architecture, in a process of its own (a fresh compile, a fresh CUDA context), the trainer is built
@@ -47,6 +47,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from bench.record import record_paths  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "configs" / "experiments"
@@ -230,7 +232,7 @@ def _child(args: argparse.Namespace, name: str, gpus: int, cache: Path, out: Pat
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the cache under test is $CELLSEG_CACHE/inductor
     launch = [sys.executable] if gpus == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                  f"--nproc-per-node={gpus}"]
-    command = [*launch, str(Path(__file__).resolve()), "--one", name, "--root", str(args.root), "--out", str(out),
+    command = [*launch, "-m", "bench.train_e2e", "--one", name, "--root", str(args.root), "--out", str(out),
                "--run-dir", str(out.with_suffix(".run")), "--steps", str(args.steps), "--warmup", str(args.warmup),
                *(["--quick"] if args.quick else []), *args.overrides]
     cores = None
@@ -253,7 +255,8 @@ def run_arguments(doc: str, *, stem: str, names: Sequence[str], steps: int, warm
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="data root (cellseg synth --preset small|medium)")
-    parser.add_argument("--out", type=Path, required=True, help=f"folder for {stem}.json and .md")
+    parser.add_argument("--out", type=Path, help=f"folder for {stem}.json and .md (default: the record "
+                        f"bench/results/{stem}_<hardware>.json and .md; scratch in a temporary folder)")
     parser.add_argument("--names", default=",".join(names), help="architectures, comma-separated")
     parser.add_argument("--steps", type=int, default=steps, help=steps_help)
     parser.add_argument("--warmup", type=int, default=warmup, help="steps before timing")
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(row))
         shutdown_distributed()
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = record_paths(args.out, "train_e2e", max(int(g) for g in args.gpus.split(",")))
     env = {**run_environment(args), "cores_per_gpu": args.cores_per_gpu or "all"}
     rows = []
     for name, gpus in ((n, int(g)) for n in args.names.split(",") for g in args.gpus.split(",")):
@@ -309,9 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
         # after every architecture: a run cut short by a scheduler's time limit keeps what it measured
-        (args.out / "train_e2e.json").write_text(json.dumps({"env": env, "rows": rows,
-                                                             "ddp_efficiency": ddp_efficiency(rows)}, indent=1))
-        (args.out / "train_e2e.md").write_text(markdown(env, rows))
+        json_path.write_text(json.dumps({"env": env, "rows": rows, "ddp_efficiency": ddp_efficiency(rows)}, indent=1))
+        md_path.write_text(markdown(env, rows))
     print(markdown(env, rows))
     return 0 if rows else 1
 

@@ -22,11 +22,13 @@ per second against the bf16 matmul peak the trainer measured. Writes OUT/train_p
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
 from bench.ddp_scaling import profile_markdown, profile_steps
+from bench.record import record_paths
 from bench.train_e2e import QUIET as E2E_QUIET
 from bench.train_e2e import run_arguments, run_environment
 from bench.train_step import timed as timed_steps
@@ -110,17 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = run_arguments(__doc__, stem="train_profile", names=NAMES, steps=10, warmup=3,
                            steps_help="timed steps per phase")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = record_paths(args.out, "train_profile")
+    runs = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="train_profile_"))  # the trainers' run folders
     env = run_environment(args)
     rows = []
     for name in args.names.split(","):
         print(f"{name}: building the trainer and timing its phases", flush=True)
-        rows.append(profile_one(name, args.root.resolve(), args.out / f"run_{name}", steps=args.steps,
+        rows.append(profile_one(name, args.root.resolve(), runs / f"run_{name}", steps=args.steps,
                                 warmup=args.warmup, overrides=args.overrides, quick=args.quick))
         torch._dynamo.reset()  # the next architecture compiles from a clean slate
         print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in rows[-1]["ms"].items()), flush=True)
-        (args.out / "train_profile.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-        (args.out / "train_profile.md").write_text(markdown(env, rows))
+        json_path.write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        md_path.write_text(markdown(env, rows))
     return 0
 
 

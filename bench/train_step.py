@@ -1,6 +1,6 @@
 """Training-step speed of the eight architectures: a stock fp32 eager loop vs cellseg's trainer settings.
 
-    python bench/train_step.py --out OUT [--names unet_3d,...] [--steps 10] [--compile auto|on|off]
+    python -m bench.train_step --out OUT [--names unet_3d,...] [--steps 10] [--compile auto|on|off]
 
 For each architecture at its experiment preset (configs/experiments/<name>.yaml: batch, patch):
 - `stock`: fp32 (TF32 off), eager, contiguous layout, `torch.optim.AdamW` (not fused), plain BCE — what a
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from bench.record import record_paths
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model, list_models
 from cellseg.models.summary import count_flops
@@ -181,7 +182,7 @@ def markdown(env: dict, rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="folder for train_step.json and .md (default: bench/results/train_step_<hardware>.*)")
     parser.add_argument("--names", default=",".join(list_models()))
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -194,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "date": datetime.date.today().isoformat(),
            "peak_tflops": peak or 0.0}
-    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = record_paths(args.out, "train_step")
     rows = []
     for name in args.names.split(","):
         rows.append(bench_one(name, args, device, peak))
         print(json.dumps(rows[-1]), flush=True)
-        (args.out / "train_step.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-        (args.out / "train_step.md").write_text(markdown(env, rows))
+        json_path.write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+        md_path.write_text(markdown(env, rows))
     print(markdown(env, rows))
     return 0
 

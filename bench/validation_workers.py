@@ -1,8 +1,8 @@
 """One validation of a run, decoded and scored in the training process (`val.workers: 0`) or in a pool of worker
 processes (`cellseg.train.valpool`), alternating on warm pools; the scores must be identical.
 
-    PYTHONPATH=. python bench/validation_workers.py --root SMALL --out OUT/validation_workers_cpu --workers 2
-    PYTHONPATH=. python bench/validation_workers.py --root TINY --out /tmp/vw --rounds 1   # the test's run
+    python -m bench.validation_workers --root SMALL --out OUT/validation_workers_cpu --workers 2
+    python -m bench.validation_workers --root TINY --out /tmp/vw --rounds 1   # the test's run
 
 SMALL: a `cellseg synth --preset small` root. The model is `configs/smoke/unet_3d.yaml`, untrained (seeded), on
 the CPU, predicting every validation crop of the root (tuning and report crops) with the 48 scored classes: the
@@ -22,6 +22,8 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from bench.record import record_stem
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "smoke" / "unet_3d.yaml"
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, required=True, help="a synthetic (or real) data root with validation crops")
-    p.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    p.add_argument("--out", type=Path, help="writes OUT.json and OUT.md (default: bench/results/validation_workers_<hardware>)")
     p.add_argument("--workers", type=int, default=2, help="the pool's processes, compared with 0 (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="validations per setting after the first (default 3)")
     args = p.parse_args(argv)
@@ -88,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "identical_scores": rows["identical_scores"], "speedup": round(base["median_s"] / pooled["median_s"], 2),
            "cpu_cores": len(os.sched_getaffinity(0)), "machine": platform.node(),
            "date": datetime.date.today().isoformat()}
+    args.out = args.out or record_stem("validation_workers")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [f"# One validation, in the training process vs {args.workers} workers ({doc['date']}, "

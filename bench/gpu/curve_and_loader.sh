@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU job on a 4-GPU host (64 cores): training curves and the loader with boundary channels:
-#   GPU 0      the longest training curve one call allows: unet_3d on `medium`, all 48 classes + boundary
+#   GPU 0      the longest training curve the job time limit allows (CURVE_S): unet_3d on `medium`, all 48 classes + boundary
 #              channels (cached), 1 GPU, 16 cores, validation with the 2026 metric every VAL_EVERY steps,
 #              SIGTERM after CURVE_S seconds (checkpoint + exit 0);
 #   GPUs 1, 2  the same training under DDP on 2 GPUs (what a second GPU buys in the same wall time);
@@ -20,12 +20,12 @@ CUDA_VISIBLE_DEVICES=1,2 taskset -c 16-47 timeout -s TERM "$CURVE_S" torchrun --
   -m cellseg -q train "${curve[@]}" "run_dir=$OUT/curve_w2" > "$OUT/curve_w2.log" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=3
-  taskset -c 48-63 python3 bench/loader.py --root "$ROOT" --out "$OUT/loader" --workers 16 --shapes 3d --seconds 8 \
+  taskset -c 48-63 python3 -m bench.loader --root "$ROOT" --out "$OUT/loader" --workers 16 --shapes 3d --seconds 8 \
     --boundaries on --boundary-cache auto > "$OUT/loader.log" 2>&1
   taskset -c 48-63 timeout -s TERM 200 python3 -m cellseg -q train configs/experiments/unet_3d.yaml "data.root=$ROOT" \
     "run_dir=$OUT/e2e_w1_boundaries" train.max_steps=80 train.log_every=10 train.val_every=100000 \
     train.checkpoint_every=100000 loader.num_workers=15 > "$OUT/e2e_w1.log" 2>&1
-  taskset -c 48-63 python3 bench/ddp_scaling.py --out "$OUT/inmem" --batch 8 --channels 58 --warmup 6 --steps 20 \
+  taskset -c 48-63 python3 -m bench.ddp_scaling --out "$OUT/inmem" --batch 8 --channels 58 --warmup 6 --steps 20 \
     > "$OUT/inmem.log" 2>&1
 ) &
 wait

@@ -12,10 +12,10 @@ mkdir -p "$OUT"
 ngpu=$(nvidia-smi -L | wc -l)
 for n in 1 2 4; do
   [ "$n" -le "$ngpu" ] || continue
-  torchrun --standalone --nproc-per-node "$n" bench/ddp_scaling.py --out "$OUT/ddp" --batch 8 --channels 48 \
+  torchrun --standalone --nproc-per-node "$n" -m bench.ddp_scaling --out "$OUT/ddp" --batch 8 --channels 48 \
     --warmup 6 --steps 20 2>&1 | grep world_size
 done
-python3 bench/ddp_scaling.py --summarize "$OUT/ddp" | tee "$OUT/ddp.md"
+python3 -m bench.ddp_scaling --summarize "$OUT/ddp" | tee "$OUT/ddp.md"
 common=(configs/experiments/unet_3d.yaml "data.root=$ROOT" "train.max_steps=$STEPS" train.log_every=10
         train.val_every=100000 train.checkpoint_every=100000 val.max_crops=1 loader.num_workers=15
         data.instance_boundaries=false)

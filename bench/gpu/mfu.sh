@@ -51,7 +51,7 @@ row() {  # row NAME CAP_S ARGS... : one bench process under a hard timeout; appe
   if ((limit < MIN_RUN_S)); then
     printf '%s\tskip\t0\t0\t%s\n' "$name" "$*" >> "$RUNS/status.tsv"; log "$name: skipped (${left} s left)"; return
   fi
-  timeout -k 10 "$limit" "$PYTHON" bench/ddp_scaling.py --out "$RUNS" --tag "$name" --model unet_3d \
+  timeout -k 10 "$limit" "$PYTHON" -m bench.ddp_scaling --out "$RUNS" --tag "$name" --model unet_3d \
     --channels 48 --compile-loss on --steps "$STEPS" --warmup "$WARMUP" "$@" "${EXTRA[@]}" > "$RUNS/$name.log" 2>&1
   rc=$?
   printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" $((SECONDS - t0)) "$limit" "$*" >> "$RUNS/status.tsv"
@@ -68,5 +68,5 @@ row b8_cudnn_all 120 --batch 8  --compile-mode default --cudnn-benchmark-limit 0
 row b8_group     120 --batch 8  --compile-mode default --norm group
 row b8_instance  120 --batch 8  --compile-mode default --norm instance
 
-"$PYTHON" bench/ddp_scaling.py --mfu-report "$RUNS" --out "$OUT" > /dev/null && cat "$OUT/mfu.md"
+"$PYTHON" -m bench.ddp_scaling --mfu-report "$RUNS" --out "$OUT" > /dev/null && cat "$OUT/mfu.md"
 log "total $((SECONDS - start)) s"

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "manifests, a datasplit.csv and held-out test crops (ground_truth.zarr). "
                     "Deterministic for a seed. Presets: tiny (tests, seconds), small (CPU demo, ~1 min), "
                     "medium (>= 1 Gvoxel, for GPU benchmarks; use --workers), quality (medium's EM with crops for "
-                    "an 8 nm ensemble and 8 test crops: the quality benchmark, bench/quality).",
+                    "an 8 nm ensemble and 8 test crops: the quality benchmark, bench/studies/quality).",
     )
     parser.add_argument("--out", required=True, help="output data root (must be empty or absent)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

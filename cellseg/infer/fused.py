@@ -4,7 +4,7 @@ store per member written and read back.
 
 Why: on the real test set every member store holds 38 G channel-voxels of float16. Eight of them were 10 of
 the 84 projected minutes of the 8-model ensemble, and `cellseg ensemble` reading them back another 5 (H200,
-`python -m bench.test_set`, docs/benchmarks.md).
+`python -m bench.studies.test_set`, docs/benchmarks.md).
 
 How: every crop is cut into the same columns for all members (`fused_column_vox`: the blending sums of all of
 them fit the GPU together). Each column streams through each member's sliding window along z

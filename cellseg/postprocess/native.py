@@ -32,7 +32,7 @@ The rule (`decode_coarse`, then `refine` per z-slab of T):
    a larger piece (`drop_small_pieces`). Both eras' evaluators relabel a prediction by 26-connected components of
    equal ids, so such a piece, where the interpolated probability rises just above t beside its object, would
    count as an object of its own: a false positive with a worst-case Hausdorff entry in 2026
-   (`bench/native_grids/fragments.py`, docs/quality.md). Larger pieces stay: they are mostly objects the source
+   (`bench/studies/native_grids/fragments.py`, docs/quality.md). Larger pieces stay: they are mostly objects the source
    decoding had merged and the finer grid separates.
 
 Why this is the right rule:

@@ -9,10 +9,10 @@ stays resolvable at its own s0, the way organelle sizes are "scaled to the voxel
 | tiny   | 3 | 72–96³          | 6 + 2  | unit tests (a few seconds) |
 | small  | 4 | 176–224³        | 13 + 4 | the CPU demo (< 1 min) |
 | medium | 4 | 528–648³ (≥ 1 Gvoxel in all) | 24 + 4 | GPU benchmarks (`--workers 16`) |
-| quality | 4 | as `medium` | 24 + 8 | the quality benchmark (`bench/quality`) |
+| quality | 4 | as `medium` | 24 + 8 | the quality benchmark (`bench/studies/quality`) |
 
 `mirror_preset(mirror_crops(real_test_crops, scale))` (end of this file) builds a preset whose test crops are
-laid out like real ones, scaled down (`bench/test_set`).
+laid out like real ones, scaled down (`bench/studies/test_set`).
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def _quality_crops(index: int, crop: Shape3, em_voxel_nm: Vec3) -> tuple[CropSpe
             _c("train", 2, half, "coarse"), _c("test", 1, crop), _c("test", 2, half, coarse_test))
 
 
-# The quality benchmark's data (bench/quality, docs/quality.md): `medium`'s four datasets, EM and cells (the same
+# The quality benchmark's data (bench/studies/quality, docs/quality.md): `medium`'s four datasets, EM and cells (the same
 # rendering cost) with its crops rebalanced for an 8 nm ensemble: 8 test crops instead of 4 (scored at 4,
 # 5.24 x 4 x 4, 8, 10.5 x 8 x 8 and 16 nm), no training crops at 4x the EM voxel size (16-32 nm: no 8 nm model
 # trains or validates on them) but one more full one per dataset, and a quarter of the training crops validating,
@@ -226,7 +226,7 @@ def get_preset(name: str) -> Preset:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# A test set laid out like a real one (`bench/test_set`): one dataset per real dataset and one test crop per
+# A test set laid out like a real one (`bench/studies/test_set`): one dataset per real dataset and one test crop per
 # real test crop, its shape the real shape divided by `scale` (in crop voxels). A dataset's EM s0 voxel size is
 # its finest real crop's; every other crop sits at s0 × 1, 2 or 4 (`CropSpec.scale`), the step nearest to the
 # real ratio, so real 8× steps (4 → 32 nm) become 4× (4 → 16 nm). Crops listing every scored class annotate

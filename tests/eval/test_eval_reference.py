@@ -1,7 +1,5 @@
 """Per-crop scores equal a straightforward implementation of the official algorithms (bench/reference_scoring.py)."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,11 +7,9 @@ from crop_scores import score_instance_2025, score_instance_2026
 from scipy.ndimage import distance_transform_edt
 from scipy.spatial import cKDTree
 
+from bench import reference_scoring as ref
 from cellseg.eval.distance import Boxes, pair_hausdorff
 from cellseg.eval.semantic import confusion
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import reference_scoring as ref
 
 VOXEL_SIZES = [(8.0, 8.0, 8.0), (1.74, 2.0, 2.0), (13.92, 16.0, 16.0), (3.0, 5.0, 7.0)]
 

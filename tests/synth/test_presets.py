@@ -1,4 +1,4 @@
-"""The `quality` preset (bench/quality): `medium`'s datasets and EM with crops for an 8 nm ensemble."""
+"""The `quality` preset (bench/studies/quality): `medium`'s datasets and EM with crops for an 8 nm ensemble."""
 
 from cellseg.synth.presets import MEDIUM, get_preset
 

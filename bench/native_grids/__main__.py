@@ -1,6 +1,0 @@
-"""`python -m bench.native_grids`: the native-grids ablation (see the package docstring or `--help`)."""
-
-from bench.native_grids.cli import main
-
-if __name__ == "__main__":
-    main()
