@@ -10,7 +10,7 @@ the resident memory of the process and its workers. The reference (`bench/refere
 masks, per-object KD-trees / padded-box distance transforms, dense matrices) is timed on a smaller
 crops (`--naive-sizes`, same object count), where both implementations' per-crop scores are compared
 for equality; its time at `--size` is extrapolated with the exponent fitted between the two sizes.
-Results go to `bench/results/scoring.json` and `bench/results/scoring.md`.
+Results go to `bench/results/scoring_cpu.json` and `bench/results/scoring_cpu.md`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     cellseg show prediction PRED.zarr 234 --truth DATA_ROOT [--classes mito,er]
     cellseg show scores EVAL.json [EVAL2.json ...]
     cellseg show curves RUN_DIR [RUN_DIR ...]
-    cellseg show bench bench/results/train_step_h200_3d.json [...]
+    cellseg show bench bench/results/train_step_h200.json [...]
 
 Without `--out`, the PNG goes to the current directory under a name made from the inputs; an existing
 file is replaced only with `--overwrite`.
@@ -120,8 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                description="Bars per architecture (train-step and model benchmarks: ms/step and "
                                            "MFU) or per worker count (loader benchmarks: patches/s and memory). "
                                            "Several files of one kind are merged.",
-                               epilog="example: cellseg show bench bench/results/train_step_h200_2d.json "
-                                      "bench/results/train_step_h200_3d.json")
+                               epilog="example: cellseg show bench bench/results/train_step_h200.json"
     bench.add_argument("inputs", nargs="+", metavar="JSON", help="benchmark result files")
     bench.add_argument("--metrics", help="comma-separated metrics, e.g. samples_per_s,mfu (default: ms/step and "
                                          "MFU; patches/s and memory for loaders)")
