@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))  # run from anywhere, with or without PYTHONPATH=.
 from cellseg.classes import is_instance  # noqa: E402
 from cellseg.data.crops import Catalog, Crop, Geometry  # noqa: E402
 from cellseg.data.grid import Grid  # noqa: E402
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore  # noqa: E402
 
 VOXEL_NM = 8.0
 BLOB_VOX = 16  # correlation length of the random fields (voxels)

@@ -71,8 +71,8 @@ def member_stores(work: Path, runs: list[Path], *, tta: int) -> list[Path]:
 
 def uniform_store(work: Path, members: list[Path]) -> Any:
     """The members averaged with uniform weights (the default-parameter rows)."""
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.store import PredictionStore
 
     out = work / "ensemble.zarr"
     if out.is_dir():
@@ -112,8 +112,8 @@ def oracle_store(work: Path, prob: Any, truth: Path) -> Any:
 
     from cellseg.classes import is_instance
     from cellseg.data.crops import Geometry
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.eval.submit import read_single_scale
-    from cellseg.infer.store import PredictionStore
 
     out = work / "oracle.zarr"
     if out.is_dir():

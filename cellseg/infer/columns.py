@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import CropWriter
 from cellseg.infer.plan import CropPlan
 from cellseg.infer.selection import CropTarget
-from cellseg.infer.store import CropWriter
 from cellseg.infer.tiling import sub_grid
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def write_columns(writer: CropWriter, plan: CropPlan, slabs_of: SlabsOf, *, tile
         slabs_of: the slabs of one column from a plane on (its callback counts tiles for the progress bar).
         tiles_of: the tiles a column runs from a plane on (the progress bar's total).
         progress: show a tile progress bar.
-        encode: applied to each channel's planes before writing (e.g. `cellseg.infer.store.quantise`).
+        encode: applied to each channel's planes before writing (e.g. `cellseg.data.prediction_store.quantise`).
     """
     from tqdm import tqdm
 

@@ -68,13 +68,13 @@ import numpy as np
 
 from cellseg.classes import get_class, is_instance
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era, get_era
 from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.infer.weights import Weights, normalised
 from cellseg.pool import available_memory_bytes, map_bounded, usable_cores
 

@@ -33,6 +33,7 @@ from cellseg import runtime
 from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore, quantise
 from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.engine import Window, predict_slabs, predict_whole, require_em
 from cellseg.infer.plan import box_grid, pending_crops, plan_crop, predict_crops, scored_channels, shard_crops
@@ -46,7 +47,6 @@ from cellseg.infer.run import (
     slice_axes,
 )
 from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.store import PredictionStore, quantise
 from cellseg.infer.tiling import context_margin, count_tiles
 
 # Provenance entries that must agree for a re-run to add crops to an existing store.

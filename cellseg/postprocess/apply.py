@@ -34,8 +34,8 @@ import numpy as np
 from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.data.write import DEFAULT_CHUNK
-from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.pool import usable_cores
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability

@@ -61,9 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.eras import Era
 from cellseg.infer.members import ensemble_grid
-from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties

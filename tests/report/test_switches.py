@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from crafted import crop_truth
 
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.report.plan import CropPlan
 from cellseg.report.results import Layout
 from cellseg.report.scoring import ScoreJob, plain_segmentation
