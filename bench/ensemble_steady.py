@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON output")
     args = parser.parse_args(argv)
 
+    from cellseg.infer.crop_plan import scored_channels
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.plan import scored_channels
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 

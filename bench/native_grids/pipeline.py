@@ -82,9 +82,9 @@ def uniform_store(work: Path, members: list[Path]) -> Any:
 
 def crop_roles(runs: list[Path], root: Path) -> dict[str, str]:
     """Crop → "tuning" (decisions are made on it), "report" (scored) or "test" (scored, held-out truth), as
-    `cellseg report` plans them (`cellseg.report.plan`: the runs' validation_roles.csv, the root's test crops)."""
+    `cellseg report` plans them (`cellseg.report.inputs`: the runs' validation_roles.csv, the root's test crops)."""
     from cellseg.data.crops import Catalog
-    from cellseg.report.plan import check_runs, test_crops, validation_crops
+    from cellseg.report.inputs import check_runs, test_crops, validation_crops
 
     infos = check_runs(runs, checkpoint="last")
     roles = {c: "tuning" for c in validation_crops(infos, None, "tuning")}

@@ -1,6 +1,6 @@
 """`cellseg fetch`: download the EM and ground truth of selected CellMap crops, resumably.
 
-`fetch` runs the whole thing: select crops (`fetch_select.select_targets`), read the metadata and list the
+`fetch` runs the whole thing: select crops (`select.select_targets`), read the metadata and list the
 chunks they need (`fetch_plan.build_plan`: matched EM levels, crop box plus padding, every label
 level), then either size the download without fetching anything (`dry_run=True`,
 `fetch_size.estimate`) or download it (`execute`) and record what was fetched in DEST's manifests.
@@ -51,7 +51,7 @@ from pathlib import Path
 from cellseg.data.chunks import LEDGER, read_ledger
 from cellseg.data.crops import Catalog, Geometry, format_vector
 from cellseg.data.stores import resolve
-from cellseg.fetch.plan import (
+from cellseg.fetch.fetch_plan import (
     ArrayFetch,
     Chunk,
     FetchPlan,

@@ -1,7 +1,7 @@
 """One crop written column by column into a prediction store, resumably: the loop shared by `cellseg predict`
 (one model, `cellseg.infer.predict`) and `cellseg predict-ensemble` (the members' mean, `cellseg.infer.fused`).
 
-Each column (or block, `cellseg.infer.plan.CropPlan`) is a stream of slabs along z from its caller. The slabs
+Each column (or block, `cellseg.infer.crop_plan.CropPlan`) is a stream of slabs along z from its caller. The slabs
 are regrouped into pieces that end on whole store chunks (`chunked_slabs`), and each piece is written and then
 marked done as "<block id>:<planes written>". A writer reopened with the same key after a killed run reads the
 marks back (`resume_planes`): finished columns are skipped and a partly written one restarts after its last
@@ -23,7 +23,7 @@ import numpy as np
 
 from cellseg.data.grid import Grid
 from cellseg.data.prediction_store import CropWriter
-from cellseg.infer.plan import CropPlan
+from cellseg.infer.crop_plan import CropPlan
 from cellseg.infer.selection import CropTarget
 from cellseg.infer.tiling import sub_grid
 

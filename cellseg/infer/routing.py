@@ -42,6 +42,7 @@ from cellseg import runtime
 from cellseg.config.inference import InferConfig, RouteConfig, check_routes
 from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.prediction_store import PredictionStore, boundary_channel
+from cellseg.infer.crop_plan import pending_crops, predict_crops, shard_crops
 from cellseg.infer.fused import (
     Member,
     RunChannels,
@@ -51,7 +52,6 @@ from cellseg.infer.fused import (
     predict_crop,
 )
 from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
-from cellseg.infer.plan import pending_crops, predict_crops, shard_crops
 from cellseg.infer.run import ISOTROPY_RTOL, LoadedRun, load_run, run_provenance, run_transforms
 from cellseg.infer.selection import CropTarget
 from cellseg.infer.weights import Weights

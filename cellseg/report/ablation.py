@@ -68,7 +68,7 @@ from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
-from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
+from cellseg.report.inputs import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.report.predictions import BackgroundPredictions, predict_all, predict_jobs
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult

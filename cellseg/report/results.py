@@ -13,7 +13,7 @@ from typing import Any
 
 from cellseg.eval.eras import ERAS, Era
 from cellseg.pool import usable_cores
-from cellseg.report.plan import METRIC_CHOICES, CropPlan, RunInfo
+from cellseg.report.inputs import METRIC_CHOICES, CropPlan, RunInfo
 from cellseg.report.scoring import EraScores
 
 # Default scoring processes: the cores this process may use, at most this many. A 2x H100 host's 32 cores were half

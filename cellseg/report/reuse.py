@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cellseg.report.plan import RunInfo, checkpoint_file
+from cellseg.report.inputs import RunInfo, checkpoint_file
 
 if TYPE_CHECKING:
     from cellseg.config.inference import InferConfig

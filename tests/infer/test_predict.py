@@ -18,8 +18,8 @@ from cellseg.data.crops import Catalog
 from cellseg.data.loader import open_crops
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import read_datasplit
+from cellseg.infer.crop_plan import crop_grid
 from cellseg.infer.engine import predict_volume
-from cellseg.infer.plan import crop_grid
 from cellseg.infer.predict import predict_run
 from cellseg.infer.run import load_run
 from cellseg.infer.selection import select_targets

@@ -31,7 +31,7 @@ from cellseg.postprocess.native import (
 )
 from cellseg.report import ReportOptions, run_report
 from cellseg.report.ablation import Stores, plain_jobs
-from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.inputs import check_runs, plan_crops
 from cellseg.report.results import Layout
 from cellseg.report.scoring import (
     ScoreJob,

@@ -1,6 +1,6 @@
 """Planning `cellseg fetch`: which zarr arrays and levels, and which chunk keys, the selected crops need.
 
-The crops come from `fetch_select.select_targets`; test crops get EM only (their ground truth is hidden).
+The crops come from `select.select_targets`; test crops get EM only (their ground truth is hidden).
 
 EM levels (the default of the challenge's `csc fetch-data`)
     `matched`: every EM level whose voxel size is > 0.8 × the crop's ground-truth voxel size on every axis
