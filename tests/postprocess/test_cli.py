@@ -11,7 +11,7 @@ from cellseg.cli import main
 from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
 from cellseg.data.prediction_store import PredictionStore
-from cellseg.data.targets import touching
+from cellseg.data.target_bits import touching
 from cellseg.eval.truth import read_class_truth as read_truth
 from cellseg.postprocess.tune import split_entry
 
