@@ -116,8 +116,8 @@ def _crop(target: Any, classes: list[str]) -> Any:
 
 def path_costs(size: int, factor: int, num_classes: int, workers: int, seed: int, work: Path) -> dict[str, Any]:
     """Step 2 of the module docstring."""
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.eval.submit import write_submission
-    from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.apply import postprocess_store
     from cellseg.postprocess.params import ParamSet
 

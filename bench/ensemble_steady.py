@@ -40,7 +40,7 @@ from bench.record import record_stem
 from cellseg.classes import is_instance
 from cellseg.data.crops import Catalog, Crop, Geometry
 from cellseg.data.grid import Grid
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from cellseg.config.inference import EnsembleConfig
+    from cellseg.infer.crop_plan import scored_channels
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.plan import scored_channels
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 

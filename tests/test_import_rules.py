@@ -1,11 +1,17 @@
-"""The package's house rules, checked on its imports: no circles between modules or between folders (imports
-inside functions count), and inference, post-processing and scoring never import the training code."""
+"""The package's house rules, checked on its imports (imports inside functions count): the folders and top-level
+modules form layers, in the order of the README's layout map, and each imports only the layers above it; no circles
+between modules or between folders; inference, post-processing and scoring never import the training code."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cellseg"
+README = PACKAGE.parent / "README.md"
 DOWNSTREAM_OF_TRAINING = ("cellseg.infer", "cellseg.postprocess", "cellseg.eval")
+# The layers, top to bottom: each folder or top-level module imports only those before it (the README's map).
+LAYERS = ("classes", "manifests", "logs", "cache", "pool", "config", "data", "fetch", "ingest", "synth", "models",
+          "runtime", "losses", "eval", "infer", "postprocess", "train", "viz", "report", "cli", "docgen", "__main__")
 
 
 def _module(path: Path) -> str:
@@ -85,6 +91,37 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _folder(module: str) -> str:
     return ".".join(module.split(".")[:2])
+
+
+def _readme_map() -> list[str]:
+    """The entries of the README's layout map under `cellseg/`, top to bottom (`classes` for `classes.py`)."""
+    section = README.read_text(encoding="utf-8").split("\n## Layout\n", 1)[1]
+    lines = section.split("```", 2)[1].splitlines()
+    entries = []
+    for line in lines[lines.index("cellseg/") + 1:]:
+        if not line.startswith(" "):  # the next top-level folder of the repository (configs/, ...)
+            break
+        entry = re.match(r" {2}(\w+)(?:/|\.py) ", line)  # continuation lines are indented further
+        if entry:
+            entries.append(entry.group(1))
+    return entries
+
+
+def test_the_tested_layers_are_the_readme_map():
+    assert _readme_map() == list(LAYERS)
+
+
+def test_every_folder_and_top_level_module_is_a_layer():
+    layers = {_folder(m).removeprefix("cellseg.") for m in _graph()} - {"cellseg"}
+    assert sorted(layers) == sorted(LAYERS)
+
+
+def test_each_layer_imports_only_layers_above_it():
+    rank = {f"cellseg.{layer}": i for i, layer in enumerate(LAYERS)}
+    bad = [f"{m} -> {d}" for m, deps in _graph().items() for d in sorted(deps)
+           if _folder(m) != "cellseg" and _folder(d) not in ("cellseg", _folder(m))
+           and rank[_folder(d)] > rank[_folder(m)]]
+    assert bad == []
 
 
 def test_no_import_circle_between_modules():

@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _metric_choices() -> tuple[str, ...]:
-    from cellseg.report.plan import metric_choices
+    from cellseg.report.inputs import metric_choices
 
     return metric_choices()
 

@@ -120,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                description="Bars per architecture (train-step and model benchmarks: ms/step and "
                                            "MFU) or per worker count (loader benchmarks: patches/s and memory). "
                                            "Several files of one kind are merged.",
-                               epilog="example: cellseg show bench bench/results/train_step_h200.json"
+                               epilog="example: cellseg show bench bench/results/train_step_h200.json")
     bench.add_argument("inputs", nargs="+", metavar="JSON", help="benchmark result files")
     bench.add_argument("--metrics", help="comma-separated metrics, e.g. samples_per_s,mfu (default: ms/step and "
                                          "MFU; patches/s and memory for loaders)")

@@ -1,6 +1,6 @@
 """Per-crop cache of the instance-boundary channels, computed once instead of once per sample.
 
-A boundary channel ("voxels of an object with a 6-neighbour in another object", `targets.touching`) needs
+A boundary channel ("voxels of an object with a 6-neighbour in another object", `target_bits.touching`) needs
 the crop's instance-id arrays of every instance class: computed per sample that is ~10 uint64 reads and
 neighbour comparisons, 5× the cost of everything else a worker does (docs/benchmarks.md). It depends only
 on the crop and the training voxel size, so it is computed once over the whole annotated box and stored

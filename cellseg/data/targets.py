@@ -27,6 +27,9 @@ A crop is an immutable value (`CropSource.open` does the I/O once: lists the lab
 metadata and drops the arrays that were never annotated, finds the annotated box, checks it against the EM, plans
 every class). Its open array handles live apart, in one `CropArrays` per process: pickled into a DataLoader worker
 it travels empty and re-opens there.
+
+How each class is planned and its `all`-id lookup tables: `cellseg.data.class_plan`; the bit packing and the
+boundary rule (`touching`): `cellseg.data.target_bits`.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from cellseg.classes import all_classes, get_class, is_instance, mutually_exclusive
 from cellseg.data.annotation import (
     NO_METADATA,
     LabelAnnotation,
@@ -50,49 +52,15 @@ from cellseg.data.annotation import (
 )
 from cellseg.data.arrays import DEFAULT_CACHE_BYTES, Backend, MultiscaleImage
 from cellseg.data.boundary_cache import BoundaryCache, PackedBits, cache_path, lattice_grid
+from cellseg.data.class_plan import ClassPlan, aux_class_indices, id_lookup_tables, plan_class
 from cellseg.data.grid import Grid, Vec3, vec3
 from cellseg.data.split import SplitEntry
+from cellseg.data.target_bits import gather_bytes, id_table, set_bit, touching, unpack_bits
 
 log = logging.getLogger(__name__)
 ALL_OUTSIDE = 255  # pad value of `all` reads: not a CellMap id, so "outside the crop" stays unknown
 EM_OVERHANG_TOLERANCE = 1e-6  # share of the annotated box outside the EM still taken as "inside" (float noise)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClassPlan:
-    """How class k is obtained in one crop."""
-
-    name: str
-    read: tuple[str, ...] = ()  # arrays whose union is the class (1: on disk; n: atoms)
-    exclusive: tuple[str, ...] = ()  # annotated arrays whose positives make it known-negative (no `all`)
-    exclusive_ids: tuple[int, ...] = ()  # `all` ids whose presence makes it known-negative
-
-    @property
-    def known(self) -> bool:
-        """True if the class is annotated (directly or through its atoms) in this crop."""
-        return bool(self.read)
-
-
-def _maximal(names: Sequence[str]) -> tuple[str, ...]:
-    """Drop classes whose atoms are covered by another class in `names` (their positives add nothing)."""
-    atoms = {n: get_class(n).atom_ids for n in names}
-    return tuple(n for n in names if not any(m != n and atoms[n] < atoms[m] for m in names))
-
-
-def plan_class(name: str, on_disk: Sequence[str], *, has_all: bool) -> ClassPlan:
-    """Decide how to obtain `name` from the arrays present in a crop."""
-    cls = get_class(name)
-    if name in on_disk:
-        return ClassPlan(name=name, read=(name,))
-    atom_names = tuple(get_class(i).name for i in sorted(cls.atom_ids))
-    if cls.is_group and all(a in on_disk for a in atom_names):
-        return ClassPlan(name=name, read=atom_names)
-    if has_all:
-        ids = tuple(c.id for c in all_classes() if c.atom_ids.isdisjoint(cls.atom_ids))
-        return ClassPlan(name=name, exclusive_ids=ids)
-    exclusive = [c for c in on_disk if c != "all" and mutually_exclusive(c, name)]
-    return ClassPlan(name=name, exclusive=_maximal(exclusive))
 
 
 class NoRequestedClass(ValueError):
@@ -184,11 +152,11 @@ class CropSource:
         plans = _plans_or_raise(crop_dir, classes, on_disk, has_all)
         start, stop, label_vs = _annotated_box([images[n] for n in notes])
         _check_inside_em(crop_dir, start, stop, arrays.em())
-        num_channels = len(plans) + len(_aux_classes(classes, boundaries))
+        num_channels = len(plans) + len(aux_class_indices(classes, boundaries))
         return cls(entry=entry, classes=classes, on_disk=on_disk, has_all=has_all, plans=plans, start_nm=start,
                    stop_nm=stop, label_voxel_size_nm=label_vs, boundaries=boundaries,
                    boundary_cache_dir=None if boundary_cache_dir is None else Path(boundary_cache_dir),
-                   arrays=arrays, notes=notes, lookup_tables=_lookup_tables(plans, num_channels))
+                   arrays=arrays, notes=notes, lookup_tables=id_lookup_tables(plans, num_channels))
 
     def image(self, name: str) -> MultiscaleImage:
         """The multiscale label group `name` of this crop ("all" included), opened once per process."""
@@ -222,7 +190,7 @@ class CropSource:
     @property
     def aux_classes(self) -> tuple[int, ...]:
         """Indices of the classes that get a boundary channel (instance-scored ones, if enabled)."""
-        return _aux_classes(self.classes, self.boundaries)
+        return aux_class_indices(self.classes, self.boundaries)
 
     @property
     def num_channels(self) -> int:
@@ -246,7 +214,7 @@ class CropSource:
         shape = (-(-self.num_channels // 8), *grid.shape_vox)
         reads = LabelReads(self, grid)
         if use_all and self.ids_exact:
-            tbits, kbits = (_gather_bytes(table, self._all_ids(reads)) for table in self.lookup_tables)
+            tbits, kbits = (gather_bytes(table, self._all_ids(reads)) for table in self.lookup_tables)
         else:
             tbits, kbits = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
             self._classes_from_arrays(reads, tbits, kbits)
@@ -319,22 +287,18 @@ class CropSource:
         for j, i in enumerate(self.aux_classes, start=first_channel):
             if len(self.plans[i].read) == 1:  # ids on disk
                 name = self.plans[i].read[0]
-                _set_bit(tbits, j, touching(reads.object_ids(name)))
-                _set_bit(kbits, j, reads.known((name,)))
+                set_bit(tbits, j, touching(reads.object_ids(name)))
+                set_bit(kbits, j, reads.known((name,)))
 
     def _classes_from_arrays(self, reads: LabelReads, tbits: np.ndarray, kbits: np.ndarray) -> None:
         for i, plan in enumerate(self.plans):
             if plan.read:
-                _set_bit(tbits, i, reads.foreground(plan.read))
-                _set_bit(kbits, i, reads.known(plan.read))
+                set_bit(tbits, i, reads.foreground(plan.read))
+                set_bit(kbits, i, reads.known(plan.read))
             elif plan.exclusive_ids:
-                _set_bit(kbits, i, _lut(plan.exclusive_ids)[reads.ids("all")])
+                set_bit(kbits, i, id_table(plan.exclusive_ids)[reads.ids("all")])
             elif plan.exclusive:
-                _set_bit(kbits, i, reads.foreground(plan.exclusive))
-
-
-def _aux_classes(classes: Sequence[str], boundaries: bool) -> tuple[int, ...]:
-    return tuple(k for k, c in enumerate(classes) if is_instance(c)) if boundaries else ()
+                set_bit(kbits, i, reads.foreground(plan.exclusive))
 
 
 def _plans_or_raise(crop_dir: Path, classes: Sequence[str], on_disk: Sequence[str], has_all: bool
@@ -391,79 +355,3 @@ def _box(start: np.ndarray, stop: np.ndarray) -> str:
     return f"[{', '.join(f'{v:g}' for v in start)}]-[{', '.join(f'{v:g}' for v in stop)}]"
 
 
-def _lookup_tables(plans: Sequence[ClassPlan], num_channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per id v of `all` (0-255): packed target bits and packed known bits, shape (ceil(C/8), 256).
-
-    Id 0 (annotated background) is known-negative for every annotated class; `ALL_OUTSIDE` (255, not a
-    CellMap id) marks voxels outside the crop: unknown for everything.
-    """
-    nbytes = -(-num_channels // 8)
-    t, k = np.zeros((nbytes, 256), np.uint8), np.zeros((nbytes, 256), np.uint8)
-    for i, plan in enumerate(plans):
-        atoms_c, bit = get_class(plan.name).atom_ids, np.uint8(1 << (i & 7))
-        if plan.read:
-            k[i >> 3, 0] |= bit
-        for cls in all_classes():
-            if cls.atom_ids <= atoms_c and plan.read:
-                t[i >> 3, cls.id] |= bit
-            if cls.atom_ids.isdisjoint(atoms_c) or (plan.read and cls.atom_ids <= atoms_c):
-                k[i >> 3, cls.id] |= bit
-    return t, k
-
-
-def _set_bit(bits: np.ndarray, channel: int, mask: np.ndarray) -> None:
-    """bits[channel // 8] |= mask << (channel % 8), in place (a scalar OR when the mask is all True)."""
-    bit = np.uint8(1 << (channel & 7))
-    if mask.all():
-        np.bitwise_or(bits[channel >> 3], bit, out=bits[channel >> 3])
-        return
-    np.bitwise_or(bits[channel >> 3], mask.view(np.uint8) * bit, out=bits[channel >> 3])
-
-
-def _gather_bytes(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """`table[:, ids]` for a (nbytes, 256) uint8 table, as one 8-byte gather per voxel plus a transpose."""
-    nbytes = table.shape[0]
-    wide = np.zeros((256, 8), np.uint8)
-    wide[:, :nbytes] = table.T
-    gathered = wide.view(np.uint64).ravel()[ids]  # (z, y, x) uint64: the voxel's 8 bytes
-    return np.ascontiguousarray(np.moveaxis(gathered.view(np.uint8).reshape(*ids.shape, 8)[..., :nbytes], -1, 0))
-
-
-def _lut(ids: Sequence[int]) -> np.ndarray:
-    """Boolean lookup table over CellMap ids 0-255 that is True at `ids`."""
-    table = np.zeros(256, dtype=bool)
-    table[list(ids)] = True
-    return table
-
-
-def unpack_bits(bits: np.ndarray, num_channels: int) -> np.ndarray:
-    """`(ceil(C/8), ...)` uint8 → `(C, ...)` bool (inverse of the packing above)."""
-    out = np.empty((num_channels, *bits.shape[1:]), dtype=bool)
-    for c in range(num_channels):
-        np.not_equal(bits[c >> 3] & np.uint8(1 << (c & 7)), 0, out=out[c])
-    return out
-
-
-def touching(ids: np.ndarray) -> np.ndarray:
-    """Voxels of an object with a 6-neighbour in a different object (background does not count).
-
-    Work is restricted to the bounding box of the objects (instance classes are sparse in a patch).
-    """
-    out = np.zeros(ids.shape, dtype=bool)
-    if not ids.any():
-        return out
-    mask = ids != 0
-    nonzero = [np.flatnonzero(mask.any(axis=tuple(a for a in range(ids.ndim) if a != d))) for d in range(ids.ndim)]
-    box = tuple(slice(n[0], n[-1] + 1) for n in nonzero)
-    sub, sub_mask, sub_out = ids[box], mask[box], out[box]
-    for axis in range(ids.ndim):
-        a = [slice(None)] * ids.ndim
-        b = [slice(None)] * ids.ndim
-        a[axis], b[axis] = slice(1, None), slice(None, -1)
-        a, b = tuple(a), tuple(b)
-        diff = np.not_equal(sub[a], sub[b])  # in place from here on: no further temporaries
-        diff &= sub_mask[a]
-        diff &= sub_mask[b]
-        sub_out[a] |= diff
-        sub_out[b] |= diff
-    return out

@@ -18,9 +18,9 @@ from typing import Any
 
 from cellseg.eval.eras import Era, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, list_crop, open_source
-from cellseg.eval.layout import Layout, discover
 from cellseg.eval.rules import MASK_SUFFIX
 from cellseg.eval.safezip import ZipLimits
+from cellseg.eval.submission_layout import Layout, discover
 from cellseg.eval.tasks import Task, TaskResult, missing_scores, run_task
 from cellseg.pool import DEFAULT_BUDGET_FRACTION, available_memory_bytes, map_bounded
 

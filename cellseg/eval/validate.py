@@ -30,7 +30,6 @@ import numpy as np
 from cellseg.data.crops import Crop, Geometry, crop_id, is_crop_name
 from cellseg.eval.eras import ERAS, get_era
 from cellseg.eval.io import ArrayInfo, CropListing, Source, check_decodes, open_source, read_array
-from cellseg.eval.layout import discover
 from cellseg.eval.missing import MissingCost, missing_costs
 from cellseg.eval.resample import (
     BadAttributes,
@@ -46,6 +45,7 @@ from cellseg.eval.rules import (
     is_scored_as_instance,
     ratio_cutoff_2026,
 )
+from cellseg.eval.submission_layout import discover
 from cellseg.eval.submit import default_workers
 from cellseg.pool import default_budget, map_bounded
 

@@ -1,7 +1,7 @@
 """`cellseg fetch`: download the EM and ground truth of selected CellMap crops, resumably.
 
 `fetch` runs the whole thing: select crops (`select.select_targets`), read the metadata and list the
-chunks they need (`plan.build_plan`: matched EM levels, crop box plus padding, every label
+chunks they need (`fetch_plan.build_plan`: matched EM levels, crop box plus padding, every label
 level), then either size the download without fetching anything (`dry_run=True`,
 `size.estimate`) or download it (`execute`) and record what was fetched in DEST's manifests.
 
@@ -52,7 +52,7 @@ from cellseg.data import chunks as local_chunks
 from cellseg.data.chunks import LEDGER, read_ledger
 from cellseg.data.crops import Catalog, Geometry, format_vector
 from cellseg.data.stores import resolve
-from cellseg.fetch.plan import (
+from cellseg.fetch.fetch_plan import (
     ArrayFetch,
     Chunk,
     FetchPlan,

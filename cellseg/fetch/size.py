@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cellseg.data import stores
 from cellseg.data.stores import Location
-from cellseg.fetch.plan import ArrayFetch, Chunk, FetchPlan, pending_chunks
+from cellseg.fetch.fetch_plan import ArrayFetch, Chunk, FetchPlan, pending_chunks
 
 MAX_EXACT_HEADS = 2000
 SAMPLE_PER_STRATUM = 32

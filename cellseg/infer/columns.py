@@ -1,7 +1,7 @@
 """One crop written column by column into a prediction store, resumably: the loop shared by `cellseg predict`
 (one model, `cellseg.infer.predict`) and `cellseg predict-ensemble` (the members' mean, `cellseg.infer.fused`).
 
-Each column (or block, `cellseg.infer.plan.CropPlan`) is a stream of slabs along z from its caller. The slabs
+Each column (or block, `cellseg.infer.crop_plan.CropPlan`) is a stream of slabs along z from its caller. The slabs
 are regrouped into pieces that end on whole store chunks (`chunked_slabs`), and each piece is written and then
 marked done as "<block id>:<planes written>". A writer reopened with the same key after a killed run reads the
 marks back (`resume_planes`): finished columns are skipped and a partly written one restarts after its last
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from cellseg.data.grid import Grid
-from cellseg.infer.plan import CropPlan
+from cellseg.data.prediction_store import CropWriter
+from cellseg.infer.crop_plan import CropPlan
 from cellseg.infer.selection import CropTarget
-from cellseg.infer.store import CropWriter
 from cellseg.infer.tiling import sub_grid
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def write_columns(writer: CropWriter, plan: CropPlan, slabs_of: SlabsOf, *, tile
         slabs_of: the slabs of one column from a plane on (its callback counts tiles for the progress bar).
         tiles_of: the tiles a column runs from a plane on (the progress bar's total).
         progress: show a tile progress bar.
-        encode: applied to each channel's planes before writing (e.g. `cellseg.infer.store.quantise`).
+        encode: applied to each channel's planes before writing (e.g. `cellseg.data.prediction_store.quantise`).
     """
     from tqdm import tqdm
 

@@ -52,6 +52,7 @@ import numpy as np
 from cellseg import __version__
 from cellseg.config.inference import EnsembleConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import CropWriter, PredictionStore, grid_to_json, quantise
 from cellseg.data.write import atomic_dir, check_replaceable, replace_dir
 from cellseg.infer.members import (
     RESAMPLING,
@@ -66,7 +67,6 @@ from cellseg.infer.members import (
     read_on_grid,
     weighted_mean,
 )
-from cellseg.infer.store import CropWriter, PredictionStore, grid_to_json, quantise
 from cellseg.infer.weights import (
     WEIGHTS_FILE,
     Weights,

@@ -67,6 +67,7 @@ import numpy as np
 
 from cellseg.classes import get_class
 from cellseg.config.inference import FitConfig
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.eras import get_era
 from cellseg.infer.fit_scoring import (
@@ -78,7 +79,6 @@ from cellseg.infer.fit_scoring import (
     score_candidates,
 )
 from cellseg.infer.members import ChannelPlan, GridChoice
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.infer.weights import Weights, normalised
 from cellseg.pool import available_memory_bytes
 

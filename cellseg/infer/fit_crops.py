@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cellseg.data.crops import Catalog, crop_id, crop_name, crop_sort_key
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import ROLES_FILE, SplitEntry, read_datasplit
-from cellseg.infer.store import PredictionStore
 
 log = logging.getLogger(__name__)
 

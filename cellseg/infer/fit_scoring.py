@@ -19,13 +19,13 @@ import numpy as np
 from cellseg.classes import is_instance
 from cellseg.config.inference import FitConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import SplitEntry
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import Era
 from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.infer.members import ChannelPlan, GridChoice, ensemble_grid, read_on_grid
-from cellseg.infer.store import PredictionStore
 from cellseg.pool import map_bounded, usable_cores
 
 log = logging.getLogger(__name__)

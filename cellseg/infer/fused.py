@@ -49,10 +49,18 @@ from cellseg import runtime
 from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import QUANTUM, PredictionStore
 from cellseg.infer.columns import commit_crop, write_columns
+from cellseg.infer.crop_plan import (
+    CropPlan,
+    box_grid,
+    pending_crops,
+    predict_crops,
+    scored_channels,
+    shard_crops,
+)
 from cellseg.infer.engine import Window, predict_slabs, require_em, to_host
 from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
-from cellseg.infer.plan import CropPlan, box_grid, pending_crops, predict_crops, scored_channels, shard_crops
 from cellseg.infer.run import (
     ISOTROPY_RTOL,
     LoadedRun,
@@ -63,7 +71,6 @@ from cellseg.infer.run import (
     run_window,
 )
 from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, count_tiles, fused_column_vox
 from cellseg.infer.weights import (
     WEIGHTS_FILE,

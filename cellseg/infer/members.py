@@ -23,7 +23,7 @@ import numpy as np
 
 from cellseg.data.crops import crop_sort_key
 from cellseg.data.grid import Grid
-from cellseg.infer.store import BOUNDARY_SUFFIX, QUANTUM, PredictionStore, boundary_channel
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, QUANTUM, PredictionStore, boundary_channel
 from cellseg.pool import usable_cores
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cellseg.infer.store import BOUNDARY_SUFFIX, WRITE_THREADS, PredictionStore
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, WRITE_THREADS, PredictionStore
 from cellseg.pool import usable_cores
 
 log = logging.getLogger(__name__)

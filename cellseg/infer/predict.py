@@ -2,7 +2,7 @@
 
 Stages, one file each: `load_run` (`cellseg.infer.run`: the run directory alone rebuilds the model) →
 `select_targets` (`cellseg.infer.selection`: which crops, and the box of each) → `plan_crop`
-(`cellseg.infer.plan`: columns, or blocks) → `predict_slabs` (`cellseg.infer.engine`, shared with validation
+(`cellseg.infer.crop_plan`: columns, or blocks) → `predict_slabs` (`cellseg.infer.engine`, shared with validation
 during training: the model over one box, streamed out in z-slabs as the sliding window completes them) →
 `write_columns` (`cellseg.infer.columns`: the store, a chunk of planes at a time, resumably).
 
@@ -33,9 +33,17 @@ from cellseg import runtime
 from cellseg.classes import is_instance
 from cellseg.config.inference import InferConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore, quantise
 from cellseg.infer.columns import commit_crop, write_columns
+from cellseg.infer.crop_plan import (
+    box_grid,
+    pending_crops,
+    plan_crop,
+    predict_crops,
+    scored_channels,
+    shard_crops,
+)
 from cellseg.infer.engine import Window, predict_slabs, predict_volume, require_em
-from cellseg.infer.plan import box_grid, pending_crops, plan_crop, predict_crops, scored_channels, shard_crops
 from cellseg.infer.run import (
     LoadedRun,
     job_gvox,
@@ -46,7 +54,6 @@ from cellseg.infer.run import (
     slice_axes,
 )
 from cellseg.infer.selection import CropTarget, select_targets
-from cellseg.infer.store import PredictionStore, quantise
 from cellseg.infer.tiling import context_margin, count_tiles
 
 # Provenance entries that must agree for a re-run to add crops to an existing store.

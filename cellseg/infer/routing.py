@@ -41,6 +41,8 @@ import cellseg
 from cellseg import runtime
 from cellseg.config.inference import InferConfig, RouteConfig, check_routes
 from cellseg.data.crops import Catalog, Crop, crop_id
+from cellseg.data.prediction_store import PredictionStore, boundary_channel
+from cellseg.infer.crop_plan import pending_crops, predict_crops, shard_crops
 from cellseg.infer.fused import (
     Member,
     RunChannels,
@@ -50,10 +52,8 @@ from cellseg.infer.fused import (
     predict_crop,
 )
 from cellseg.infer.members import ChannelPlan, member_summary, plan_channels
-from cellseg.infer.plan import pending_crops, predict_crops, shard_crops
 from cellseg.infer.run import ISOTROPY_RTOL, LoadedRun, load_run, run_provenance, run_transforms
 from cellseg.infer.selection import CropTarget
-from cellseg.infer.store import PredictionStore, boundary_channel
 from cellseg.infer.weights import Weights
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.members import ChannelPlan
-from cellseg.infer.store import PredictionStore
 from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,6 @@
 - `labels`: per-class masks/ids and mapped integer volumes → CellMap class arrays (+ `all`);
 - `pyramid`: OME-NGFF pyramids that halve the fine axes until isotropic, then all axes;
 - `split`: the labelled box cut into training | gap | validation crops along one axis;
-- `layout`, `configs`: the zarr groups, manifests, `datasplit.csv`, `data.yaml` and `train_*.yaml`;
+- `imported_root`, `configs`: the zarr groups, manifests, `datasplit.csv`, `data.yaml` and `train_*.yaml`;
 - `importer`: `import_volume`, the checked, atomic driver.
 """

@@ -22,7 +22,7 @@ from cellseg import __version__
 from cellseg.classes import tested_classes
 from cellseg.data.crops import Geometry
 from cellseg.data.write import IMPORTED_ROOT, atomic_dir
-from cellseg.ingest import configs, layout
+from cellseg.ingest import configs, imported_root
 from cellseg.ingest.intensity import (
     DEFAULT_PERCENTILES,
     OUT_HIGH,
@@ -233,7 +233,7 @@ def import_volume(opts: ImportOptions, *, progress: bool = True) -> ImportSummar
         root.mkdir()
         with tqdm(total=pyramid_sections(opts.voxel_size_nm, p.em.shape), desc="EM", unit="section",
                   disable=not progress, leave=False) as bar:
-            factors, zeros = layout.write_em(root, opts.dataset, p.em, p.window, voxel_size_nm=opts.voxel_size_nm,
+            factors, zeros = imported_root.write_em(root, opts.dataset, p.em, p.window, voxel_size_nm=opts.voxel_size_nm,
                                              progress=bar.update)
         if zeros and p.window.identity:
             share = zeros / (p.em.shape[0] * p.em.shape[1] * p.em.shape[2])
@@ -244,8 +244,8 @@ def import_volume(opts: ImportOptions, *, progress: bool = True) -> ImportSummar
         labelled = [c for c in p.crops if c.role != "test"]
         for crop in tqdm(labelled, desc="crops", unit="crop", disable=not (progress and labelled), leave=False):
             assert p.labels is not None  # labelled crops exist only with labels
-            counts[crop.id] = layout.write_crop(root, opts.dataset, crop, p.labels)
-        layout.write_tables(root, final_root=out, dataset=opts.dataset, crops=p.crops, classes=p.classes,
+            counts[crop.id] = imported_root.write_crop(root, opts.dataset, crop, p.labels)
+        imported_root.write_tables(root, final_root=out, dataset=opts.dataset, crops=p.crops, classes=p.classes,
                             test_classes=p.classes or tested_classes())
         written = configs.write_configs(root, final_root=out, dataset=opts.dataset, classes=p.classes,
                                         voxel_size_nm=opts.voxel_size_nm, experiments=opts.experiments) \

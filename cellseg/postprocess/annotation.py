@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.crops import TEST_VERSIONS_NEWEST_FIRST, Catalog, Crop, Geometry, crop_id, is_crop_name
 from cellseg.data.grid import Grid
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ import numpy as np
 from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import CropWriter, PredictionStore, boundary_channel, grid_to_json
 from cellseg.data.write import DEFAULT_CHUNK
-from cellseg.infer.store import CropWriter, PredictionStore, boundary_channel, grid_to_json
-from cellseg.pool import usable_cores
+from cellseg.pool import map_bounded, usable_cores
 from cellseg.postprocess.annotation import AnnotationGrids, most_common
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability
 from cellseg.postprocess.native import (
@@ -265,8 +265,6 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     The classes go through `workers` threads (default `class_workers`); `device` is a resolved one ("cpu",
     "cuda", "cuda:N").
     """
-    from cellseg.eval.submit import map_bounded
-
     start = time.perf_counter()
     source = pred.grid(crop)
     classes = list(grids)

@@ -46,6 +46,7 @@ import numpy as np
 
 from cellseg.classes import is_instance
 from cellseg.data.grid import Grid, vec3
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import SplitEntry
 from cellseg.data.targets import CropSource, NoRequestedClass
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
@@ -53,7 +54,6 @@ from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.truth import open_crop, read_class_truth
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.apply import read_class
 from cellseg.postprocess.native import (
     axis_maps,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.data.crops import Catalog, crop_name, crop_sort_key
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import ROLES_FILE, SplitEntry, derivable, read_roles
-from cellseg.infer.store import PredictionStore
 
 log = logging.getLogger(__name__)
 

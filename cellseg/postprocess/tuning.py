@@ -15,8 +15,8 @@ import numpy as np
 
 from cellseg.classes import is_instance
 from cellseg.config.fields import DEFAULT_ERA
+from cellseg.data.prediction_store import PredictionStore, boundary_channel
 from cellseg.data.split import SplitEntry
-from cellseg.infer.store import PredictionStore, boundary_channel
 from cellseg.pool import one_thread_per_process
 from cellseg.postprocess.apply import read_class
 from cellseg.postprocess.hierarchy import Rivals, crop_rivals, edited_probability, option_for, partners

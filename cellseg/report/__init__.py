@@ -2,7 +2,7 @@
 
     best single model → uniform ensemble → weighted ensemble → + TTA (8×) → + post-processing
 
-- `plan`: checks the runs, resolves the scored (report) and tuning crops, states the biases;
+- `inputs`: checks the runs, resolves the scored (report) and tuning crops, states the biases;
 - `truth`: the scored crops' truth in the evaluator's layout;
 - `scoring`: a stage's segmentation (threshold 0.5 and 26-connected components without post-processing)
   written as a submission and scored by `cellseg.eval.evaluate`;

@@ -57,12 +57,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
-from cellseg.report.plan import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
+from cellseg.report.inputs import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.report.render import write_reports
 from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
 from cellseg.report.reuse import open_candidates

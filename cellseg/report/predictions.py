@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cellseg import logs
-from cellseg.report.plan import CropPlan, RunInfo
+from cellseg.report.inputs import CropPlan, RunInfo
 from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
 from cellseg.report.reuse import open_candidates, reused_store, store_differences
 

@@ -14,7 +14,7 @@ from typing import Any
 from cellseg.config.fields import DEFAULT_ERA
 from cellseg.eval.eras import Era, registry
 from cellseg.pool import usable_cores
-from cellseg.report.plan import ALL_ERAS, ALL_ERAS_ALIASES, CropPlan, RunInfo, metric_choices
+from cellseg.report.inputs import ALL_ERAS, ALL_ERAS_ALIASES, CropPlan, RunInfo, metric_choices
 from cellseg.report.scoring import EraScores
 
 # Default scoring processes: the cores this process may use, at most this many. A 2x H100 host's 32 cores were half

@@ -30,6 +30,7 @@ from typing import Any
 
 from cellseg.classes import is_instance
 from cellseg.data.crops import Crop
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.eras import Era
 from cellseg.eval.io import open_source
 from cellseg.eval.report import to_json
@@ -37,7 +38,6 @@ from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.score import evaluate
 from cellseg.eval.submit import default_workers, write_submission
 from cellseg.eval.validate import crops_from_truth
-from cellseg.infer.store import PredictionStore
 from cellseg.pool import one_thread_per_process
 from cellseg.postprocess.annotation import AnnotationGrids
 from cellseg.postprocess.apply import segment_crop

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.config.inference import EnsembleConfig, FitConfig
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.eras import Era
 from cellseg.infer.members import ensemble_grid
-from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
-from cellseg.report.plan import CropPlan, RunInfo
+from cellseg.report.inputs import CropPlan, RunInfo
 from cellseg.report.predictions import BackgroundPredictions, predict_all, predict_jobs
 from cellseg.report.results import Layout, ReportOptions
 from cellseg.report.scoring import (

@@ -30,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.eras import Era
 from cellseg.infer.merge import merge_classes
-from cellseg.infer.store import PredictionStore
 from cellseg.report.decisions import choose_best
-from cellseg.report.plan import CropPlan
+from cellseg.report.inputs import CropPlan
 from cellseg.report.results import Layout, StageResult
 from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
 

@@ -8,7 +8,7 @@ labels agree at every voxel size. Module map:
 - `presets.py`: tiny / small / medium (datasets, EM grids, crops, annotated class sets);
 - `scene.py`, `populate.py`, `kinds.py`, `shapes.py`, `organelles.py`, `sdf.py`, `noise.py`: geometry;
 - `rasterize.py`: labels on any grid; `render.py`: EM appearance;
-- `layout.py`, `splits.py`: zarr groups, manifests, datasplit, `ground_truth.zarr`;
+- `synthetic_root.py`, `splits.py`: zarr groups, manifests, datasplit, `ground_truth.zarr`;
 - `generate.py`: the parallel, atomic driver.
 
 Example:

@@ -2,7 +2,7 @@
 
 Stages (each parallel over `workers` processes; `workers=1` runs everything in this process):
 1. one scene per dataset (`scene.py`);
-2. EM blocks (`render.py`) and crops (rasterised and written by the worker, `layout.py`);
+2. EM blocks (`render.py`) and crops (rasterised and written by the worker, `synthetic_root.py`);
 3. EM pyramids, one dataset per worker;
 4. validation choice (`splits.py`), manifests, datasplit and `synth.json`.
 
@@ -33,7 +33,7 @@ import numpy as np
 from cellseg import __version__
 from cellseg.data.inspect import disk_bytes, human_bytes
 from cellseg.data.write import SYNTH_ROOT, atomic_dir, check_replaceable
-from cellseg.synth import layout
+from cellseg.synth import synthetic_root
 from cellseg.synth.presets import Preset, get_preset
 from cellseg.synth.render import blocks, render_block
 from cellseg.synth.scene import Scene, build_scene
@@ -42,8 +42,8 @@ from cellseg.synth.splits import choose_validation
 log = logging.getLogger(__name__)
 _SCENES: list[Scene] = []  # the scenes tasks refer to by index (set in each worker by `_init_worker`)
 _INIT_ERROR: list[BaseException] = []  # what `_init_worker` raised in this worker, re-raised by every task
-# Top-level entries of a synthetic root besides its datasets (`layout.py`): what `overwrite` may remove.
-_ROOT_FILES = {layout.GROUND_TRUTH, "manifest.csv", "train_crop_manifest.csv", "test_crop_manifest.csv",
+# Top-level entries of a synthetic root besides its datasets (`synthetic_root.py`): what `overwrite` may remove.
+_ROOT_FILES = {synthetic_root.GROUND_TRUTH, "manifest.csv", "train_crop_manifest.csv", "test_crop_manifest.csv",
                "datasplit.csv", "synth.json"}
 _PRELOAD = ("cellseg.synth.generate", "scipy.ndimage", "cc3d", "zarr", "numcodecs.blosc")
 
@@ -136,10 +136,10 @@ def _work(task: tuple[Any, ...]) -> tuple[Any, ...]:
         _, scene_index, crop_number, root = task
         scene = _SCENES[scene_index]
         crop = scene.crops[crop_number]
-        write = layout.write_test_crop if crop.role == "test" else layout.write_train_crop
+        write = synthetic_root.write_test_crop if crop.role == "test" else synthetic_root.write_train_crop
         return kind, crop.id, crop.role, write(Path(root), scene, crop)
     _, scene_index, root, em = task
-    layout.write_em(Path(root), _SCENES[scene_index], em)
+    synthetic_root.write_em(Path(root), _SCENES[scene_index], em)
     return (kind,)
 
 
@@ -257,7 +257,7 @@ def generate(out: str | Path, *, preset: str | Preset = "tiny", seed: int = 0, w
         validate = choose_validation(present, fraction=spec.validation_fraction, seed=seed)
         _warn_uncovered(present, validate)
         meta = {"generator": "cellseg synth", "cellseg_version": __version__, "preset": spec.name, "seed": seed}
-        layout.write_tables(root, final_root=out, scenes=scenes, validate=validate, meta=meta)
+        synthetic_root.write_tables(root, final_root=out, scenes=scenes, validate=validate, meta=meta)
     num = {"train": len(present) - len(validate), "validate": len(validate),
            "test": sum(1 for role, _ in crops.values() if role == "test")}
     return SynthSummary(out=out, preset=spec.name, seed=seed, crops=num, em_voxels=spec.num_em_voxels,

@@ -46,8 +46,8 @@ from cellseg.data.targets import CropSource
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
+from cellseg.infer.crop_plan import crop_grid
 from cellseg.infer.engine import Window, predict_volume
-from cellseg.infer.plan import crop_grid
 from cellseg.postprocess.params import InstanceParams, SemanticParams
 from cellseg.train.valpool import ClassTask, ValidationPool, gather
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from cellseg.classes import all_classes, atoms_of, get_class
 from cellseg.data.crops import crop_name
-from cellseg.infer.store import QUANTUM, PredictionStore
+from cellseg.data.prediction_store import QUANTUM, PredictionStore
 from cellseg.viz.sources import CropView, Plane, canonical_classes, make_plane, open_crop, parse_voxel_size
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def load_prediction_slice(store_path: str | os.PathLike[str], crop: int | str, *
     """Read one slice of a prediction store's crop on the store's own grid, and the truth on that plane.
 
     Args:
-        store_path: a prediction or segmentation store (`cellseg.infer.store.PredictionStore`).
+        store_path: a prediction or segmentation store (`cellseg.data.prediction_store.PredictionStore`).
         crop: crop number or name present in the store.
         truth_root: data root holding the crop (training crop, or test crop with `ground_truth.zarr`).
         classes: default: the store's classes (also annotated in the truth when given) predicted or true

@@ -27,10 +27,11 @@ import numpy as np
 from cellseg.classes import all_classes, atoms_of, get_class
 from cellseg.data import resample
 from cellseg.data.arrays import ArrayReader, MultiscaleImage, open_array
+from cellseg.data.class_plan import plan_class
 from cellseg.data.crops import TEST_VERSIONS_NEWEST_FIRST, Catalog, Crop, crop_id
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry, dataset_paths
-from cellseg.data.targets import CropSource, plan_class
+from cellseg.data.targets import CropSource
 
 log = logging.getLogger(__name__)
 Axis = Literal["z", "y", "x"]

@@ -16,7 +16,7 @@ from cellseg.cli import main as cli
 from cellseg.cli._recipe import split_args
 from cellseg.config.jobs import EnsembleJob, PostprocessJob, PredictEnsembleJob, PredictJob, load_job
 from cellseg.config.load import load
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 NO_TTA, TTA8 = str(CONFIGS / "infer" / "no_tta.yaml"), str(CONFIGS / "infer" / "tta8.yaml")

@@ -7,7 +7,7 @@ from scipy import ndimage
 
 from cellseg.config.schema import AugmentConfig
 from cellseg.data.augment import GpuAugment, gaussian_blur
-from cellseg.data.targets import unpack_bits
+from cellseg.data.target_bits import unpack_bits
 
 CLASSES, BOUNDARIES = 11, 2  # 13 channels: the boundary bits start inside a byte
 

@@ -11,7 +11,7 @@ from cellseg.config.schema import AugmentConfig, DataConfig, LoaderConfig
 from cellseg.data.loader import build_train_data, read_train_crops
 from cellseg.data.sampling import ForegroundIndex
 from cellseg.data.split import read_datasplit
-from cellseg.data.targets import unpack_bits
+from cellseg.data.target_bits import unpack_bits
 
 NO_INTENSITY = dict(
     intensity_p=0.0, noise_p=0.0, blur_p=0.0, missing_section_p=0.0, dim_section_p=0.0, misalign_p=0.0

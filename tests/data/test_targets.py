@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from crafted import checker_labels, write_root
 
+from cellseg.data.class_plan import plan_class
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry
-from cellseg.data.targets import CropSource, plan_class, touching
+from cellseg.data.target_bits import touching
+from cellseg.data.targets import CropSource
 from cellseg.data.write import write_multiscale
 
 

@@ -8,9 +8,9 @@ import numpy as np
 from cellseg.cli import main
 from cellseg.cli.submit import MIN_SHARE_TEXT
 from cellseg.data.crops import Catalog
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.write import write_array
 from cellseg.eval.submit import MIN_PREDICTED_SHARE
-from cellseg.infer.store import PredictionStore
 
 ROW = "[8.0;8.0;8.0],[0.0;0.0;0.0],[16;16;16]"
 

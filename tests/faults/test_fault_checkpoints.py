@@ -16,7 +16,7 @@ from faultkit import SMOKE, config, file_size_limit, finish, losses, overrides, 
 
 from cellseg.cli import main
 from cellseg.data.grid import Grid
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.runtime.checkpoint import CheckpointError, check_checkpoint_channels, load, save_atomic
 from cellseg.train.checkpoint import rng_state, set_rng_state
 from cellseg.train.trainer import train

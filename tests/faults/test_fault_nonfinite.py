@@ -13,8 +13,8 @@ from faultkit import config
 from cellseg.cli import main
 from cellseg.data.crops import Crop, Geometry
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.submit import write_submission
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.apply import postprocess_store
 from cellseg.postprocess.params import ParamSet
 from cellseg.runtime.checkpoint import load

@@ -15,8 +15,8 @@ from faultkit import dead_pid, finish, start, wait_for
 
 from cellseg.cli import main
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.write import artifact_kind, write_array
-from cellseg.infer.store import PredictionStore
 from cellseg.synth import generate
 from cellseg.synth.presets import CropSpec, DatasetSpec, Preset, SceneStyle
 

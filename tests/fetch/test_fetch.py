@@ -30,7 +30,7 @@ from cellseg.data.ngff import parse_multiscales
 from cellseg.data.stores import resolve
 from cellseg.data.write import write_multiscale
 from cellseg.fetch.download import fetch, load_catalog
-from cellseg.fetch.plan import (
+from cellseg.fetch.fetch_plan import (
     build_plan,
     choose_em_levels,
     overlapping_range,

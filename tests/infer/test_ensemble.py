@@ -14,12 +14,12 @@ from crop_scores import score_semantic_2025, score_semantic_2026
 from cellseg.cli import main
 from cellseg.config.inference import EnsembleConfig, FitConfig
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore, quantise
 from cellseg.data.split import read_datasplit
 from cellseg.eval.crop_score import semantic_from_counts
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.ensemble_fit import candidate_weights, shrinkage
 from cellseg.infer.members import read_on_grid
-from cellseg.infer.store import PredictionStore, quantise
 from cellseg.infer.weights import members_in_use, parse_weights, restrict_weights_file
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(8, 10, 12), voxel_size_nm=(8.0, 8.0, 8.0))

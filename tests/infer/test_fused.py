@@ -15,10 +15,10 @@ import yaml
 
 from cellseg.cli import main as cli
 from cellseg.config.inference import EnsembleConfig, InferConfig
+from cellseg.data.prediction_store import QUANTUM, PredictionStore
 from cellseg.infer.ensemble import ensemble
 from cellseg.infer.fused import AVERAGE_PLANES, Contribution, averaged_slabs, predict_ensemble
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import QUANTUM, PredictionStore
 from cellseg.infer.tiling import context_margin, fused_column_vox
 from cellseg.infer.weights import WEIGHTS_FILE
 

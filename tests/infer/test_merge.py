@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore, quantise
 from cellseg.infer.merge import merge_classes
-from cellseg.infer.store import PredictionStore, quantise
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 8, 10), voxel_size_nm=(8.0, 8.0, 8.0))
 FINE = Grid(translation_nm=(2.0, 2.0, 2.0), shape_vox=(12, 16, 20), voxel_size_nm=(4.0, 4.0, 4.0))

@@ -13,10 +13,10 @@ from cellseg.config.inference import InferConfig
 from cellseg.data import chunks
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.engine import Window, predict_volume, require_em
 from cellseg.infer.fused import predict_ensemble
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import PredictionStore
 
 EM = "synth-iso8-1/synth-iso8-1.zarr/recon-1/em/fibsem-uint8"  # s0 8 nm, s1 16 nm, s2 32 nm
 OPTS = dict(tta=1, overlap=0.0, progress=False)

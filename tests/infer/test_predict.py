@@ -16,13 +16,13 @@ from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
 from cellseg.data.crops import Catalog
 from cellseg.data.loader import open_crops
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import read_datasplit
+from cellseg.infer.crop_plan import crop_grid
 from cellseg.infer.engine import Window, predict_volume
-from cellseg.infer.plan import crop_grid
 from cellseg.infer.predict import predict_run
 from cellseg.infer.run import load_run
 from cellseg.infer.selection import select_targets
-from cellseg.infer.store import PredictionStore
 from cellseg.infer.tiling import count_tiles
 
 INSTANCE = ("mito", "nuc", "ld")

@@ -9,8 +9,8 @@ import torch
 from cellseg.config.inference import InferConfig
 from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import PredictionStore
 from cellseg.infer.tiling import HOST_BLOCK_BYTES, auto_block_vox, plan_blocks
 
 GRID = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(10, 12, 7), voxel_size_nm=(8.0, 8.0, 8.0))

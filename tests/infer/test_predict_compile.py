@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from cellseg.config.inference import InferConfig
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.engine import tta_fold
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import PredictionStore
 
 
 def _predict(run, crop: str, out, **opts) -> PredictionStore:

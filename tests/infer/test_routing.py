@@ -20,11 +20,11 @@ from cellseg.config import load_run_config
 from cellseg.config.inference import InferConfig, RouteConfig
 from cellseg.config.load import from_dict
 from cellseg.data.crops import Crop, Geometry
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.fused import predict_ensemble
 from cellseg.infer.predict import predict_run
 from cellseg.infer.routing import annotation_scale, predict_routed, route_crops
 from cellseg.infer.selection import CropTarget
-from cellseg.infer.store import PredictionStore
 from cellseg.infer.weights import WEIGHTS_FILE
 
 OPTS = InferConfig(tta=8, overlap=0.0, batch_size=8, checkpoint="last", progress=False)

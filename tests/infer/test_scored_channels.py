@@ -8,8 +8,8 @@ import numpy as np
 
 from cellseg.cli import main as cli
 from cellseg.data.crops import Catalog
-from cellseg.infer.plan import scored_channels
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
+from cellseg.infer.crop_plan import scored_channels
 from cellseg.report.scoring import plain_segmentation
 from cellseg.viz.slices import load_prediction_slice
 

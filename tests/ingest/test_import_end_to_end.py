@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.cli import main
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import read_datasplit
-from cellseg.infer.store import PredictionStore
 
 
 def test_import_train_predict(tmp_path: Path, import_args) -> None:

@@ -95,12 +95,12 @@ def test_existing_roots_are_kept_unless_ours_and_asked(tmp_path, import_args, ca
 
 
 def test_a_failed_import_leaves_nothing(tmp_path, inputs, monkeypatch) -> None:
-    from cellseg.ingest import layout
+    from cellseg.ingest import imported_root
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(layout, "write_crop", boom)
+    monkeypatch.setattr(imported_root, "write_crop", boom)
     opts = ImportOptions(em=inputs["em"], out=tmp_path / "root", voxel_size_nm=(40, 5, 5),
                          labels=(("mito", inputs["mito"]),), gap_nm=80, experiments=())
     with pytest.raises(RuntimeError, match="disk full"):

@@ -10,10 +10,10 @@ import pytest
 from cellseg.cli import main
 from cellseg.data.crops import Catalog, Geometry
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.report import to_json
 from cellseg.eval.score import evaluate
 from cellseg.eval.submit import read_single_scale
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.annotation import AnnotationGrids, to_grid
 from cellseg.postprocess.native import segment_class
 from cellseg.postprocess.params import default_params

@@ -10,9 +10,9 @@ from blobs import ball
 from cellseg.cli import main
 from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
-from cellseg.data.targets import touching
+from cellseg.data.prediction_store import PredictionStore
+from cellseg.data.target_bits import touching
 from cellseg.eval.truth import read_class_truth as read_truth
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.tune import split_entry
 
 ISO = (8.0, 8.0, 8.0)

@@ -11,8 +11,8 @@ from blobs import random_probabilities
 
 from cellseg.data.crops import Catalog
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.truth import read_class_truth
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.hierarchy import (
     Rivals,
     argmax_probability,

@@ -122,7 +122,7 @@ def test_a_setting_that_gets_a_poor_crop_skipped_does_not_win():
 
 def test_tuning_leaves_out_the_runs_report_crops_and_needs_every_class(tiny_synth_root, tmp_path):
     from cellseg.data.grid import Grid
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.postprocess.tune import find_crops
     from cellseg.postprocess.tuning import tune_store
 
@@ -169,7 +169,7 @@ def test_the_one_pass_threshold_sweep_equals_decoding_each_threshold(resampled):
 def test_samples_hold_the_truth_on_its_annotation_grid(tiny_synth_root, tmp_path):
     from cellseg.data.crops import Catalog
     from cellseg.data.grid import Grid
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.postprocess.tune import load_samples, split_entry
 
     label = Catalog.from_dir(tiny_synth_root).train[2].labels["er"]
@@ -190,7 +190,7 @@ def _random_store(root, path, classes, *, seed):
     `root`, 6³ voxels at 8 nm; with the root's catalogue."""
     from cellseg.data.crops import Catalog
     from cellseg.data.grid import Grid
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
 
     grid = Grid(translation_nm=(4.0, 4.0, 4.0), shape_vox=(6, 6, 6), voxel_size_nm=(8.0, 8.0, 8.0))
     store = PredictionStore.create(path, kind="probabilities", channels=classes,

@@ -26,10 +26,10 @@ import zarr
 
 from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
-from cellseg.report.plan import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
+from cellseg.report.inputs import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
 from cellseg.report.predictions import (
     BackgroundPredictions,
     _init_worker,
@@ -125,7 +125,7 @@ def test_finished_stores_need_no_process_until_their_checkpoint_changes(report_r
 REPORT_PROCESS = """
 import logging, sys
 from pathlib import Path
-from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.inputs import check_runs, plan_crops
 from cellseg.report.predictions import predict_all
 from cellseg.report.results import Layout, ReportOptions
 

@@ -16,11 +16,11 @@ import yaml
 
 from cellseg.cli import main as cli
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import read_datasplit
 from cellseg.eval.io import open_source
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.validate import crops_from_truth
-from cellseg.infer.store import PredictionStore
 from cellseg.postprocess.annotation import to_grid
 from cellseg.postprocess.native import (
     axis_maps,
@@ -31,7 +31,7 @@ from cellseg.postprocess.native import (
 )
 from cellseg.report import ReportOptions, run_report
 from cellseg.report.ablation import Stores, score_jobs
-from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.inputs import check_runs, plan_crops
 from cellseg.report.results import Layout
 from cellseg.report.scoring import (
     ScoreJob,

@@ -12,10 +12,10 @@ import pytest
 
 from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.infer.predict import predict_run
-from cellseg.infer.store import PredictionStore
 from cellseg.report import ReportOptions
-from cellseg.report.plan import check_runs, plan_crops
+from cellseg.report.inputs import check_runs, plan_crops
 from cellseg.report.predictions import predict_all
 from cellseg.report.results import Layout
 from cellseg.report.reuse import open_candidates

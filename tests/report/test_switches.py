@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from crafted import crop_truth
 
-from cellseg.infer.store import PredictionStore
-from cellseg.report.plan import CropPlan
+from cellseg.data.prediction_store import PredictionStore
+from cellseg.report.inputs import CropPlan
 from cellseg.report.results import Layout
 from cellseg.report.scoring import ScoreJob, plain_segmentation
 from cellseg.report.switches import stage_switch, switch_postprocess, switch_tta, switch_uniform, switched_off

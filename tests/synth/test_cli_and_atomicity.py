@@ -42,12 +42,12 @@ def test_micro_preset_into_an_empty_dir_and_overwrite(tmp_path: Path) -> None:
 
 
 def test_interrupted_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cellseg.synth import layout
+    from cellseg.synth import synthetic_root
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(layout, "write_tables", boom)
+    monkeypatch.setattr(synthetic_root, "write_tables", boom)
     with pytest.raises(RuntimeError, match="interrupted"):
         generate(tmp_path / "root", preset=MICRO, seed=0)
     assert list(tmp_path.iterdir()) == []

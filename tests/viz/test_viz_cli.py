@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from cellseg.cli import main
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.viz import open_crop
 
 FIGURES = ("crop", "group", "prediction", "scores", "curves", "bench")

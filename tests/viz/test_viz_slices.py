@@ -5,7 +5,7 @@ import pytest
 import zarr
 from matplotlib.image import imread
 
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 from cellseg.viz import (
     crop_figure,
     figure_size_px,

@@ -48,8 +48,8 @@ class Decided:
 def decide(work: Path, side: str, members: list[Path], root: Path, tuning: list[str]) -> Decided:
     """Fit the weights and tune the parameters of one side on the `tuning` crops (reused when present)."""
     from cellseg.config.inference import EnsembleConfig, FitConfig
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.store import PredictionStore
     from cellseg.postprocess.params import ParamSet
     from cellseg.postprocess.tuning import tune_store
 

@@ -72,8 +72,8 @@ def member_stores(work: Path, runs: list[Path], *, tta: int) -> list[Path]:
 def uniform_store(work: Path, members: list[Path]) -> Any:
     """The members averaged with uniform weights (the default-parameter rows)."""
     from cellseg.config.inference import EnsembleConfig
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.infer.ensemble import ensemble
-    from cellseg.infer.store import PredictionStore
 
     out = work / "ensemble.zarr"
     if out.is_dir():
@@ -83,9 +83,9 @@ def uniform_store(work: Path, members: list[Path]) -> Any:
 
 def crop_roles(runs: list[Path], root: Path) -> dict[str, str]:
     """Crop → "tuning" (decisions are made on it), "report" (scored) or "test" (scored, held-out truth), as
-    `cellseg report` plans them (`cellseg.report.plan`: the runs' validation_roles.csv, the root's test crops)."""
+    `cellseg report` plans them (`cellseg.report.inputs`: the runs' validation_roles.csv, the root's test crops)."""
     from cellseg.data.crops import Catalog
-    from cellseg.report.plan import check_runs, test_crops, validation_crops
+    from cellseg.report.inputs import check_runs, test_crops, validation_crops
 
     infos = check_runs(runs, checkpoint="last")
     roles = {c: "tuning" for c in validation_crops(infos, None, "tuning")}
@@ -113,8 +113,8 @@ def oracle_store(work: Path, prob: Any, truth: Path) -> Any:
 
     from cellseg.classes import is_instance
     from cellseg.data.crops import Geometry
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.eval.submit import read_single_scale
-    from cellseg.infer.store import PredictionStore
 
     out = work / "oracle.zarr"
     if out.is_dir():

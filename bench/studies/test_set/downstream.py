@@ -43,7 +43,7 @@ def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
     and per voxel fitted to the seconds the store records for each crop."""
     import numpy as np
 
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.postprocess.apply import open_probabilities, postprocess_store, resolve
     from cellseg.postprocess.params import ParamSet
 
@@ -67,7 +67,7 @@ def postprocess_stage(source: Path, out: Path, device: str) -> dict[str, Any]:
 def probe_crops(segmentation: Path) -> dict[int, Crop]:
     """The largest crop of a segmentation store as a submission crop on a `PROBE_VOXEL_NM` grid over its box, with
     up to `PROBE_LABELS` of its labels: enough voxels for submit and validate to show their cost per voxel."""
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
 
     store = PredictionStore.open(segmentation)
     name = max(store.completed(), key=lambda c: math.prod(store.grid(c).shape_vox) * math.prod(store.grid(c).voxel_size_nm))

@@ -82,7 +82,7 @@ def match_crops(root: Path, crops: Sequence[MirroredCrop]) -> dict[int, Mirrored
 
 
 def grid_shape(extent_nm: Sequence[float], voxel_size_nm: Sequence[float]) -> Shape3:
-    """Voxels of a box on a grid (as `cellseg.infer.plan.box_grid` rounds them)."""
+    """Voxels of a box on a grid (as `cellseg.infer.crop_plan.box_grid` rounds them)."""
     return tuple(max(1, round(e / v)) for e, v in zip(extent_nm, voxel_size_nm, strict=True))  # type: ignore[return-value]
 
 
@@ -117,6 +117,6 @@ def submitted_voxels(crops: Mapping[int, Crop]) -> int:
 
 def scored_count(channels: Sequence[str], crop: Crop) -> int:
     """Channels `cellseg predict --channels scored` writes for a real test crop (its labels + boundaries)."""
-    from cellseg.infer.plan import scored_channels
+    from cellseg.infer.crop_plan import scored_channels
 
     return len(scored_channels(channels, list(crop.labels)))

@@ -33,9 +33,9 @@ def predict_model(run_dir: Path, store: Path, *, device: str, warmup: tuple[str,
     steady-state probe (`steady_probe`)."""
     import torch
 
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.infer.predict import predict_run
     from cellseg.infer.run import load_run
-    from cellseg.infer.store import PredictionStore
 
     opts = measure_opts(device)
     record: dict[str, Any] = {}
@@ -78,8 +78,8 @@ def fused_stage(builds: Mapping[str, Mapping[str, Any]], work: Path, *, device: 
     warm-up then loads them as a test-set job would."""
     import torch
 
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.infer.fused import predict_ensemble
-    from cellseg.infer.store import PredictionStore
 
     runs = [Path(b["run_dir"]) for b in builds.values()]
     opts = measure_opts(device)

@@ -28,7 +28,7 @@ def count_model_tiles(crops: Sequence[tuple[Sequence[int], int]], patch_vox: Seq
     `plan_crop` (what memory on `device`, a GPU of `gpu_bytes`, allows for that many channels), with context."""
     import torch
 
-    from cellseg.infer.plan import plan_crop
+    from cellseg.infer.crop_plan import plan_crop
     from cellseg.infer.tiling import count_tiles
 
     dev = torch.device(device)

@@ -58,7 +58,7 @@ def restored_backends() -> Iterator[None]:
 
 def store_voxels(path: Path) -> int:
     """Voxels over every crop of a prediction store (one channel)."""
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
 
     store = PredictionStore.open(path)
     return sum(math.prod(store.grid(c).shape_vox) for c in store.completed())
@@ -66,7 +66,7 @@ def store_voxels(path: Path) -> int:
 
 def store_channel_voxels(path: Path) -> int:
     """Voxels × channels over every crop of a prediction store (each crop holds its scored channels)."""
-    from cellseg.infer.store import PredictionStore
+    from cellseg.data.prediction_store import PredictionStore
 
     store = PredictionStore.open(path)
     return sum(math.prod(store.grid(c).shape_vox) * len(store.crop_channels(c)) for c in store.completed())

@@ -32,10 +32,10 @@ def steady_probe(run_dir: Path, work: Path, *, device: str, channels: int, batch
 
     from cellseg.data.arrays import MultiscaleImage
     from cellseg.data.grid import Grid
+    from cellseg.data.prediction_store import PredictionStore
     from cellseg.data.write import write_multiscale
     from cellseg.infer.engine import Window, predict_volume, tta_fold
     from cellseg.infer.run import load_run, run_transforms
-    from cellseg.infer.store import PredictionStore
     from cellseg.infer.tiling import count_tiles
     from cellseg.runtime.compile import CompiledModel
 

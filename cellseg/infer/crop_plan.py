@@ -24,9 +24,9 @@ from cellseg import runtime
 from cellseg.config.inference import InferConfig
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.data.targets import CropSource
 from cellseg.infer.selection import CropTarget
-from cellseg.infer.store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.infer.tiling import DEFAULT_CHUNK, auto_block_vox, auto_column_vox, context_margin, plan_blocks
 
 LATTICE_RTOL = 0.01  # a grid within 1% of an EM level's voxel size is snapped to that level's lattice

@@ -9,7 +9,7 @@ import pytest
 
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.grid import Grid
-from cellseg.infer.store import PredictionStore
+from cellseg.data.prediction_store import PredictionStore
 
 COARSE = Grid.of(translation_nm=(4, 4, 4), shape_vox=(6, 7, 8), voxel_size_nm=(8, 8, 8))
 FINE = Grid.of(translation_nm=(1, 1, 1), shape_vox=(24, 28, 32), voxel_size_nm=(2, 2, 2))
