@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     stop = StopRequest()  # before torch is imported: a signal during the start-up counts too
     try:
         from cellseg.config import dump, load_run_config
-        from cellseg.train.checkpoint import NonFiniteError
+        from cellseg.train.run_checkpoints import NonFiniteError
         from cellseg.train.trainer import TrainingStopped, train
 
         overrides = list(args.overrides) + ([f"train.profile_steps={args.profile}"] if args.profile else [])
