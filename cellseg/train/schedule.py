@@ -3,7 +3,9 @@
 `train.val_every_min`; `cellseg.train.clock`).
 
 The last step (the step limit or the end of the budget) always logs and validates. A validation writes the
-checkpoint too, so a checkpoint step that validates writes no second one.
+checkpoint too, so a checkpoint step that validates writes no second one. A stop signal (`cellseg.train.stop`)
+ends the run before the next step; under DDP the ranks agree on it every `train.log_every` steps
+(`stop_agreed`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
+from cellseg import runtime
 from cellseg.config.schema import TrainConfig
 from cellseg.train.clock import crossed
+from cellseg.train.stop import StopRequest
 
 SECONDS_PER_MIN = 60.0
 
@@ -45,3 +51,16 @@ class Schedule:
         validate = step % tc.val_every == 0 or final or crossed(before_s, clock_s, self.val_every_s)
         return Due(log=step % tc.log_every == 0 or final, validate=validate,
                    checkpoint=not validate and step % tc.checkpoint_every == 0)
+
+
+def stop_agreed(stop: StopRequest, d: runtime.Dist, *, step: int, every: int) -> bool:
+    """Whether the run stops before the step after `step`. Single process: the flag itself, no GPU involved.
+    DDP: every rank must stop at the same step, which takes a collective and a host sync, so ranks agree only
+    every `every` steps (a pre-emption warning leaves minutes, steps take well under a second)."""
+    if not d.distributed:
+        return stop.requested
+    if step % every:
+        return False
+    flag = torch.tensor(float(stop.requested), device=d.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())

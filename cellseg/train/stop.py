@@ -31,10 +31,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from cellseg import runtime
-
 log = logging.getLogger(__name__)
 EXIT_RESUMABLE = 75  # sysexits' EX_TEMPFAIL: "stopped early; run again (with --resume) to continue"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -143,19 +139,6 @@ class StopRequest:
         on_child_exit.stop_request = self  # type: ignore[attr-defined]
         self._previous.setdefault(signal.SIGCHLD, current)  # `restore` puts torch's check back
         signal.signal(signal.SIGCHLD, on_child_exit)
-
-
-def agreed(stop: StopRequest, d: runtime.Dist, *, step: int, every: int) -> bool:
-    """Whether the run stops before this step. Single process: the flag itself, no GPU involved. DDP: every rank
-    must stop at the same step, which takes a collective and a host sync, so ranks agree only every `every`
-    steps (a pre-emption warning leaves minutes, steps take well under a second)."""
-    if not d.distributed:
-        return stop.requested
-    if step % every:
-        return False
-    flag = torch.tensor(float(stop.requested), device=d.device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def _release(ref: weakref.ref[StopRequest]) -> None:

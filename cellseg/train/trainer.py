@@ -48,9 +48,9 @@ from cellseg.train.log_window import LogWindow, record_startup
 from cellseg.train.perf import step_profiler
 from cellseg.train.run_checkpoints import set_rng_state
 from cellseg.train.run_log import RunLog
-from cellseg.train.schedule import Schedule
+from cellseg.train.schedule import Schedule, stop_agreed
 from cellseg.train.setup import Setup, build_setup
-from cellseg.train.stop import StopRequest, TrainingStopped, agreed
+from cellseg.train.stop import StopRequest, TrainingStopped
 from cellseg.train.validate import validation_sets
 from cellseg.train.validation_hook import ValidationHook
 
@@ -187,7 +187,7 @@ class Trainer:
             profile_step = ends.enter_context(step_profiler(tc.profile_steps, s.run_dir, s.dist.device,
                                                             enabled=s.dist.is_main))
             while plan.more(s.state.step, clock.shared_s):
-                if agreed(stop, s.dist, step=s.state.step, every=tc.log_every):
+                if stop_agreed(stop, s.dist, step=s.state.step, every=tc.log_every):
                     self._stop(stop, run_log)
                 self.compile_swap.poll(run_log)
                 grad_norm = self._step(batches, stop, run_log, window)
