@@ -8,7 +8,7 @@ precision and runs each once (`cellseg.train.compile_choice.warm_compile_cache`)
 in the shared compile cache (`$CELLSEG_CACHE/inductor`). Meanwhile the job trains on the eager model. When the
 child has exited, the job compiles the model and the loss itself, now loading them from the cache in seconds,
 decides as `train.compile` says ("auto" times both) and trains compiled from that step on
-(`cellseg.train.compile_swap`).
+(`Setup.finish_compile`).
 
 It applies (`cellseg.runtime.gpu_memory.background_budget`) to `train.compile` "on"/"auto" in one CUDA process,
 when no earlier job of the same start-up key compiled (`cellseg.train.warm_start`: then the cache is warm and

@@ -19,10 +19,10 @@ import torch
 
 from cellseg import runtime
 from cellseg.train.guard import NonFiniteGuard
-from cellseg.train.run_log import RunLog, process_age_s
+from cellseg.train.run_log import LOOP_LOGGER, RunLog, process_age_s
 from cellseg.train.setup import Setup
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(LOOP_LOGGER)
 
 
 class LogWindow:

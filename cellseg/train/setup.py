@@ -1,9 +1,9 @@
 """Everything a training job needs before its first step, in order: process group and backends → seeds →
 model → batch size → run directory (its lock, config.yaml, meta.json) → data → loss/optimizer/schedule →
 resume → compile (or, for a cold one-GPU job, a compiling child process while training starts eagerly:
-`cellseg.train.background`, `cellseg.train.compile_swap`) → DDP. `Setup` holds the results and knows how to
-write and read a checkpoint of them. How much GPU memory the data and a background compile may take is
-`cellseg.runtime.gpu_memory`'s rule.
+`cellseg.train.background`, `Setup.finish_compile`) → DDP. `Setup` holds the results and knows how to
+write and read a checkpoint of them. The GPU-memory rules (room for data, for a background compile) are
+`cellseg.runtime.gpu_memory`'s.
 
 The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
 reads the newest intact checkpoint (`cellseg.train.run_checkpoints.load_latest`: a corrupt `last.pt` is named
@@ -34,7 +34,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data, read_train_crops
 from cellseg.models import build_model
 from cellseg.runtime import gpu_memory
-from cellseg.runtime.checkpoint import git_commit, versions
+from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
 from cellseg.train.background import LOG_FILE, BackgroundCompile
 from cellseg.train.batch import find_batch_size
 from cellseg.train.build import example_input, make_criterion, make_model, model_params
@@ -146,6 +146,27 @@ class Setup:
             self.startup.save()
         self.net = runtime.wrap_ddp(compiled, d)
 
+    def finish_compile(self) -> None:
+        """Once the background compile has ended: compile here from the cache it filled (or, if it failed, from
+        scratch) and train compiled from now on. The random generators are left as they were."""
+        job, self.background = self.background, None
+        assert job is not None
+        job.wait()
+        failure = job.failure()
+        if failure:
+            log.warning("the background compile failed (%s; %s): compiling here", failure, job.log_path)
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[self.dist.device]):
+            self.compile_now()
+        pause = time.perf_counter() - start
+        self.meta["compile"].update(background=True, background_s=round(job.seconds or 0.0, 1),
+                                    background_error=failure, switch_step=self.state.step, switch_s=round(pause, 1))
+        log.info("step %d: the background compile took %.1f s; %s model and %s loss from here (%.1f s to load)",
+                 self.state.step, job.seconds, "compiled" if self.meta["compile"]["compiled"] else "eager",
+                 "compiled" if self.meta["compile_loss"]["compiled"] else "eager", pause)
+        if self.dist.is_main:
+            save_atomic_text(json.dumps(self.meta, indent=1, default=str), self.run_dir / "meta.json")
+
     def persist_micro_batch(self, micro_batch: int) -> None:
         """Record a reduced micro-batch so that an elastic restart picks it up."""
         if self.dist.is_main:
@@ -166,15 +187,10 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     if d.device.type != "cuda":
         log.info("train.batch_size=auto on CPU: using 2")
         return 2
-    def make_input(b: int) -> torch.Tensor:
-        return example_input(cfg, d.device, batch=b, fmt=fmt)
-
-    def loss_fn(out: torch.Tensor) -> torch.Tensor:
-        return out.float().square().mean()
-
     with runtime.autocast(d.device, precision):
-        found = find_batch_size(model, make_input, loss_fn, device=d.device, memory_fraction=cfg.train.memory_fraction,
-                                max_batch=cfg.train.max_auto_batch)
+        found = find_batch_size(model, lambda b: example_input(cfg, d.device, batch=b, fmt=fmt),
+                                lambda out: out.float().square().mean(), device=d.device,
+                                memory_fraction=cfg.train.memory_fraction, max_batch=cfg.train.max_auto_batch)
     return gpu_memory.min_over_ranks(found, d)
 
 

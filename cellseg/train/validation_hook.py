@@ -14,13 +14,13 @@ from typing import Any
 
 from cellseg import runtime
 from cellseg.train.guard import NonFiniteGuard
-from cellseg.train.run_log import RunLog
+from cellseg.train.run_log import LOOP_LOGGER, RunLog
 from cellseg.train.setup import Setup
 from cellseg.train.stop import StopRequest
 from cellseg.train.validate import run_validation, validation_workers
 from cellseg.train.valpool import ValidationPool
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(LOOP_LOGGER)
 
 
 class ValidationHook:
