@@ -9,7 +9,7 @@
 #
 # Each row is one process of bench/ddp_scaling.py (no torchrun): unet_3d, 128³, 48 output channels, bf16 autocast,
 # TF32, channels-last, in-memory random batch, fused AdamW, the model compiled through the trainer's
-# cellseg.train.compile.compile_module with the row's mode (train.compile_mode), the loss compiled in "default".
+# cellseg.runtime.compile.compile_module with the row's mode (train.compile_mode), the loss compiled in "default".
 # Rows, most informative first (cap = hard `timeout` of the row):
 #   b8_default    baseline (docs/benchmarks.md: 124.2 ms, 23.3 %), then --profile: time per kernel group
 #                 (conv fwd / dgrad / wgrad / norm / elementwise / optimizer / other / idle)          cap 150 s

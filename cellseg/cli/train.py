@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         from cellseg.cli._eras import era_names
         from cellseg.config import dump, load_run_config
         from cellseg.config.fields import check_eras
-        from cellseg.train.checkpoint import NonFiniteError
+        from cellseg.train.run_checkpoints import NonFiniteError
         from cellseg.train.trainer import TrainingStopped, train
 
         overrides = list(args.overrides) + ([f"train.profile_steps={args.profile}"] if args.profile else [])

@@ -6,7 +6,7 @@ falls back to eager execution instead of crashing.
   the same shapes mostly loads them;
 - `CompiledModel`: an inference model under torch.compile (static shapes, inductor freezing) that runs eagerly,
   with one warning, when compilation fails. Training decides between compiled and eager by timing both
-  (`cellseg.train.compile`);
+  (`cellseg.train.compile_choice`);
 - `release_compile_workers`: shut inductor's compile-worker pool down once compiling is over.
 """
 

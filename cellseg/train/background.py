@@ -4,17 +4,19 @@ A cold `torch.compile` of a large network is minutes of single-threaded Python i
 (swin_3d on an H200 host: 100 s, most of it inductor's code generation; docs/benchmarks.md). With
 `train.background_compile` a child process (`python -m cellseg.train.background`) builds the same model and loss
 from the job's resolved config (`cellseg.train.build`), compiles them for the same batch, memory format and
-precision and runs each once (`cellseg.train.compile.warm_compile_cache`): their graphs and kernels land in the
-shared compile cache (`$CELLSEG_CACHE/inductor`). Meanwhile the job trains on the eager model. When the child has
-exited, the job compiles the model and the loss itself, now loading them from the cache in seconds, decides as
-`train.compile` says ("auto" times both) and trains compiled from that step on (`Setup.finish_compile`).
+precision and runs each once (`cellseg.train.compile_choice.warm_compile_cache`): their graphs and kernels land
+in the shared compile cache (`$CELLSEG_CACHE/inductor`). Meanwhile the job trains on the eager model. When the
+child has exited, the job compiles the model and the loss itself, now loading them from the cache in seconds,
+decides as `train.compile` says ("auto" times both) and trains compiled from that step on
+(`Setup.finish_compile`).
 
-It applies (`background_budget`) to `train.compile` "on"/"auto" in one CUDA process, when no earlier job of the
-same start-up key compiled (`cellseg.train.warm_start`: then the cache is warm and compiling first costs seconds)
-and when the GPU has room for both: the child may use what is left once the job's own step, eager loss,
-gradients and optimizer state are counted, and is capped at that (`torch.cuda.set_per_process_memory_fraction`),
-so that an estimate short by more than `MARGIN` fails the child (the job then compiles itself), not the job. DDP
-jobs compile before their first step: every rank would have to switch at the same step.
+It applies (`cellseg.runtime.gpu_memory.background_budget`) to `train.compile` "on"/"auto" in one CUDA process,
+when no earlier job of the same start-up key compiled (`cellseg.train.warm_start`: then the cache is warm and
+compiling first costs seconds) and when the GPU has room for both: the child may use what is left once the job's
+own step, eager loss, gradients and optimizer state are counted, and is capped at that
+(`torch.cuda.set_per_process_memory_fraction`), so that an estimate short by more than `MARGIN` fails the child
+(the job then compiles itself), not the job. DDP jobs compile before their first step: every rank would have to
+switch at the same step.
 
 The child writes its log to `run_dir/compile.log`; it ends with the job (terminated by `close`, or with the
 whole process group by a scheduler's SIGTERM) and writes nothing but the compile cache.
@@ -37,13 +39,10 @@ from cellseg import runtime
 from cellseg.config.load import dump, from_dict
 from cellseg.config.schema import RunConfig
 from cellseg.train.build import make_criterion, make_model
-from cellseg.train.compile import warm_compile_cache
+from cellseg.train.compile_choice import warm_compile_cache
 
 log = logging.getLogger(__name__)
 LOG_FILE = "compile.log"
-# Bytes either process may need beyond its measured tensors: a CUDA context (~0.5 GiB on an H200), cuDNN and
-# cuBLAS workspaces, inductor's autotuning buffers, the caching allocator's rounding.
-MARGIN = 2 << 30
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # where `import cellseg` resolves
 
 
@@ -108,20 +107,6 @@ class BackgroundCompile:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-
-
-def background_budget(*, free: int, step: int, loss: int, params: int, state_copies: int) -> int | None:
-    """GPU bytes the child may use, or None when the GPU lacks room for it beside the job.
-
-    `free`: free GPU bytes now (the job's weights and resident data placed); `step`: peak bytes of one eager
-    forward + backward at the batch; `loss`: peak bytes of the eager loss's forward + backward; `params`: the
-    weights' bytes; `state_copies`: weight-sized buffers training still allocates (optimizer state, EMA). The
-    job keeps its step, eager loss, gradients, state and `MARGIN`; the child gets the rest if that holds its own
-    weights and gradients, the step (compiled, it needs no more than eager) and `MARGIN` (its loss is compiled:
-    a few fused reductions, not the eager loss's float32 copies).
-    """
-    budget = free - (step + loss + (1 + state_copies) * params + MARGIN)
-    return budget if budget >= step + 2 * params + MARGIN else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,22 +11,16 @@ micro-steps, so the effective batch (and the result) stays the same.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 from collections.abc import Callable
 
 import torch
 
+from cellseg.runtime.gpu_memory import free_memory
+
 log = logging.getLogger(__name__)
 BACKOFF = 0.8  # micro-batch factor after an OOM
-
-
-def free_memory() -> None:
-    """Drop cached blocks after an OOM."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def shrink(micro_batch: int) -> int:

@@ -18,6 +18,10 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
+import torch
+
+from cellseg import runtime
+
 
 class TrainClock:
     """Seconds of training, paused and resumed by the trainer (module docstring).
@@ -78,3 +82,27 @@ class TrainClock:
 def crossed(previous_s: float, now_s: float, every_s: float) -> bool:
     """True when a multiple of `every_s` lies in (previous_s, now_s]: a periodic event in clock time is due."""
     return every_s > 0 and int(now_s // every_s) > int(previous_s // every_s)
+
+
+@contextlib.contextmanager
+def off_the_clock(clock: TrainClock, device: torch.device) -> Iterator[None]:
+    """Validation, checkpoints and the compile switch are not charged: the clock pauses once the queued GPU work
+    is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    with clock.paused():
+        yield
+
+
+def share(clock: TrainClock, d: runtime.Dist, *, step: int, every: int) -> None:
+    """Refresh the value decisions read (`TrainClock.shared_s`): every step in a single process; under DDP the
+    ranks' maximum every `every` steps (a collective and a host sync), so every rank sets the same learning
+    rate and validates and stops at the same step."""
+    if not d.distributed:
+        clock.shared_s = clock.seconds()
+        return
+    if step % every:
+        return
+    seconds = torch.tensor(clock.seconds(), device=d.device, dtype=torch.float64)
+    torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+    clock.shared_s = float(seconds.item())

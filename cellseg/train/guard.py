@@ -18,7 +18,7 @@ import torch
 
 from cellseg import runtime
 from cellseg.config.schema import TrainConfig
-from cellseg.train.checkpoint import NonFiniteError
+from cellseg.train.run_checkpoints import NonFiniteError
 
 log = logging.getLogger(__name__)
 NONE_YET = 2**62  # "no non-finite step so far" in the device-side record of the first one

@@ -1,4 +1,5 @@
-"""Throughput accounting: FLOPs per training step (counted once) and MFU against a *measured* matmul peak.
+"""Throughput accounting: FLOPs per training step (counted once) and MFU against a *measured* matmul peak;
+and `train.profile_steps` (`step_profiler`): a torch profiler trace of a few training steps.
 
 The peak is a bf16 8192³ matmul on random data (all-zero inputs run faster and overstate it), measured once
 per GPU model and cached in `~/.cache/cellseg/matmul_peak.json`.
@@ -6,10 +7,12 @@ per GPU model and cached in `~/.cache/cellseg/matmul_peak.json`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 
@@ -20,6 +23,8 @@ from cellseg.models.summary import count_flops
 log = logging.getLogger(__name__)
 CACHE = cache_root() / "matmul_peak.json"
 MATMUL_N = 8192
+PROFILE_WAIT, PROFILE_WARMUP = 2, 2  # steps the profiler skips, then runs without recording, before it records
+PROFILE_ROWS = 30  # operators in profile/summary.txt
 
 
 def measure_matmul_peak(device: torch.device, *, repeats: int = 10) -> float:
@@ -62,3 +67,22 @@ def train_flops_per_sample(name: str, in_channels: int, out_channels: int, patch
     # Two samples, halved: BatchNorm in training mode refuses one sample at a 1x1 bottleneck.
     shape = (2, in_channels, *(patch_vox[1:] if model.spec.spatial_dims == 2 else patch_vox))
     return count_flops(model, shape, backward=True) // 2
+
+
+@contextlib.contextmanager
+def step_profiler(steps: int, run_dir: Path, device: torch.device, *, enabled: bool) -> Iterator[Callable[[], None]]:
+    """A function to call after every training step: with `steps` > 0 (and `enabled`, rank 0) a torch profiler
+    records `steps` steps after the first few into `run_dir/profile` (TensorBoard traces, and a summary table
+    by self CUDA time in `summary.txt` when the loop ends normally); otherwise it does nothing."""
+    if steps <= 0 or not enabled:
+        yield lambda: None
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    out = run_dir / "profile"
+    schedule = torch.profiler.schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=steps, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
+                                on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out))) as prof:
+        yield prof.step
+    (out / "summary.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=PROFILE_ROWS))

@@ -1,12 +1,13 @@
 """Everything a training job needs before its first step, in order: process group and backends → seeds →
 model → batch size → run directory (its lock, config.yaml, meta.json) → data → loss/optimizer/schedule →
 resume → compile (or, for a cold one-GPU job, a compiling child process while training starts eagerly:
-`cellseg.train.background`, `Setup.finish_compile`) → DDP. `Setup` holds the results and knows how to write and
-read a checkpoint of them.
+`cellseg.train.background`, `Setup.finish_compile`) → DDP. `Setup` holds the results and knows how to
+write and read a checkpoint of them. The GPU-memory rules (room for data, for a background compile) are
+`cellseg.runtime.gpu_memory`'s.
 
 The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
-reads the newest intact checkpoint (`cellseg.train.checkpoint.load_latest`: a corrupt `last.pt` is named and
-skipped).
+reads the newest intact checkpoint (`cellseg.train.run_checkpoints.load_latest`: a corrupt `last.pt` is named
+and skipped).
 """
 
 from __future__ import annotations
@@ -32,21 +33,21 @@ from cellseg.config.load import dump, to_dict
 from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data, read_train_crops
 from cellseg.models import build_model
+from cellseg.runtime import gpu_memory
 from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
-from cellseg.train.background import LOG_FILE, BackgroundCompile, background_budget
-from cellseg.train.batch import find_batch_size, free_memory
+from cellseg.train.background import LOG_FILE, BackgroundCompile
+from cellseg.train.batch import find_batch_size
 from cellseg.train.build import example_input, make_criterion, make_model, model_params
-from cellseg.train.checkpoint import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.clock import TrainClock
-from cellseg.train.compile import loss_step_bytes, maybe_compile, maybe_compile_loss
+from cellseg.train.compile_choice import loss_step_bytes, maybe_compile, maybe_compile_loss
 from cellseg.train.lock import RunLock
 from cellseg.train.optim import EMA, build_optimizer, build_scheduler
 from cellseg.train.perf import matmul_peak_tflops, train_flops_per_sample
+from cellseg.train.run_checkpoints import CheckpointKeeper, candidates, load_latest, set_rng_state
 from cellseg.train.warm_start import StartupRecord, startup_key
 
 log = logging.getLogger(__name__)
 MICRO_BATCH_FILE = "micro_batch.json"
-STATE_COPIES = 3  # fp32 copies of the weights that training adds after set-up: two AdamW moments and the EMA
 
 
 @dataclass
@@ -97,7 +98,7 @@ class Setup:
             self.lock.release()
 
     def state_dict(self, *, metric: float | None, rng: dict[str, Any]) -> dict[str, Any]:
-        """A complete checkpoint (see `cellseg.train.checkpoint`)."""
+        """A complete checkpoint (see `cellseg.train.run_checkpoints`)."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema": self.ema.state_dict() if self.ema else None, "step": self.state.step,
@@ -126,7 +127,7 @@ class Setup:
         return model
 
     def compile_now(self) -> None:
-        """Compile the model and the loss as `train.compile` says (`cellseg.train.compile`), reusing the start-up
+        """Compile the model and the loss as `train.compile` says (`cellseg.train.compile_choice`), reusing the start-up
         record's decisions when the micro-batch is the one it describes, and record them for the next job."""
         cfg, d = self.cfg, self.dist
         same = self.state.micro_batch == self.batch_size  # a resumed run's smaller micro-batch is not the record's
@@ -186,25 +187,11 @@ def _batch_size(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precisi
     if d.device.type != "cuda":
         log.info("train.batch_size=auto on CPU: using 2")
         return 2
-    def make_input(b: int) -> torch.Tensor:
-        return example_input(cfg, d.device, batch=b, fmt=fmt)
-
-    def loss_fn(out: torch.Tensor) -> torch.Tensor:
-        return out.float().square().mean()
-
     with runtime.autocast(d.device, precision):
-        found = find_batch_size(model, make_input, loss_fn, device=d.device, memory_fraction=cfg.train.memory_fraction,
-                                max_batch=cfg.train.max_auto_batch)
-    return _min_over_ranks(found, d)
-
-
-def _min_over_ranks(value: int, d: runtime.Dist) -> int:
-    """The smallest `value` of all ranks (itself in a single process), so that every rank decides alike."""
-    if not d.distributed:
-        return value
-    t = torch.tensor(value, device=d.device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-    return int(t)
+        found = find_batch_size(model, lambda b: example_input(cfg, d.device, batch=b, fmt=fmt),
+                                lambda out: out.float().square().mean(), device=d.device,
+                                memory_fraction=cfg.train.memory_fraction, max_batch=cfg.train.max_auto_batch)
+    return gpu_memory.min_over_ranks(found, d)
 
 
 def _startup_record(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
@@ -221,22 +208,23 @@ def _startup_record(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, pre
 
 def _gpu_room(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
               fmt: torch.memory_format, batch: int, startup: StartupRecord) -> int:
-    """GPU bytes that training leaves free for resident data (`data.resident`): free memory once the model, one
-    forward + backward at `batch` and the optimizer/EMA state (`STATE_COPIES`) are counted; the minimum over
-    ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the GPU."""
+    """GPU bytes that training leaves free for resident data (`data.resident`; `cellseg.runtime.gpu_memory`):
+    the minimum over ranks, so every rank places its data alike. 0 off CUDA or when the data may not go to the
+    GPU."""
     if d.device.type != "cuda" or cfg.data.resident not in ("auto", "gpu"):
         return 0
-    state = STATE_COPIES * 4 * sum(p.numel() for p in model.parameters())  # fp32 bytes
     step = _step_bytes_recorded(cfg, model, d, precision, fmt, batch, startup)
-    return _min_over_ranks(0 if step is None else max(0, torch.cuda.mem_get_info(d.device)[0] - step - state), d)
+    return gpu_memory.min_over_ranks(gpu_memory.data_room(model, step, d.device), d)
 
 
 def _step_bytes_recorded(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
                          fmt: torch.memory_format, batch: int, startup: StartupRecord) -> int | None:
-    """`_step_bytes`, from `startup` when an earlier job measured it (the eager probe is then skipped)."""
+    """Peak GPU bytes of one eager step at `batch` (`cellseg.runtime.gpu_memory.step_bytes`), from `startup` when
+    an earlier job measured it (the eager probe is then skipped)."""
     step = startup.get("gpu_step_bytes")
     if step is None:
-        step = _step_bytes(cfg, model, d, precision, fmt, batch)
+        step = gpu_memory.step_bytes(model, lambda: example_input(cfg, d.device, batch=batch, fmt=fmt), d.device,
+                                     precision)
         if step is not None:  # out of memory may be another process's doing: measured again next time
             startup.put("gpu_step_bytes", step)
     return step
@@ -258,47 +246,11 @@ def _background_room(s: Setup) -> int | None:
                                    fmt=s.memory_format)
         except torch.OutOfMemoryError:
             step = loss = None  # no room for the eager loss beside the data: none for a second process either
-    free_memory()
-    params = sum(p.numel() * p.element_size() for p in s.model.parameters())
-    free = torch.cuda.mem_get_info(d.device)[0]
-    room = None if step is None or loss is None else background_budget(free=free, step=step, loss=loss,
-                                                                       params=params, state_copies=STATE_COPIES)
+    room, why_not = gpu_memory.background_room(s.model, step, loss, d.device)
     if room is None:
-        needs = "out of memory" if step is None or loss is None else \
-            f"{step / 2**30:.1f} GiB, its eager loss {loss / 2**30:.1f} GiB"
-        s.meta["background_compile"] = (f"not started: {free / 2**30:.1f} GiB free on the GPU is too little for a "
-                                        f"compiling process beside this job's eager step ({needs})")
-        log.info("compiling before the first step: %s", s.meta["background_compile"])
+        s.meta["background_compile"] = why_not
+        log.info("compiling before the first step: %s", why_not)
     return room
-
-
-def _step_bytes(cfg: RunConfig, model: torch.nn.Module, d: runtime.Dist, precision: runtime.Precision,
-                fmt: torch.memory_format, batch: int) -> int | None:
-    """Peak GPU bytes of one eager forward + backward at `batch` beyond what is allocated now (None: it does not
-    fit). The model's weights and batch-norm statistics are left as they were."""
-    buffers = {k: v.clone() for k, v in model.state_dict().items() if not v.dtype.is_floating_point or "running" in k}
-    free_memory()
-    base = torch.cuda.memory_allocated(d.device)
-    torch.cuda.reset_peak_memory_stats(d.device)
-    try:
-        with torch.random.fork_rng(devices=[d.device]):  # the probe's draws (input, dropout) leave no trace
-            with runtime.autocast(d.device, precision):
-                out = model(example_input(cfg, d.device, batch=batch, fmt=fmt))
-            (out[0] if isinstance(out, (list, tuple)) else out).float().square().mean().backward()
-        step: int | None = torch.cuda.max_memory_allocated(d.device) - base
-    except torch.OutOfMemoryError:
-        step = None  # the step alone does not fit: no room for data
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.load_state_dict(buffers, strict=False)  # the probe's batch-norm statistics are not kept
-        free_memory()
-    return step
-
-
-def _write_run_files(cfg: RunConfig, run_dir: Path, meta: dict[str, Any]) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump(cfg))
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
 def _refuse_while_spawn_imports_main() -> None:
@@ -395,11 +347,40 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
               fmt: torch.memory_format, *, lock: RunLock | None, resume: bool, phase: Phases,
               before_compile: Callable[[Setup], None] | None = None) -> Setup:
     """The rest of `build_setup`, holding the run directory's lock."""
-    tc, run_dir = cfg.train, Path(cfg.run_dir)
+    run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     if not resume and ckpt_dir.is_dir() and candidates(ckpt_dir):
         raise FileExistsError(f"{run_dir} already holds a run: pass --resume to continue it, or choose another run_dir")
     startup = _startup_record(cfg, model, d, precision, fmt, batch)
+    data = _train_data(cfg, d, precision, model, batch, fmt, startup=startup, phase=phase)
+    s = _new_setup(cfg, d, precision, model, batch, fmt, data, lock=lock, startup=startup)
+    if d.is_main and ckpt_dir.is_dir():
+        s.keeper.remove_partial_files()
+    if resume:
+        _resume(s, phase)
+    if before_compile is not None:
+        with phase("loader start"):
+            before_compile(s)
+    with phase("compile"):  # "auto" times eager against compiled here (or reuses `startup`); "on" compiles here
+        _compile_or_start_background(s)
+    s.startup_s = s.meta["startup_s"] = phase.seconds
+    s.meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
+    if d.is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(dump(cfg))
+            (run_dir / "meta.json").write_text(json.dumps(s.meta, indent=1, default=str))
+        except BaseException:
+            if s.background is not None:  # the child ends with the failed set-up (the caller ends the rest)
+                s.background.close()
+            raise
+    return s
+
+
+def _train_data(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, model: torch.nn.Module, batch: int,
+                fmt: torch.memory_format, *, startup: StartupRecord, phase: Phases) -> TrainData:
+    """The training data, placed where the GPU's room (`_gpu_room`) allows."""
+    tc, run_dir = cfg.train, Path(cfg.run_dir)
     # The crops are opened and indexed in a thread while the GPU probe runs (it touches no GPU and writes nothing
     # in the run directory); the main process of a run also builds the boundary caches there, before the barrier.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-crops") as reader:
@@ -411,9 +392,15 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
             crops = reading.result()
     runtime.barrier(d)
     with phase("data"):
-        data = build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
+        return build_train_data(cfg.data, cfg.loader, cfg.augment, batch_size=batch, seed=tc.seed, rank=d.rank,
                                 world_size=d.world_size, run_dir=run_dir if d.is_main else None, device=d.device,
                                 gpu_room_bytes=room, crops=crops)
+
+
+def _new_setup(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, model: torch.nn.Module, batch: int,
+               fmt: torch.memory_format, data: TrainData, *, lock: RunLock | None, startup: StartupRecord) -> Setup:
+    """A fresh `Setup` (step 0): loss, optimizer, schedule over the training clock, checkpoint keeper, meta."""
+    tc, run_dir = cfg.train, Path(cfg.run_dir)
     criterion = make_criterion(cfg, d.device)
     optimizer = build_optimizer(model, cfg.optim, d.device)
     clock = TrainClock()
@@ -428,45 +415,36 @@ def _assemble(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mod
             "voxel_size_nm": list(cfg.data.voxel_size_nm), "patch_shape_vox": list(patch), "batch_size": batch,
             "world_size": d.world_size, "precision": precision, "device": str(d.device), "resident_data": data.resident,
             "gpu": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"}
-    s = Setup(cfg=cfg, dist=d, precision=precision, run_dir=run_dir, model=model, net=model, memory_format=fmt,
-              batch_size=batch, data=data, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
-              scaler=runtime.make_scaler(precision, d.device),
-              ema=EMA(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
-              keeper=CheckpointKeeper(ckpt_dir, top_k=tc.keep_top_k),
-              flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
-                                                      preset=cfg.model.preset, params=model_params(cfg)),
-              peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
-              state=TrainState(micro_batch=batch), meta=meta, lock=lock, clock=clock, startup=startup)
-    if d.is_main and ckpt_dir.is_dir():
-        s.keeper.remove_partial_files()
-    if resume:
-        with phase("resume"):
-            ckpt, s.resumed_from = load_latest(ckpt_dir, map_location=d.device)
-            s.load_state(ckpt)
-        override = run_dir / MICRO_BATCH_FILE
-        if override.is_file():
-            s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
-        log.info("resumed %s at step %d from %s", run_dir, s.state.step, s.resumed_from.name)
-    if before_compile is not None:
-        with phase("loader start"):
-            before_compile(s)
-    with phase("compile"):  # "auto" times eager against compiled here (or reuses `startup`); "on" compiles here
-        room = _background_room(s)
-        if room is None:
-            s.compile_now()
-        else:  # the model compiles in another process; this one trains eagerly meanwhile
-            s.background = BackgroundCompile.start(cfg, device=d.device, batch=batch, precision=precision,
-                                                   max_bytes=room, log_path=run_dir / LOG_FILE)
-            meta["compile"] = {"mode": tc.compile, "background": True, "compiled": False}
-            meta["compile_loss"] = {"mode": tc.compile, "background": True, "compiled": False}
-            startup.save()  # one process: rank 0
-    s.startup_s = meta["startup_s"] = phase.seconds
-    meta.update(flops_per_sample=s.flops_per_sample, matmul_peak_tflops=s.peak_tflops)
-    if d.is_main:
-        try:
-            _write_run_files(cfg, run_dir, meta)
-        except BaseException:
-            if s.background is not None:  # the child ends with the failed set-up (the caller ends the rest)
-                s.background.close()
-            raise
-    return s
+    return Setup(cfg=cfg, dist=d, precision=precision, run_dir=run_dir, model=model, net=model, memory_format=fmt,
+                 batch_size=batch, data=data, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                 scaler=runtime.make_scaler(precision, d.device),
+                 ema=EMA(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
+                 keeper=CheckpointKeeper(run_dir / "checkpoints", top_k=tc.keep_top_k),
+                 flops_per_sample=train_flops_per_sample(cfg.model.name, 1, cfg.data.num_target_channels, patch,
+                                                         preset=cfg.model.preset, params=model_params(cfg)),
+                 peak_tflops=matmul_peak_tflops(d.device), voxels_per_sample=math.prod(patch),
+                 state=TrainState(micro_batch=batch), meta=meta, lock=lock, clock=clock, startup=startup)
+
+
+def _resume(s: Setup, phase: Phases) -> None:
+    """Continue from the run's newest intact checkpoint, at the smaller micro-batch an OOM left, if any."""
+    with phase("resume"):
+        ckpt, s.resumed_from = load_latest(s.keeper.directory, map_location=s.dist.device)
+        s.load_state(ckpt)
+    override = s.run_dir / MICRO_BATCH_FILE
+    if override.is_file():
+        s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
+    log.info("resumed %s at step %d from %s", s.run_dir, s.state.step, s.resumed_from.name)
+
+
+def _compile_or_start_background(s: Setup) -> None:
+    """Compile here, or start a compiling child process while this one trains eagerly (`_background_room`)."""
+    room = _background_room(s)
+    if room is None:
+        s.compile_now()
+        return
+    s.background = BackgroundCompile.start(s.cfg, device=s.dist.device, batch=s.batch_size, precision=s.precision,
+                                           max_bytes=room, log_path=s.run_dir / LOG_FILE)
+    for name in ("compile", "compile_loss"):
+        s.meta[name] = {"mode": s.cfg.train.compile, "background": True, "compiled": False}
+    s.startup.save()  # one process: rank 0

@@ -11,12 +11,16 @@ non-finite weights. A stop signal (`cellseg.train.stop`) ends the run at the cur
 and `TrainingStopped`; no `result.json` is written then.
 
 A cold one-GPU job whose model compiles in a child process (`cellseg.train.background`) trains eagerly until the
-child is done, then switches to the compiled model before its next step (`finish_compile`, off the clock).
+child is done, then switches to the compiled model before its next step (`cellseg.train.compile_swap`).
 
 With `train.time_budget_min` the run also stops when its training clock (`cellseg.train.clock`: compilation,
 set-up, validation and checkpoints not charged) reaches the budget, with a final validation and checkpoint;
-`train.val_every_min` validates at fixed clock times. Every metrics.jsonl record carries `train_min` (that
-clock) and `job_min` (wall-clock minutes since this job started, set-up included).
+`train.val_every_min` validates at fixed clock times (`cellseg.train.schedule`). Every metrics.jsonl record
+carries `train_min` (that clock) and `job_min` (wall-clock minutes since this job started, set-up included).
+
+The concerns around the loop are small collaborators: `schedule` (when to log, validate, checkpoint, end),
+`clock` (the training clock), `stop` (signals), `log_window` (metrics.jsonl), `validation_hook`,
+`checkpointing`, `compile_swap` and `perf.step_profiler` (`train.profile_steps`).
 """
 
 from __future__ import annotations
@@ -24,10 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -35,20 +37,24 @@ import torch
 from cellseg import runtime
 from cellseg.config.schema import RunConfig
 from cellseg.runtime.checkpoint import save_atomic_text
-from cellseg.runtime.compile import release_compile_workers
-from cellseg.train.batch import free_memory, shrink
-from cellseg.train.checkpoint import rng_state, set_rng_state
-from cellseg.train.clock import crossed
+from cellseg.runtime.gpu_memory import free_memory
+from cellseg.train.batch import shrink
+from cellseg.train.batch_stream import Batch, start_batches, to_device
+from cellseg.train.checkpointing import Checkpointer
+from cellseg.train.clock import off_the_clock, share
+from cellseg.train.compile_swap import CompileSwap
 from cellseg.train.guard import NonFiniteGuard
-from cellseg.train.logs import RunLog, process_age_s
+from cellseg.train.log_window import LogWindow, record_startup
+from cellseg.train.perf import step_profiler
+from cellseg.train.run_checkpoints import set_rng_state
+from cellseg.train.run_log import RunLog
+from cellseg.train.schedule import Schedule, stop_agreed
 from cellseg.train.setup import Setup, build_setup
 from cellseg.train.stop import StopRequest, TrainingStopped
-from cellseg.train.validate import run_validation, validation_sets, validation_workers
-from cellseg.train.valpool import ValidationPool
+from cellseg.train.validate import validation_sets
+from cellseg.train.validation_hook import ValidationHook
 
 log = logging.getLogger(__name__)
-Batch = dict[str, Any]
-RANKING_FILE = "ranking.json"  # beside index.json: which score (and crops) its numbers are
 
 
 class Trainer:
@@ -64,7 +70,7 @@ class Trainer:
         self.cfg = cfg
         self.stop = stop  # installed by `train` before set-up; `fit` makes its own otherwise
         self._job_start = time.perf_counter()
-        self._started: Iterator[Batch] | None = None  # the batch stream begun during set-up (`_start_batches`)
+        self._started: Iterator[Batch] | None = None  # the batch stream begun during set-up (`_start_early`)
         try:
             early = self._start_early if stop is not None else None
             self.s: Setup = build_setup(cfg, resume=resume, before_compile=early)
@@ -80,15 +86,13 @@ class Trainer:
         if now is not None:  # another time source for the training clock (tests)
             self.s.clock.now = now
         self.guard = NonFiniteGuard(cfg.train, self.s.dist, fp16_scaler=self.s.scaler.is_enabled())
-        # A run resumed from last.pt has its current step on disk: stopping before a step must not rewrite it.
-        resumed = self.s.resumed_from
-        self._compile_done = False  # set once the model trains as it will: `_release_compile_workers`
-        self._saved_step = self.s.state.step if resumed is not None and resumed.name == "last.pt" else -1
-        self.val_pool: ValidationPool | None = None  # the validation workers of `fit` (started at its first validation)
+        self.checkpoints = Checkpointer(self.s, self.guard)
+        self.validation = ValidationHook(self.s, self.guard)  # its workers: `fit`'s, from its first validation
+        self.compile_swap = CompileSwap(self.s)
 
     def close(self) -> None:
         """End the loader and validation workers, if any, and release the run directory (its lock)."""
-        self._close_val_pool()
+        self.validation.close()
         self._close_started()
         self.s.close()
 
@@ -97,45 +101,20 @@ class Trainer:
         if started is not None:
             started.close()  # its DataLoader iterator goes with it, and with that its workers
 
-    def _close_val_pool(self) -> None:
-        pool, self.val_pool = self.val_pool, None
-        if pool is not None:
-            pool.close()
-
     # -- data -------------------------------------------------------------------------------------------
     def _start_early(self, s: Setup) -> None:
         """Set-up's hook before compilation: the loader's workers start now and import while the model compiles
         (a 2D job's first batch waited 7-8 s for them after compilation on the GPU host)."""
         assert self.stop is not None
-        self._started = self._start_batches(s, self.stop)
+        self._started = start_batches(s, self.stop)
 
     def batch_stream(self, stop: StopRequest) -> Iterator[Batch]:
         """Loader batches from where the run stands: the stream begun during set-up, else one begun now."""
         started, self._started = self._started, None
-        return started or self._start_batches(self.s, stop)
-
-    def _start_batches(self, s: Setup, stop: StopRequest) -> Iterator[Batch]:
-        """Loader batches from where the run stands (the sample stream is a pure function of the index); the
-        first epoch's workers start here, not at the first batch."""
-        sampler, loader = s.data.sampler, s.data.loader
-        loader.worker_init_fn = stop.worker_init_fn
-        epoch, offset = divmod(s.state.step * self.cfg.train.grad_accum_steps, sampler.batches_per_epoch)
-        sampler.set_epoch(epoch, start_batch=offset)
-        with stop.shield_workers():  # workers start here (and every epoch if not persistent)
-            first = iter(loader)
-        return self._epochs(first, epoch, stop)
-
-    def _epochs(self, batches: Iterator[Batch], epoch: int, stop: StopRequest) -> Iterator[Batch]:
-        sampler, loader = self.s.data.sampler, self.s.data.loader
-        while True:
-            yield from batches
-            epoch += 1
-            sampler.set_epoch(epoch, start_batch=0)
-            with stop.shield_workers():
-                batches = iter(loader)
+        return started or start_batches(self.s, stop)
 
     def _to_device(self, batch: Batch) -> Batch:
-        return {k: v.to(self.s.dist.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return to_device(batch, self.s.dist.device)
 
     # -- one optimizer step ---------------------------------------------------------------------------------
     def _micro_steps(self, batches: list[Batch]) -> torch.Tensor:
@@ -195,121 +174,69 @@ class Trainer:
             TrainingStopped: a stop signal ended the run early; `last.pt` holds it at the current step.
             NonFiniteError: the loss or gradients became NaN or infinite (`train.nonfinite`).
         """
-        s, tc, clock = self.s, self.cfg.train, self.s.clock
-        budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else math.inf
-        val_every_s = 60.0 * tc.val_every_min if tc.val_every_min is not None else 0.0
-        run_log = RunLog(s.run_dir, enabled=s.dist.is_main, start_step=s.state.step, stamp=self._stamp,
-                         total_steps=tc.max_steps if tc.time_budget_min is None else None)  # a budget: steps unknown
-        stop = self.stop or StopRequest()
-        if s.dist.is_main and s.data.val_crops:  # the ranks that validate; workers start at the first validation
-            self.val_pool = ValidationPool(validation_workers(self.cfg, s.data.val_crops),
-                                           worker_init=stop.worker_init_fn, shield=stop.shield_workers)
-        batches, last = self.batch_stream(stop), {}
-        window_start, window_steps, loss_steps = time.perf_counter(), 0, 0
-        wait_s = 0.0  # host seconds of this logging window spent waiting for the loader's next batch
-        loss_sum = torch.zeros((), device=s.dist.device)
-        try:
-            with self._profiler() as prof:
-                while s.state.step < tc.max_steps and clock.shared_s < budget_s:
-                    if self._stop_requested(stop):
-                        self._stop(stop, run_log)
-                    if s.background is not None and s.background.done():
-                        self.finish_compile(run_log)
-                    first, fetch_start = not clock.running, time.perf_counter()  # running from the first step on
-                    step_batches = self._next_batches(batches, stop, run_log)
-                    step_start = time.perf_counter()
-                    loss, grad_norm = self.train_step(step_batches)
-                    if first:
-                        self._record_startup(run_log, step_start - fetch_start, step_start)
-                    else:
-                        wait_s += step_start - fetch_start
-                    clock.start()  # from the end of the job's first step: compilation and set-up are not charged
-                    if self.guard.last_ok:  # a skipped step's NaN stays out of the logged mean (counted apart)
-                        loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
-                    window_steps += 1
-                    if prof is not None:
-                        prof.step()
-                    step, before = s.state.step, clock.shared_s
-                    self._tick()
-                    final = step == tc.max_steps or clock.shared_s >= budget_s
-                    if step % tc.log_every == 0 or final:
-                        mean = loss_sum / loss_steps if loss_steps else torch.full_like(loss_sum, float("nan"))
-                        last = self._log(run_log, mean, grad_norm, window_steps, time.perf_counter() - window_start,
-                                         wait_s=wait_s)
-                        window_start, window_steps, loss_steps, wait_s = time.perf_counter(), 0, 0, 0.0
-                        loss_sum = torch.zeros_like(loss_sum)
-                        self._release_compile_workers()
-                    if step % tc.val_every == 0 or final or crossed(before, clock.shared_s, val_every_s):
-                        with self._off_the_clock():
-                            last["val"] = self._validate(run_log)
-                    elif step % tc.checkpoint_every == 0:
-                        with self._off_the_clock():
-                            self._checkpoint()
-        finally:
-            try:
-                self._close_val_pool()  # on every way out: the end, an error, a stop signal
-            finally:
-                batches.close()
-                stop.release_workers()
-                if self.stop is None:
-                    stop.restore()
-                run_log.close()
+        s, tc, clock, plan = self.s, self.cfg.train, self.s.clock, Schedule(self.cfg.train)
+        last: dict[str, Any] = {}
+        with contextlib.ExitStack() as ends:  # in reverse on every way out: the end, an error, a stop signal
+            run_log = ends.enter_context(contextlib.closing(self._run_log()))
+            stop = self.stop or StopRequest()
+            ends.callback(stop.release_workers if self.stop is not None else stop.restore)
+            batches = ends.enter_context(contextlib.closing(self.batch_stream(stop)))
+            self.validation.open(stop)
+            ends.callback(self.validation.close)
+            window = LogWindow(s.dist.device)
+            profile_step = ends.enter_context(step_profiler(tc.profile_steps, s.run_dir, s.dist.device,
+                                                            enabled=s.dist.is_main))
+            while plan.more(s.state.step, clock.shared_s):
+                if stop_agreed(stop, s.dist, step=s.state.step, every=tc.log_every):
+                    self._stop(stop, run_log)
+                self.compile_swap.poll(run_log)
+                grad_norm = self._step(batches, stop, run_log, window)
+                profile_step()
+                step, before = s.state.step, clock.shared_s
+                share(clock, s.dist, step=step, every=tc.log_every)
+                due = plan.after(step, before, clock.shared_s)
+                if due.log:
+                    last = window.record(run_log, s, self.guard, grad_norm)
+                    self.compile_swap.release_workers()
+                if due.validate:
+                    last["val"] = self._validate(run_log)
+                elif due.checkpoint:
+                    with off_the_clock(clock, s.dist.device):
+                        self.checkpoints.save()
         return last
 
+    def _step(self, batches: Iterator[Batch], stop: StopRequest, run_log: RunLog, window: LogWindow) -> torch.Tensor:
+        """One optimizer step on the next loader batches, counted in `window`, and its gradient norm; the job's
+        first step records the start-up and starts the training clock (compilation and set-up are not charged)."""
+        s = self.s
+        first, fetch_start = not s.clock.running, time.perf_counter()
+        step_batches = self._next_batches(batches, stop, run_log)
+        step_start = time.perf_counter()
+        loss, grad_norm = self.train_step(step_batches)
+        if first:
+            record_startup(run_log, s, batch_s=step_start - fetch_start, step_start=step_start,
+                           job_start=self._job_start)
+        s.clock.start()
+        window.add(loss, kept=self.guard.last_ok, wait_s=0.0 if first else step_start - fetch_start)
+        return grad_norm
+
     def finish_compile(self, run_log: RunLog | None = None) -> None:
-        """Train compiled from the next step, the background compile having ended (`cellseg.train.background`);
-        the pause to load the compiled graphs is not charged to the training clock."""
-        with self._off_the_clock():
-            self.s.finish_compile()
-        if run_log is not None:
-            keys = ("compiled", "background_s", "switch_s", "background_error")
-            run_log.record(self.s.state.step, {k: self.s.meta["compile"].get(k) for k in keys}, prefix="compile")
+        """Train compiled from the next step, the background compile having ended (`cellseg.train.compile_swap`)."""
+        self.compile_swap.finish(run_log)
 
-    def _release_compile_workers(self) -> None:
-        """Once a step has run as the job will train (no background compile pending), nothing compiles again:
-        inductor's idle compile-worker pool is shut down (`cellseg.runtime.compile.release_compile_workers`)."""
-        if self._compile_done or self.s.background is not None:
-            return
-        self._compile_done = True
-        if release_compile_workers():
-            log.info("step %d: compilation done, inductor's compile workers shut down", self.s.state.step)
+    def _validate(self, run_log: RunLog) -> dict[str, Any]:
+        """Score the validation crops (`cellseg.train.validation_hook`) and offer the checkpoint for `best.pt` by
+        the ranking score, off the training clock; checkpoints/ranking.json records which score ranked."""
+        with off_the_clock(self.s.clock, self.s.dist.device):
+            result = self.validation.run(run_log)
+            self.checkpoints.save(score=result.get("ranking_score"))
+            self.checkpoints.save_ranking(result)
+        return result
 
-    def _tick(self) -> None:
-        """Refresh the clock value decisions read (`TrainClock.shared_s`): every step in a single process; under
-        DDP the ranks' maximum every `log_every` steps (a collective and a host sync), so every rank sets the same
-        learning rate and validates and stops at the same step."""
-        clock = self.s.clock
-        if not self.s.dist.distributed:
-            clock.shared_s = clock.seconds()
-            return
-        if self.s.state.step % self.cfg.train.log_every:
-            return
-        seconds = torch.tensor(clock.seconds(), device=self.s.dist.device, dtype=torch.float64)
-        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
-        clock.shared_s = float(seconds.item())
-
-    @contextlib.contextmanager
-    def _off_the_clock(self) -> Iterator[None]:
-        """Validation and checkpoints are not charged: the clock pauses once the queued GPU work is done."""
-        if self.s.dist.device.type == "cuda":
-            torch.cuda.synchronize(self.s.dist.device)
-        with self.s.clock.paused():
-            yield
-
-    def _record_startup(self, run_log: RunLog, batch_s: float, step_start: float) -> None:
-        """Where the time before the first optimizer step went (metrics.jsonl record "startup", and the log):
-        the set-up's phases (`cellseg.train.setup.Phases`), the first batch, the first step (lazy compilation)."""
-        if self.s.dist.device.type == "cuda":
-            torch.cuda.synchronize(self.s.dist.device)
-        now = time.perf_counter()
-        values = {"setup": dict(self.s.startup_s), "first_batch": round(batch_s, 3),
-                  "first_step": round(now - step_start, 3), "job_to_first_step": round(now - self._job_start, 3),
-                  "process_to_first_step": process_age_s()}
-        run_log.record(self.s.state.step, values, prefix="startup")
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in self.s.startup_s.items())
-        total = values["process_to_first_step"] or values["job_to_first_step"]
-        log.info("first step %.1f s after the start (set-up: %s; first batch %.1f; first step %.1f s)", total, parts,
-                 batch_s, values["first_step"])
+    def _run_log(self) -> RunLog:
+        s, tc = self.s, self.cfg.train
+        return RunLog(s.run_dir, enabled=s.dist.is_main, start_step=s.state.step, stamp=self._stamp,
+                      total_steps=tc.max_steps if tc.time_budget_min is None else None)  # a budget: steps unknown
 
     def _stamp(self) -> dict[str, float]:
         """Minutes stamped on every metrics.jsonl record: the training clock, and wall time since the job began."""
@@ -329,101 +256,12 @@ class Trainer:
 
     def _stop(self, stop: StopRequest, run_log: RunLog) -> NoReturn:
         """Checkpoint the current step and raise `TrainingStopped`."""
-        path = self._checkpoint()
+        path = self.checkpoints.save()
         step = self.s.state.step
         run_log.record(step, {"signal": stop.signal_name, "checkpoint": str(path)}, prefix="stopped")
         log.warning("stopped at step %d on %s; checkpoint %s written: resume with --resume", step,
                     stop.signal_name, path)
         raise TrainingStopped(step=step, signal_name=str(stop.signal_name), checkpoint=str(path))
-
-    def _stop_requested(self, stop: StopRequest) -> bool:
-        """Single process: the flag itself, no GPU involved. DDP: every rank must stop at the same step, which
-        takes a collective and a host sync, so ranks agree only every `log_every` steps (a pre-emption
-        warning leaves minutes, steps take well under a second)."""
-        if not self.s.dist.distributed:
-            return stop.requested
-        if self.s.state.step % self.cfg.train.log_every:
-            return False
-        flag = torch.tensor(float(stop.requested), device=self.s.dist.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
-
-    def _log(self, run_log: RunLog, loss: torch.Tensor, grad_norm: torch.Tensor, steps: int, seconds: float, *,
-             wait_s: float) -> dict[str, Any]:
-        """Record the window's means; `data_wait_frac` is the share of its host time spent waiting for batches
-        (near 0: the GPU step or the host's own work bounds training; near 1: the loader does)."""
-        s = self.s
-        self.guard.check()  # errors before a NaN is logged as if it were a loss
-        loss_v = float(runtime.all_reduce_mean(loss, s.dist))
-        samples = steps * s.batch_size * self.cfg.train.grad_accum_steps * s.dist.world_size
-        values = {"loss": loss_v, "grad_norm": float(grad_norm), "lr": s.scheduler.get_last_lr()[0],
-                  "samples_per_s": samples / seconds, "mvox_per_s": samples * s.voxels_per_sample / seconds / 1e6,
-                  "data_wait_frac": wait_s / seconds, "micro_batch": s.state.micro_batch, **self.guard.counts()}
-        if s.peak_tflops:
-            per_gpu = values["samples_per_s"] / s.dist.world_size * s.flops_per_sample / 1e12
-            values.update(tflops_per_gpu=per_gpu, mfu=per_gpu / s.peak_tflops,
-                          gpu_mem_gb=torch.cuda.max_memory_allocated(s.dist.device) / 1e9)
-        run_log.record(s.state.step, values)
-        post = {"loss": f"{loss_v:.4f}", "samples/s": f"{values['samples_per_s']:.1f}",
-                "data wait": f"{100 * values['data_wait_frac']:.0f}%"}
-        if "mfu" in values:
-            post["MFU"] = f"{100 * values['mfu']:.1f}%"
-        run_log.advance(steps, post)
-        return values
-
-    def _validate(self, run_log: RunLog) -> dict[str, Any]:
-        """Score the validation crops and offer the checkpoint for `best.pt` by the ranking score (decision
-        mode, tuning crops only: `cellseg.train.validate`); metrics.jsonl and checkpoints/ranking.json record
-        which score ranked (the numbers of checkpoints/index.json)."""
-        s, result = self.s, {}
-        self.guard.check()
-        if s.dist.is_main and s.data.val_crops:
-            model = s.eval_model()
-            result = run_validation(model, s.data.val_crops, self.cfg, device=s.dist.device, precision=s.precision,
-                                    pool=self.val_pool)
-            run_log.record(s.state.step, result, prefix="val")
-            log.info("step %d validation (%s metric, %d tuning crops, %s grid, %.1f s): overall %.4f (%d skipped) | "
-                     "ranked by %s %.4f | %s", s.state.step, result["metric"], len(result["crops"]["tuning"]),
-                     result["grid"], result["seconds"], result["overall_score"], result["skipped_crops"],
-                     result["ranked_by"], result["ranking_score"],
-                     ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
-        runtime.barrier(s.dist)
-        self._checkpoint(score=result.get("ranking_score"))
-        if result:  # beside index.json (written by the checkpoint): which score its numbers are
-            ranking = {"ranked_by": result["ranked_by"], "metric": result["metric"], "combined": "decision mode",
-                       "crops": result["crops"]["tuning"], "grid": result["grid"], "note": result["ranking_note"]}
-            save_atomic_text(json.dumps(ranking, indent=1), s.keeper.directory / RANKING_FILE)
-        return result
-
-    def _checkpoint(self, score: float | None = None) -> Path:
-        """Write `last.pt` (and offer it for `best.pt` with a validation score); returns the path of `last.pt`."""
-        s = self.s
-        self.guard.check()
-        path = s.keeper.directory / "last.pt"
-        if s.dist.is_main and (self._saved_step != s.state.step or score is not None):
-            state = s.state_dict(metric=score, rng=rng_state())
-            path = s.keeper.save_last(state)
-            if score is not None:
-                s.keeper.offer(state, s.state.step, score)
-        self._saved_step = s.state.step
-        runtime.barrier(s.dist)
-        return path
-
-    @contextlib.contextmanager
-    def _profiler(self) -> Iterator[torch.profiler.profile | None]:
-        n = self.cfg.train.profile_steps
-        if n <= 0 or not self.s.dist.is_main:
-            yield None
-            return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.s.dist.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        out = self.s.run_dir / "profile"
-        schedule = torch.profiler.schedule(wait=2, warmup=2, active=n, repeat=1)
-        with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
-                                    on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out))) as prof:
-            yield prof
-        (out / "summary.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
 
 
 def train(cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | None = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ patch, precision, GPU, software and code:
 - the GPU-room probe (`cellseg.train.setup`): one eager forward + backward at the batch, whose peak memory sizes
   the GPU memory left for resident data. It is the process's first GPU work, so it also pays cuDNN's autotuning
   of every eager convolution: 5-17 s on an H200;
-- `train.compile: auto` (`cellseg.train.compile`): compiled and eager steps timed against each other, for the
+- `train.compile: auto` (`cellseg.train.compile_choice`): compiled and eager steps timed against each other, for the
   model and for the loss.
 
 A job records both, and whether it compiled the model (the compile cache then holds its graphs, so a later job
@@ -43,7 +43,7 @@ FORMAT = 1  # bump when the record's fields change meaning
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The code whose behaviour the record captures: the networks, the loss and the layout of its targets, and how
 # compiling is decided.
-SOURCES = ("models", "losses.py", "data/augment.py", "train/build.py", "train/compile.py", "runtime/compile.py")
+SOURCES = ("models", "losses.py", "data/augment.py", "train/build.py", "train/compile_choice.py", "runtime/compile.py")
 
 
 def _source_digest() -> str:

@@ -1,6 +1,6 @@
 """Training curves from runs' `metrics.jsonl`: loss, validation scores, learning rate, throughput, MFU.
 
-Record format (`cellseg.train.logs.RunLog`): one JSON object per line, `{"step", "time", "train": {...}}`
+Record format (`cellseg.train.run_log.RunLog`): one JSON object per line, `{"step", "time", "train": {...}}`
 (loss, grad_norm, lr, samples_per_s, mvox_per_s, data_wait_frac, micro_batch; on GPUs also tflops_per_gpu, mfu,
 gpu_mem_gb) or `{"step", "time", "val": {...}}` (metric era, overall scores, class_scores, ...).
 A resumed run logs again the steps after its last checkpoint; the later record of a step wins.

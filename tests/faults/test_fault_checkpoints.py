@@ -18,7 +18,7 @@ from cellseg.cli import main
 from cellseg.data.grid import Grid
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.runtime.checkpoint import CheckpointError, check_checkpoint_channels, load, save_atomic
-from cellseg.train.checkpoint import rng_state, set_rng_state
+from cellseg.train.run_checkpoints import rng_state, set_rng_state
 from cellseg.train.trainer import train
 
 

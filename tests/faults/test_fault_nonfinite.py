@@ -18,7 +18,7 @@ from cellseg.eval.submit import write_submission
 from cellseg.postprocess.apply import postprocess_store
 from cellseg.postprocess.params import ParamSet
 from cellseg.runtime.checkpoint import load
-from cellseg.train.checkpoint import CheckpointKeeper, NonFiniteError
+from cellseg.train.run_checkpoints import CheckpointKeeper, NonFiniteError
 from cellseg.train.trainer import Trainer, train
 
 GRID = Grid(translation_nm=(0.0, 0.0, 0.0), shape_vox=(4, 4, 4), voxel_size_nm=(8.0, 8.0, 8.0))

@@ -40,7 +40,8 @@ def reference(bench: ModuleType, tiny_synth_root: Path, tmp_path_factory: pytest
     return losses(run), seconds
 
 
-DRIVER = sigterm_driver("cellseg.train.checkpoint", "save_atomic", "SIGTERM_AT_SAVE", "as the Nth checkpoint write begins")
+DRIVER = sigterm_driver("cellseg.train.run_checkpoints", "save_atomic", "SIGTERM_AT_SAVE",
+                        "as the Nth checkpoint write begins")
 
 
 def test_sigterm_to_the_group_during_a_checkpoint(bench: ModuleType, reference: tuple[dict[int, float], float],

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cellseg.config import load_run_config
-from cellseg.train.background import MARGIN, BackgroundCompile, background_budget
+from cellseg.runtime.gpu_memory import MARGIN, background_budget
+from cellseg.train.background import BackgroundCompile
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke"
 GiB = 2**30

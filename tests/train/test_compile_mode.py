@@ -11,7 +11,7 @@ from torch import nn
 from cellseg.config import dump, load_run_config
 from cellseg.config.schema import COMPILE_MODES, TrainConfig
 from cellseg.models.blocks import conv_stage
-from cellseg.train.compile import maybe_compile
+from cellseg.train.compile_choice import maybe_compile
 from cellseg.train.trainer import train
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke" / "unet_3d.yaml"

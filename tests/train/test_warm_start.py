@@ -13,7 +13,7 @@ from cellseg.config import load_run_config
 from cellseg.data.augment import channels_first
 from cellseg.losses import SegmentationLoss
 from cellseg.models import build_model
-from cellseg.train.compile import maybe_compile_loss
+from cellseg.train.compile_choice import maybe_compile_loss
 from cellseg.train.trainer import train
 from cellseg.train.warm_start import FORMAT, StartupRecord, startup_key
 
@@ -144,7 +144,7 @@ def test_the_loss_probes_targets_have_the_augmentations_layout():
     """Dynamo guards on strides: the targets the loss is compiled for must be laid out as the augmentation's."""
     from cellseg.config.schema import AugmentConfig
     from cellseg.data.augment import GpuAugment
-    from cellseg.train.compile import _loss_inputs
+    from cellseg.train.compile_choice import _loss_inputs
 
     cfg = load_run_config(SMOKE, ["data.patch_shape_vox=[8,8,8]"])
     c, spatial = cfg.data.num_target_channels, cfg.data.model_patch_vox

@@ -1,7 +1,7 @@
 """Time-to-score curves: each run's validation scores against minutes of its training clock, whether each curve
 is learning and has plateaued, and one figure of all of them.
 
-A run's `metrics.jsonl` (`cellseg.train.logs`) holds validation records `{"step", "time", "train_min", "job_min",
+A run's `metrics.jsonl` (`cellseg.train.run_log`) holds validation records `{"step", "time", "train_min", "job_min",
 "val": {...}}`; a resumed run may log a step again after its last checkpoint, and the later record wins.
 """
 

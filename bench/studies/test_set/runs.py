@@ -53,7 +53,7 @@ def build_run(arch: str, *, root: Path, run_dir: Path, device: str, quick: bool)
     """A run directory with random weights, written by the trainer's `build_setup` and checkpoint code
     (`configs/experiments/<arch>.yaml`; `--quick`: `configs/smoke/<arch>.yaml`)."""
     from cellseg.config import load_run_config
-    from cellseg.train.checkpoint import rng_state
+    from cellseg.train.run_checkpoints import rng_state
     from cellseg.train.setup import build_setup
 
     overrides = [f"data.root={root}", f"run_dir={run_dir}", f"train.device={device}",

@@ -19,6 +19,10 @@ from typing import Any
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+# The logger of the training loop's messages, whichever of its collaborators (`cellseg.train.log_window`,
+# `validation_hook`, `compile_swap`) writes them: the name its log lines have always carried, which log filters
+# (scripts/demo.sh's, a user's) match.
+LOOP_LOGGER = "cellseg.train.trainer"
 
 
 def process_age_s() -> float | None:
