@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from cellseg.cli._args import class_volume
+
 ORDER = 31  # right after fetch: the other way to get data
 
 DESCRIPTION = """\
@@ -49,13 +51,6 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
 
 
-def _label(text: str) -> tuple[str, str]:
-    name, sep, spec = text.partition("=")
-    if not sep or not name or not spec:
-        raise argparse.ArgumentTypeError(f"{text!r} is not CLASS=VOLUME (e.g. mito=mito.tif)")
-    return name, spec
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `import` sub-command."""
     parser = subparsers.add_parser("import", help="bring your own EM (and labels) into the CellMap layout",
@@ -68,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--axes", default="zyx", metavar="ORDER", help="the inputs' axis order, e.g. xyz (default zyx; TIFF stacks: "
                                                       "file, row, column)")
     labels = parser.add_argument_group("labels")
-    labels.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="CLASS=VOLUME",
+    labels.add_argument("--label", dest="labels", action="append", type=class_volume, default=[], metavar="CLASS=VOLUME",
                         help="a per-class volume: binary mask or instance ids (repeatable)")
     labels.add_argument("--labels", dest="label_volume", metavar="VOLUME", help="one integer label volume")
     labels.add_argument("--class-map", metavar="V=CLASS,...|FILE",

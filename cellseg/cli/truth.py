@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cellseg.cli._args import class_volume
+
 ORDER = 59  # before evaluate (60), which reads what it writes
 
 DESCRIPTION = """\
@@ -28,13 +30,6 @@ examples:
   cellseg truth data/sbem --crops test --label mito=test_mito.tif --out test_truth.zarr"""
 
 
-def _label(text: str) -> tuple[str, str]:
-    name, sep, spec = text.partition("=")
-    if not sep or not name or not spec:
-        raise argparse.ArgumentTypeError(f"{text!r} is not CLASS=VOLUME (e.g. mito=mito.tif)")
-    return name, spec
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `truth` sub-command."""
     parser = subparsers.add_parser("truth", help="write the evaluator-layout truth of a data root's held-out crops",
@@ -47,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--classes", metavar="A,B", help="only these classes (default: every class listed)")
     parser.add_argument("--datasplit", metavar="CSV", help="the split naming the validation crops (default: "
                                                            "ROOT/datasplit.csv)")
-    parser.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="CLASS=VOLUME",
+    parser.add_argument("--label", dest="labels", action="append", type=class_volume, default=[], metavar="CLASS=VOLUME",
                         help="a test crop's labels: binary mask or instance ids (repeatable; formats of "
                              "`cellseg import`)")
     parser.add_argument("--axes", default="zyx", metavar="ORDER", help="the label volumes' axis order (default zyx)")
