@@ -20,7 +20,7 @@ from cellseg.docgen.cli_ref import commands, usage, walk
 from cellseg.docgen.config_ref import config_keys, field_docs, parse_attributes, type_text, undocumented_keys
 from cellseg.docgen.markdown import anchor, escape
 
-HANDWRITTEN = ("architecture.md", "hpc.md", "real_data.md", "quality.md")
+HANDWRITTEN = ("architecture.md", "hpc.md", "real_data.md", "quality.md", "viewing.md")
 
 
 @pytest.fixture(scope="module")
