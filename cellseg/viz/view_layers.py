@@ -81,6 +81,8 @@ class ViewPlan:
         layers: EM first, then predictions store by store, then truth crops.
         em_levels: the EM's levels (voxel size and translation in nm, z y x), finest first.
         em_shape_vox: the EM's `s0` shape (z, y, x).
+        focus_nm: where the view starts (world nm, z y x): the centre of the first whole-volume store's ROI,
+            else the EM's centre.
     """
 
     dataset: str
@@ -88,6 +90,7 @@ class ViewPlan:
     layers: tuple[Layer, ...]
     em_levels: tuple[LevelMeta, ...]
     em_shape_vox: tuple[int, int, int]
+    focus_nm: tuple[float, float, float]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -138,6 +141,23 @@ def store_dataset(path: Path) -> str | None:
     """The dataset a predict-volume store covers (None for crop stores)."""
     attrs = _store_attrs(path)
     return str(attrs["dataset"]) if attrs.get("kind") == VOLUME_KIND and attrs.get("dataset") else None
+
+
+def _roi_centre_nm(path: Path) -> tuple[float, float, float] | None:
+    """The centre (world nm, z y x) of a predict-volume store's ROI (`roi_nm`: lower corner and extent)."""
+    roi = _store_attrs(path).get("roi_nm")
+    try:
+        return tuple(float(o) + float(n) / 2 for o, n in zip(roi["offset"], roi["shape"], strict=True))  # type: ignore[return-value,index]
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def em_centre_nm(levels: Sequence[LevelMeta], shape_vox: Sequence[int]) -> tuple[float, float, float]:
+    """World centre (nm, z y x) of an EM `s0`: half its extent past its lower corner (half a voxel before the
+    centre of voxel 0)."""
+    s0 = levels[0]
+    return tuple(t - v / 2 + n * v / 2 for t, v, n in zip(s0.translation_nm, s0.voxel_size_nm,  # type: ignore[return-value]
+                                                         shape_vox, strict=True))
 
 
 def _wanted(name: str, classes: Sequence[str] | None) -> bool:
@@ -271,5 +291,7 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
     if len(set(names)) != len(names):
         raise ValueError(f"two stores share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); "
                          "rename one")
+    shape_vox = tuple(int(v) for v in shape)
+    centres = [c for c in (_roi_centre_nm(s) for s in store_paths if store_dataset(s)) if c is not None]
     return ViewPlan(dataset=chosen, mounts=mounts, layers=(em, *predictions, *truth), em_levels=em_levels,
-                    em_shape_vox=tuple(int(v) for v in shape))  # type: ignore[arg-type]
+                    em_shape_vox=shape_vox, focus_nm=centres[0] if centres else em_centre_nm(em_levels, shape_vox))  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Neuroglancer reads each layer's OME-NGFF metadata itself: its scale and translat
 translation = the centre of voxel 0, the convention of `cellseg.data.crops`) place every level, crop and
 prediction in world coordinates, so no layer needs a transform here. The state fixes what the data does not
 say: the global dimensions (z, y, x at the EM's finest voxel size, in metres as neuroglancer writes them),
-the starting position (the EM's centre), which plane the panels show (x across, y down, as in the EM's
+the starting position (a whole-volume prediction's centre, else the EM's), which plane the panels show (x across, y down, as in the EM's
 slices), and how each layer is drawn:
 
 - the EM: grey, as stored;
@@ -76,13 +76,6 @@ def layer_json(layer: Layer, base_url: str) -> dict[str, Any]:
     return entry
 
 
-def em_centre_nm(plan: ViewPlan) -> tuple[float, float, float]:
-    """World centre (nm, z y x) of the EM's `s0`: half its extent past its lower corner."""
-    s0 = plan.em_levels[0]
-    return tuple(t - v / 2 + n * v / 2 for t, v, n in zip(s0.translation_nm, s0.voxel_size_nm,  # type: ignore[return-value]
-                                                         plan.em_shape_vox, strict=True))
-
-
 def dimensions(voxel_size_nm: Sequence[float]) -> dict[str, list[Any]]:
     """Global dimensions z, y, x: one unit = one EM voxel, written in metres."""
     return {axis: [float(v) * NM, "m"] for axis, v in zip(AXES, voxel_size_nm, strict=True)}
@@ -94,10 +87,10 @@ def viewer_state(plan: ViewPlan, base_url: str, *, position_nm: Sequence[float] 
     Args:
         plan: what to show (`view_layers.plan_view`).
         base_url: where the mounts are served: `<base_url>/<mount>/<path>`.
-        position_nm: the starting point (world nm, z y x); default the EM's centre.
+        position_nm: the starting point (world nm, z y x); default `plan.focus_nm`.
     """
     voxel = plan.em_levels[0].voxel_size_nm
-    centre = position_nm if position_nm is not None else em_centre_nm(plan)
+    centre = position_nm if position_nm is not None else plan.focus_nm
     return {
         "dimensions": dimensions(voxel),
         "displayDimensions": list(DISPLAY_AXES),

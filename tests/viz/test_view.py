@@ -77,8 +77,10 @@ def test_state_has_em_predictions_and_truth_with_sources_shaders_and_dimensions(
     # global dimensions z, y, x at the EM's 4 nm (neuroglancer writes metres); the xy panel shows x across
     assert state["dimensions"] == {axis: [4e-9, "m"] for axis in "zyx"}
     assert state["displayDimensions"] == ["x", "y", "z"]
-    # the EM's centre: voxel centres from 0 nm, 96 voxels of 4 nm -> 190 nm = 47.5 EM voxels on every axis
-    assert state["position"] == [47.5, 47.5, 47.5]
+    # the view starts at the store's ROI centre: corner (64, 32, 0) nm + half of (128, 192, 256) nm, in 4 nm units
+    assert state["position"] == [32.0, 32.0, 32.0]
+    # without a whole-volume store, at the EM's centre: voxel centres from 0 nm, 96 voxels of 4 nm -> 190 nm
+    assert viewer_state(plan_view(tiny_synth_root, dataset=DATASET), BASE)["position"] == [47.5, 47.5, 47.5]
     # truth: the dataset's crops, for the stores' classes only, hidden under the predictions
     truth = [n for n in names if n.startswith("truth/")]
     assert truth == ["truth/crop1/er", "truth/crop1/mito", "truth/crop2/er", "truth/crop2/mito"]
