@@ -63,9 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "them are skipped; default: every class of each crop")
     parser.add_argument("--padding-vox", type=int, default=DEFAULT_PADDING_VOX, metavar="N",
                         help="EM voxels of context around each crop, at every level (default %(default)s)")
-    parser.add_argument("--em-levels", choices=("matched", "all"), default="matched",
+    parser.add_argument("--em-levels", default="matched", metavar="matched|all|NM",
                         help="'matched': levels not finer than 0.8 x the annotation voxel size (default); "
-                             "'all': every EM level")
+                             "'all': every EM level; NM (e.g. 8): the levels matched to NM nm or to the crop, "
+                             "whichever is finer (8 nm models predicting 16 nm test crops: --em-levels 8)")
     parser.add_argument("--no-labels", dest="labels", action="store_false", help="fetch EM only")
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
                         help="parallel requests (default %(default)s)")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from cellseg.eval.eras import CropScores, Era, Scores, ScoringEra, get_era
+from cellseg.eval.presence import TRUTH_KEY, informative
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.resample import Aligned, Target
 from cellseg.eval.rules import is_scored_as_instance
@@ -36,21 +37,26 @@ def score_class(pred: np.ndarray, truth: np.ndarray, *, label: str, era: Era | S
             relabels before reading the truth, to hold fewer volumes at once).
         max_bytes: memory budget of the era's matching, if it has one.
 
+    Returns:
+        The era's per-crop scores plus the truth's foreground voxel count (`cellseg.eval.presence.TRUTH_KEY`),
+        which decisions use to leave out crops where the class is absent.
+
     Raises:
         ValueError: unknown era.
         MatrixTooLarge: the 2025 matching would need more than `max_bytes`.
     """
     rules = get_era(era)
+    present = int(np.count_nonzero(truth))
     if not is_scored_as_instance(label):
-        return rules.score_semantic(pred, truth)
+        return {**rules.score_semantic(pred, truth), TRUTH_KEY: present}
     if num_components is None:
         pred, num_components = relabel_26(pred)
-    return rules.score_instance(pred, num_components, truth, voxel_size_nm, max_bytes=max_bytes)
+    return {**rules.score_instance(pred, num_components, truth, voxel_size_nm, max_bytes=max_bytes), TRUTH_KEY: present}
 
 
 def semantic_from_counts(tp: int, fp: int, fn: int, era: Era | ScoringEra) -> Scores:
     """Per-crop semantic scores of `era` from confusion counts (equal to `score_class` on the masks)."""
-    return get_era(era).semantic_from_counts(tp, fp, fn)
+    return {**get_era(era).semantic_from_counts(tp, fp, fn), TRUTH_KEY: int(tp) + int(fn)}
 
 
 def score_missing(*, label: str, era: Era | ScoringEra, num_voxels: int,
@@ -66,11 +72,12 @@ def combine(crop_scores: CropScores, era: Era | ScoringEra, *, decision: bool = 
 
     Args:
         decision: decision mode (`ScoringEra.combine_decision`): a crop the era skips counts as its worst
-            case instead of nothing. Every decision cellseg makes uses it (`cellseg.eval.decision`); the
-            official scores (False) are what is reported.
+            case instead of nothing, and each class is combined over the crops where it has foreground only
+            (`cellseg.eval.presence.informative`: a class with none is left out of the result). Every decision
+            cellseg makes uses it (`cellseg.eval.decision`); the official scores (False) are what is reported.
     """
     rules = get_era(era)
-    return rules.combine_decision(crop_scores) if decision else rules.combine(crop_scores)
+    return rules.combine_decision(informative(crop_scores)) if decision else rules.combine(crop_scores)
 
 
 def align_prediction(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target,

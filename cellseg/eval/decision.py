@@ -6,7 +6,10 @@ post-processing parameters, the best single model of a report) ranks candidates 
 1. counts a crop the era's combining skips as its worst case (`ScoringEra.combine_decision`): under the
    2026 rules a crop with too many predicted objects adds nothing to the class pools, so shattering a poor
    crop into fragments raises the official class score; here it scores as no match at all;
-2. is defined for the classes being ranked (`ranking_score`): the overall score needs both kinds of class
+2. uses, per class, only the crops where the class has foreground (`cellseg.eval.presence`): on a crop
+   without it a candidate wins by predicting nothing, so such crops would reward suppression; a class with
+   no positive crop takes no part, and when no class has one every candidate ties (`NO_EVIDENCE`, score 0);
+3. is defined for the classes being ranked (`ranking_score`): the overall score needs both kinds of class
    (2025: NaN without one; 2026: 0 for the missing kind, the same for every candidate), so with one kind
    the ranking falls back to that kind's mean, else to the mean class score, and says so.
 
@@ -26,11 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellseg.eval.eras import CropScores, Era, Scores, ScoringEra, get_era
+from cellseg.eval.presence import informative, positive_counts
 from cellseg.eval.rules import is_scored_as_instance
 
 OVERALL = "overall_score"
 KIND_KEYS = {True: "overall_instance_score", False: "overall_semantic_score"}
 MEAN_CLASS = "mean_class_score"
+NO_EVIDENCE = "no_evidence"  # no class has foreground on any crop: every candidate scores 0 and ties
 
 
 def class_score(label: str, scores: Mapping[str, Any]) -> float:
@@ -44,7 +49,8 @@ class Ranking:
 
     Attributes:
         score: its value (NaN when nothing is defined).
-        ranked_by: "overall_score", "overall_instance_score", "overall_semantic_score" or "mean_class_score".
+        ranked_by: "overall_score", "overall_instance_score", "overall_semantic_score", "mean_class_score" or
+            "no_evidence".
         reason: why it is not the overall score (None when it is).
     """
 
@@ -81,9 +87,11 @@ class Decision:
     Attributes:
         era: the era's name.
         official: `ScoringEra.combine` of the crops (what the leaderboard would say).
-        decision: `ScoringEra.combine_decision` (skipped crops at their worst case).
+        decision: `ScoringEra.combine_decision` of the positive crops (skipped crops at their worst case;
+            classes without a positive crop left out).
         skipped: (crop, label) left out of `official`.
         ranking: `ranking_score(decision)`.
+        positive: label -> (crops with its foreground, crops scored).
     """
 
     era: Era
@@ -91,6 +99,12 @@ class Decision:
     decision: Scores
     skipped: list[tuple[str, str]]
     ranking: Ranking
+    positive: dict[str, tuple[int, int]]
+
+    @property
+    def uninformed(self) -> list[str]:
+        """The labels no decision is made for (no positive crop)."""
+        return sorted(set(self.official["label_scores"]) - set(self.decision["label_scores"]))
 
     def class_scores(self, *, decision: bool = False) -> dict[str, float]:
         """Class → its score (combined score or IoU), official or in decision mode."""
@@ -101,7 +115,9 @@ class Decision:
         """The official overall scores, the skipped count, the decision overall and what ranked (for logs)."""
         return {"metric": self.era, **{k: self.official[k] for k in (OVERALL, *KIND_KEYS.values())},
                 "skipped_crops": len(self.skipped), "decision_score": self.decision[OVERALL],
-                "ranked_by": self.ranking.ranked_by, "ranking_score": self.ranking.score}
+                "ranked_by": self.ranking.ranked_by, "ranking_score": self.ranking.score,
+                "positive_crops": {label: p for label, (p, _) in self.positive.items()},
+                "uninformed_classes": self.uninformed}
 
 
 def decide(crop_scores: CropScores, era: Era | ScoringEra) -> Decision:
@@ -111,6 +127,8 @@ def decide(crop_scores: CropScores, era: Era | ScoringEra) -> Decision:
         ValueError: an unknown era, or skipped scores without the counts their worst case needs.
     """
     rules = get_era(era)
-    decision = rules.combine_decision(crop_scores)
+    decision = rules.combine_decision(informative(crop_scores))
+    ranking = ranking_score(decision) if decision["label_scores"] else Ranking(
+        0.0, NO_EVIDENCE, "no class has foreground on any tuning crop: every candidate ties")
     return Decision(era=rules.name, official=rules.combine(crop_scores), decision=decision,
-                    skipped=rules.skipped(crop_scores), ranking=ranking_score(decision))
+                    skipped=rules.skipped(crop_scores), ranking=ranking, positive=positive_counts(crop_scores))

@@ -5,7 +5,9 @@ The crops come from `select.select_targets`; test crops get EM only (their groun
 EM levels (the default of the challenge's `csc fetch-data`)
     `matched`: every EM level whose voxel size is > 0.8 × the crop's ground-truth voxel size on every axis
     (the finest over the selected classes), i.e. the annotation resolution and everything coarser, or the
-    coarsest level when none qualifies. `all`: every level.
+    coarsest level when none qualifies. `all`: every level. A voxel size in nm (e.g. `8`): the levels matched
+    to that size or to the crop's, whichever is finer on each axis: what a model trained at that size needs
+    to predict a coarser crop (a routed ensemble's 8 nm members on a 16 nm test crop: `--em-levels 8`).
 
 Chunks
     Only chunks overlapping the crop box plus `padding_vox` voxels *of that level* on each side are
@@ -172,15 +174,32 @@ def choose_em_levels(levels: Sequence[LevelInfo], gt_voxel_size_nm: Sequence[flo
     """EM levels to fetch for a crop annotated at `gt_voxel_size_nm` (see the module docstring).
 
     Raises:
-        ValueError: for a mode other than "matched" or "all".
+        ValueError: for a mode other than "matched", "all" or a positive voxel size in nm.
     """
-    if mode not in EM_LEVEL_CHOICES:
-        raise ValueError(f"em_levels must be one of {EM_LEVEL_CHOICES}, got {mode!r}")
+    model_nm = em_level_mode(mode)
     if mode == "all":
         return list(levels)
+    wanted = [min(g, model_nm) for g in gt_voxel_size_nm] if model_nm else list(gt_voxel_size_nm)
     matched = [lv for lv in levels if all(v > EM_LEVEL_FACTOR * g for v, g in
-                                          zip(lv.meta.voxel_size_nm, gt_voxel_size_nm, strict=True))]
+                                          zip(lv.meta.voxel_size_nm, wanted, strict=True))]
     return matched or [levels[-1]]
+
+
+def em_level_mode(mode: str) -> float | None:
+    """The voxel size (nm) of an `--em-levels NM` mode, None for "matched" and "all".
+
+    Raises:
+        ValueError: neither a known mode nor a positive number.
+    """
+    if mode in EM_LEVEL_CHOICES:
+        return None
+    try:
+        nm = float(mode)
+    except ValueError:
+        nm = math.nan
+    if not (math.isfinite(nm) and nm > 0):
+        raise ValueError(f"em_levels must be one of {EM_LEVEL_CHOICES} or a voxel size in nm (e.g. 8), got {mode!r}")
+    return nm
 
 
 # ------------------------------------------------------------------------------------------------ metadata
@@ -309,7 +328,7 @@ def build_plan(catalog: Catalog, targets: Sequence[Target], *, dest: Path | None
         targets: from `select_targets`.
         dest: the destination root; metadata mirrored there by an earlier run is reused.
         padding_vox: EM voxels added around each crop box at every level.
-        em_levels: "matched" or "all".
+        em_levels: "matched", "all" or a voxel size in nm (module docstring).
         labels: plan the label arrays of training crops.
         refresh_metadata: read metadata from the source even when DEST has it.
         workers: parallel metadata reads.
@@ -321,8 +340,7 @@ def build_plan(catalog: Catalog, targets: Sequence[Target], *, dest: Path | None
     """
     if padding_vox < 0:
         raise ValueError(f"padding_vox must be >= 0, got {padding_vox}")
-    if em_levels not in EM_LEVEL_CHOICES:
-        raise ValueError(f"em_levels must be one of {EM_LEVEL_CHOICES}, got {em_levels!r}")
+    em_level_mode(em_levels)  # a ValueError before any reading
     reader = MetadataReader(dest, refresh=refresh_metadata)
     em_of: dict[int, str] = {}
     em_futures: dict[str, tuple[Location, Future[list[LevelInfo] | None]]] = {}

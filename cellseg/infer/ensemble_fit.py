@@ -41,13 +41,16 @@ Method, for each class c that M_c ≥ 2 members predict (a class of one member g
    (a handful of small organelles, where IoU swings on a few boundary voxels), the fit is trusted
    proportionally less. No validation data: uniform (λ = 1). Any λ > 0 keeps every member above 0.
 7. Boundary channels take their class's weights (the chosen ones of step 8).
-8. **Guard**: shrinkage (or a flat plateau's mean) must never leave the ensemble worse than one of its
+8. **Guard**: shrinkage (or a flat plateau's mean) must not leave the ensemble clearly worse than one of its
    members on the tuning crops. The candidates uniform, shrunk w, unshrunk w_fit and each member alone are
    scored on the same crops by the same path (w and w_fit in a second pass, on the members' values kept from the
    first within a memory cap (`Kept`), read again beyond it; unless both are first-pass candidates, as uniform is
-   when nothing discriminates: then they keep the first-pass scores); the best is `chosen` and its
-   weights are written. Ties (within 1e-9) go to the simplest, in the order uniform, shrunk, unshrunk, then
-   the members alone (a single member only when it is strictly better than every mix keeping them all).
+   when nothing discriminates: then they keep the first-pass scores). The shrunk w stands unless a candidate
+   beats it by more than the crop-bootstrap noise: the paired 95 % interval of its gain over w lies above 0
+   (`cellseg.eval.noise.paired_gain`). Choosing the in-sample best on the very crops the fit was made on would
+   undo the shrinkage whenever it costs anything there (the unshrunk fit nearly always scores highest in
+   sample). Uniform, the simplest, replaces w on a tie (within 1e-9). Of the candidates that clear the noise
+   the best is `chosen` (ties to the simplest, in the order uniform, unshrunk, then the members alone).
 9. **Report** (stored with the ensemble): per class the score of each member alone, of uniform, of w_fit
    ("fitted"), of the shrunk w ("shrunk") and of the chosen weights ("final"), `chosen`, n_c, v_c and λ.
 
@@ -70,6 +73,7 @@ from cellseg.config.inference import FitConfig
 from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.data.split import SplitEntry, derivable
 from cellseg.eval.eras import get_era
+from cellseg.eval.noise import paired_gain
 from cellseg.infer.fit_scoring import (
     FOREGROUND_SUFFIX,
     GRID_MAX_MEMBERS,
@@ -120,8 +124,9 @@ def _fit_class(tally: Tally, options: FitConfig) -> dict[str, Any]:
     scores = tally.scores(options.metric)
     uniform = np.full(num, 1.0 / num)
     if tally.num_crops == 0 or not np.isfinite(scores).any():
-        return {"method": "uniform (no validation crop annotates it)", "lambda": 1.0, "fitted_weights": uniform,
-                "weights": uniform, "scores": {}}
+        method = (f"uniform (none of the {tally.absent_crops} validation crops that annotate it has its foreground)"
+                  if tally.absent_crops else "uniform (no validation crop annotates it)")
+        return {"method": method, "lambda": 1.0, "fitted_weights": uniform, "weights": uniform, "scores": {}}
     if num > GRID_MAX_MEMBERS:
         method, fitted = "softmax", softmax_weights(scores[:num])
     else:
@@ -138,13 +143,16 @@ def _candidate_row(candidates: np.ndarray, weights: np.ndarray) -> int | None:
     return int(rows[0]) if rows.size else None
 
 
-def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, members: Sequence[int]) -> dict[str, Any]:
-    """Step 8: the best of uniform, shrunk, unshrunk and each member alone (ties to the simplest).
+def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, members: Sequence[int],
+          gain_low: Mapping[str, float]) -> dict[str, Any]:
+    """Step 8: keep the shrunk weights unless uniform ties them or a candidate beats them beyond the noise.
 
     Args:
         fit: a class's fit (`_fit_class`): its weights, fitted weights and first-pass scores.
         fitted_score, shrunk_score: second-pass scores of the unshrunk and shrunk weights.
         members: the class's member indices (for naming a member chosen alone, e.g. "member 2").
+        gain_low: candidate name ("uniform", "unshrunk", "member 2", ...) → the low end of the paired
+            crop-bootstrap interval of its score minus the shrunk weights' score (a name missing: not clear).
 
     Returns:
         "chosen", the chosen "weights", and "scores" with "shrunk" and "final" (the chosen one's score).
@@ -155,11 +163,38 @@ def guard(fit: Mapping[str, Any], fitted_score: float, shrunk_score: float, memb
              "shrunk": (fit["weights"], shrunk_score), "unshrunk": (fit["fitted_weights"], fitted_score),
              **{f"member {m}": (np.eye(num)[k], fit["scores"]["members"][k]) for k, m in enumerate(members)}}
     scores = {name: float(s) if np.isfinite(s) else -math.inf for name, (_, s) in cands.items()}
-    best = max(scores.values())
-    chosen = next(name for name in cands if scores[name] >= best - TIE_TOLERANCE)
+    clear = {name for name in cands if name != "shrunk" and gain_low.get(name, -math.inf) > 0}
+    if not math.isfinite(scores["shrunk"]):
+        clear = set(cands) - {"shrunk"}  # nothing to keep: the best of the others
+    eligible = [name for name in cands if name == "shrunk" or name in clear
+                or (name == "uniform" and scores["uniform"] >= scores["shrunk"] - TIE_TOLERANCE)]
+    best = max(scores[name] for name in eligible)
+    chosen = next(name for name in eligible if scores[name] >= best - TIE_TOLERANCE)
     return {"chosen": chosen, "weights": cands[chosen][0],
             "scores": {**fit["scores"], "fitted": float(fitted_score), "shrunk": float(shrunk_score),
                        "final": float(cands[chosen][1])}}
+
+
+def guard_gains(tally: Tally, per_crop: Mapping[str, Mapping[str, Mapping[str, Any]]], scores: Mapping[str, float],
+                era: str) -> dict[str, float]:
+    """Candidate → the low end of its paired crop-bootstrap gain over the shrunk weights, for the candidates
+    whose score beats the shrunk one's (the others cannot be chosen over it)."""
+    shrunk = per_crop["shrunk"]
+    return {name: paired_gain(crops, shrunk, label=tally.label, key=tally.key, era=era).low
+            for name, crops in per_crop.items()
+            if name != "shrunk" and scores[name] > scores["shrunk"] + TIE_TOLERANCE}
+
+
+def _guarded(fit: Mapping[str, Any], tally: Tally, members: Sequence[int], *, fitted: tuple[float, Any],
+             shrunk: tuple[float, Any], era: str) -> dict[str, Any]:
+    """`guard` of one class, with the noise of each candidate's gain over the shrunk weights."""
+    num = len(members)
+    per_crop = {"uniform": tally.crop_scores[num], "shrunk": shrunk[1], "unshrunk": fitted[1],
+                **{f"member {m}": tally.crop_scores[k] for k, m in enumerate(members)}}
+    point = {"uniform": fit["scores"]["uniform"], "shrunk": shrunk[0], "unshrunk": fitted[0],
+             **{f"member {m}": fit["scores"]["members"][k] for k, m in enumerate(members)}}
+    point = {name: float(v) if np.isfinite(v) else -math.inf for name, v in point.items()}
+    return guard(fit, fitted[0], shrunk[0], members, guard_gains(tally, per_crop, point, era))
 
 
 def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: Sequence[SplitEntry], *,
@@ -194,23 +229,35 @@ def fit_weights(stores: Sequence[PredictionStore], plan: ChannelPlan, entries: S
             else:  # both were scored in the first pass (e.g. uniform, when no member scores): no second read
                 f["fitted_weights"], f["weights"] = (tallies[c].candidates[r] for r in rows)
                 first = tallies[c].scores(options.metric)
-                known[c] = (float(first[rows[0]]), float(first[rows[1]]))
+                known[c] = (float(first[rows[0]]), float(first[rows[1]]),
+                            *(tallies[c].crop_scores[r] for r in rows))
     final = score_candidates(stores, plan, entries, second, grid=grid, options=options, progress=progress, kept=kept)
     log.info("weight fit: %.1f MB of member values kept between the passes", kept.nbytes / 2**20)
     report_classes: dict[str, Any] = {c: {"method": note, "members": list(plan.members_of[c])}
                                       for c, note in notes.items()}
     for c, f in fits.items():
+        if c in final:
+            fitted_score, shrunk_score = final[c].scores(options.metric)
+            fitted_crops, shrunk_crops = final[c].crop_scores
+        elif c in known:
+            fitted_score, shrunk_score, fitted_crops, shrunk_crops = known[c]
         if c in final or c in known:
-            f.update(guard(f, *(final[c].scores(options.metric) if c in final else known[c]), plan.members_of[c]))
+            f.update(_guarded(f, tallies[c], plan.members_of[c], fitted=(fitted_score, fitted_crops),
+                              shrunk=(shrunk_score, shrunk_crops), era=options.metric))
         report_classes[c] = {"method": f["method"], "members": list(plan.members_of[c]),
                              "chosen": f.get("chosen", "uniform"), "weights": [float(v) for v in f["weights"]],
                              "fitted_weights": [float(v) for v in f["fitted_weights"]], "lambda": f["lambda"],
-                             "num_crops": tallies[c].num_crops, "truth_voxels": tallies[c].truth_voxels,
+                             "num_crops": tallies[c].num_crops, "absent_crops": tallies[c].absent_crops,
+                             "truth_voxels": tallies[c].truth_voxels,
                              "scores": f["scores"], "score": "foreground IoU" if tallies[c].label.endswith(
                                  FOREGROUND_SUFFIX) else tallies[c].key}
         log.info("%s: weights %s (%s; fit %s, λ=%.2f over %d crops); scores: %s", c,
                  [round(float(v), 3) for v in f["weights"]], report_classes[c]["chosen"],
                  [round(float(v), 3) for v in f["fitted_weights"]], f["lambda"], tallies[c].num_crops, f["scores"])
+    blind = [c for c in fits if tallies[c].num_crops == 0]
+    if blind:
+        log.warning("weight fit: %d of %d classes have no foreground in any validation crop and keep uniform weights: "
+                    "%s", len(blind), len(fits), ", ".join(blind))
     per_channel = _channel_weights(plan, len(stores), {c: f["weights"] for c, f in fits.items()})
     report = {"metric": options.metric, "threshold": options.threshold, "shrink": options.shrink,
               "instance_score": options.instance_score, "grid": grid, "score_grid": options.score_grid,

@@ -108,8 +108,9 @@ class Tally:
     key: str  # class-level score: "combined_score" (instance) or "iou"
     candidates: np.ndarray  # (P, M_c)
     crop_scores: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per candidate: crop → scores
-    num_crops: int = 0
+    num_crops: int = 0  # crops scored: those where the class has foreground
     truth_voxels: int = 0
+    absent_crops: int = 0  # crops annotating the class without its foreground: left out (`cellseg.eval.presence`)
 
     def scores(self, era: Era) -> np.ndarray:
         """Class score of each candidate over the crops seen (NaN without crops)."""
@@ -119,7 +120,7 @@ class Tally:
                 out.append(float("nan"))
                 continue
             labels = combine({crop: {self.label: s} for crop, s in per_crop.items()}, era, decision=True)["label_scores"]
-            out.append(float(labels[self.label][self.key]))
+            out.append(float(labels[self.label][self.key]) if self.label in labels else float("nan"))
         return np.asarray(out)
 
 
@@ -202,7 +203,12 @@ def score_candidates(stores: Sequence[PredictionStore], plan: ChannelPlan, entri
 def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, crop: str, name: str, grid: Grid,
                  truth: np.ndarray, known: np.ndarray, tally: Tally, *, options: FitConfig, device: str,
                  kept: Kept | None = None) -> None:
-    """Score every candidate of `tally` on one crop: `truth` as `read_class_truth` gives it, 0 outside `known`."""
+    """Score every candidate of `tally` on one crop: `truth` as `read_class_truth` gives it, 0 outside `known`.
+    A crop without the class's foreground is only counted (`Tally.absent_crops`): on it, predicting less always
+    scores higher, so it would reward suppression (`cellseg.eval.presence`)."""
+    if not np.any(truth[known]):
+        tally.absent_crops += 1
+        return
     probs_MZYX = np.stack([read_on_grid(stores[i], crop, name, grid) for i in plan.members_of[name]])
     extra = {"num_voxels": int(np.count_nonzero(known)), "voxel_size": list(grid.voxel_size_nm)}
     if tally.key == "combined_score":  # the official instance scorer on 26-connected components

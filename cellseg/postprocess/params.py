@@ -18,7 +18,11 @@ File layout (`"format": "cellseg-postprocess-params"`, version 2):
 score for instance classes, in `era`), `default_score` that of the defaults on the same crops. `hierarchy` is
 the class's hierarchy option (`cellseg.postprocess.hierarchy`: "union" for a group, "argmax" for an atom, null
 for none); `hierarchy_off_score` / `hierarchy_on_score` are the scores without and with it where tuning tried
-it. Version 1 files (no hierarchy) still load, every option off.
+it. `positive_crops` / `crops` count the tuning crops with the class's foreground (the only ones it was tuned on)
+and all of them: with no positive crop the defaults stand and `score` is null. Instance classes also record the
+chosen setting's `objects` and `foreground_voxels` beside the truth's (`truth_objects`, `truth_voxels`), how many
+candidate settings were `rejected` as degenerate, and whether the chosen one is `bounded`
+(`cellseg.postprocess.tune`). Version 1 files (no hierarchy) still load, every option off.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from cellseg.postprocess.spec import float32_threshold
 FORMAT = "cellseg-postprocess-params"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
-SCORE_KEYS = ("score", "default_score", "hierarchy_off_score", "hierarchy_on_score")
+# what tuning measured beside the parameters: scores, the crops it decided on, the chosen setting's objects
+SCORE_KEYS = ("score", "default_score", "hierarchy_off_score", "hierarchy_on_score", "positive_crops", "crops",
+              "objects", "truth_objects", "foreground_voxels", "truth_voxels", "rejected", "bounded")
 
 
 @dataclass(frozen=True, kw_only=True)

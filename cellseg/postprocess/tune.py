@@ -27,6 +27,15 @@ Search (small on purpose: validation sets are small, a fine grid would fit their
   objects (`SEED_FRACTIONS`, nm), minimum sizes fractions of their median volume (`SIZE_FRACTIONS`, nm³).
 A candidate replaces the current setting only when it scores strictly higher, so ties keep the defaults.
 
+Two rules keep a small tuning set from choosing a confidently wrong setting:
+- presence (`cellseg.eval.presence`): a class is tuned on the crops where its truth has foreground only (on
+  the others the setting that predicts least always wins); with none, its defaults are kept and the scores
+  say so (`positive_crops` 0);
+- bounds (instance classes): a setting whose foreground volume or object count over those crops is more than
+  `INSTANCE_BOUND` times off the truth's, either way, is degenerate (the whole crop as one object, or a
+  thousand fragments) and cannot be chosen; a degenerate default is replaced by the best bounded candidate.
+  The chosen setting's object count is reported beside the truth's.
+
 Then, with every class's parameters chosen, each class's hierarchy option (`cellseg.postprocess.hierarchy`:
 "union" for a group, "argmax" for an atom; it reads the other classes' tuned thresholds) is scored on the same
 samples the same way, and kept only where it raises the class's score (ties: off): `tune_hierarchy` in
@@ -52,6 +61,7 @@ from cellseg.data.targets import CropSource, NoRequestedClass
 from cellseg.eval.crop_score import combine, score_class, semantic_from_counts
 from cellseg.eval.eras import get_era
 from cellseg.eval.label_grid import annotation_grid
+from cellseg.eval.presence import MIN_POSITIVE_CROPS
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.eval.truth import open_crop, read_class_truth
 from cellseg.postprocess.apply import read_class
@@ -73,6 +83,7 @@ SEMANTIC_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 INSTANCE_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 SEED_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6)  # seed distances, × the median truth object radius
 SIZE_FRACTIONS = (0.0, 0.02, 0.05, 0.1, 0.25)  # minimum sizes, × the median truth object volume
+INSTANCE_BOUND = 4.0  # foreground volume and object count within 1/4..4 × the truth's, or the setting is degenerate
 GRIDS = ("annotation", "model")  # where a class is decoded and scored: its label's grid, or the store's
 
 
@@ -105,6 +116,11 @@ class Sample:
                                 params=params, device=device)
         return np.where(self.inside, seg, 0).astype(seg.dtype) if is_instance(class_name) else seg & self.inside
 
+    @property
+    def positive(self) -> bool:
+        """The truth has foreground of the class in the annotated voxels."""
+        return bool(np.any(self.truth))
+
     def extra(self) -> dict[str, Any]:
         """The keys the era's combining needs beside the per-crop scores."""
         return {"num_voxels": int(self.inside.sum()), "voxel_size": list(self.voxel_size_nm)}
@@ -134,21 +150,68 @@ def threshold_counts(sample: Sample, thresholds: Sequence[float]) -> np.ndarray:
     return counts
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A setting's class score over the samples, with what it predicted (foreground voxels, objects)."""
+
+    score: float
+    foreground_voxels: int
+    objects: int
+
+
 def score_samples(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
                   device: str = "cpu") -> float:
     """The class score over the samples: class IoU (semantic) or class combined score (instance), in `era`'s
     decision mode."""
-    crop_scores = {}
+    return score_outcome(class_name, samples, params, era=era, device=device).score
+
+
+def score_outcome(class_name: str, samples: Sequence[Sample], params: ClassParams, *, era: str,
+                  device: str = "cpu") -> Outcome:
+    """`score_samples` with the predicted foreground voxels and objects (instance classes: distinct ids)."""
+    crop_scores, voxels, objects = {}, 0, 0
     for s in samples:
-        score = score_class(s.decode(class_name, params, device), s.truth, label=class_name, era=era,
-                            voxel_size_nm=s.voxel_size_nm)
+        seg = s.decode(class_name, params, device)
+        voxels += int(np.count_nonzero(seg))
+        objects += count_objects(seg) if is_instance(class_name) else 0
+        score = score_class(seg, s.truth, label=class_name, era=era, voxel_size_nm=s.voxel_size_nm)
         crop_scores[s.crop] = {class_name: {**score, **s.extra()}}
-    return _class_score(class_name, crop_scores, era)
+    return Outcome(_class_score(class_name, crop_scores, era), voxels, objects)
+
+
+def count_objects(ids: np.ndarray) -> int:
+    """Distinct non-zero ids of an instance array."""
+    return int(np.unique(ids[ids != 0]).size)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a bounded instance setting may predict over the samples: foreground voxels and objects within
+    `INSTANCE_BOUND` of the truth's, either way."""
+
+    truth_voxels: int
+    truth_objects: int
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Bounds:
+        """The truth's totals over the samples."""
+        return cls(sum(int(np.count_nonzero(s.truth)) for s in samples), sum(count_objects(s.truth) for s in samples))
+
+    def holds(self, outcome: Outcome) -> bool:
+        """True when the outcome's foreground and object count are both within the bound."""
+        return (_within(outcome.foreground_voxels, self.truth_voxels)
+                and _within(outcome.objects, self.truth_objects))
+
+
+def _within(value: int, reference: int) -> bool:
+    return reference > 0 and reference / INSTANCE_BOUND <= value <= reference * INSTANCE_BOUND
 
 
 def _class_score(class_name: str, crop_scores: dict[str, dict[str, dict[str, Any]]], era: str) -> float:
-    label = combine(crop_scores, era, decision=True)["label_scores"][class_name]
-    return float(label["combined_score" if is_scored_as_instance(class_name) else "iou"])
+    labels = combine(crop_scores, era, decision=True)["label_scores"]
+    if class_name not in labels:  # no crop with the class's foreground: nothing to decide on
+        return math.nan
+    return float(labels[class_name]["combined_score" if is_scored_as_instance(class_name) else "iou"])
 
 
 def sweep_scores(class_name: str, samples: Sequence[Sample], thresholds: Sequence[float], *, era: str
@@ -164,62 +227,89 @@ def sweep_scores(class_name: str, samples: Sequence[Sample], thresholds: Sequenc
 
 
 class _Search:
-    """Memoised candidate scoring: each distinct setting is scored once."""
+    """Memoised candidate scoring: each distinct setting is scored once. With `bounds` (instance classes), a
+    setting outside them ranks below every bounded one (module docstring)."""
 
     def __init__(self, class_name: str, samples: Sequence[Sample], *, era: str, device: str,
-                 on_score: Callable[[], None]):
+                 on_score: Callable[[], None], bounds: Bounds | None = None):
         self.class_name, self.samples, self.era, self.device = class_name, samples, era, device
-        self.on_score = on_score
-        self.cache: dict[ClassParams, float] = {}
+        self.on_score, self.bounds = on_score, bounds
+        self.cache: dict[ClassParams, Outcome] = {}
+        self.rejected: set[ClassParams] = set()
 
     def sweep_semantic(self, thresholds: Sequence[float]) -> None:
         """Score every threshold of a semantic class without post-ops in one pass (`sweep_scores`)."""
         base = SemanticParams()
         for t, score in sweep_scores(self.class_name, self.samples, thresholds, era=self.era).items():
-            self.cache.setdefault(dataclasses.replace(base, threshold=t), score)
+            self.cache.setdefault(dataclasses.replace(base, threshold=t), Outcome(score, -1, -1))
             self.on_score()
 
-    def score(self, params: ClassParams) -> float:
-        """The class score of one setting (computed on first request)."""
+    def outcome(self, params: ClassParams) -> Outcome:
+        """The outcome of one setting (computed on first request)."""
         if params not in self.cache:
-            self.cache[params] = score_samples(self.class_name, self.samples, params, era=self.era, device=self.device)
+            self.cache[params] = score_outcome(self.class_name, self.samples, params, era=self.era, device=self.device)
             self.on_score()
         return self.cache[params]
 
+    def score(self, params: ClassParams) -> float:
+        """The class score of one setting."""
+        return self.outcome(params).score
+
+    def rank(self, params: ClassParams) -> float:
+        """The score a setting competes with: -inf outside the bounds."""
+        outcome = self.outcome(params)
+        if self.bounds is not None and not self.bounds.holds(outcome):
+            self.rejected.add(params)
+            return -math.inf
+        return outcome.score
+
     def sweep(self, best: ClassParams, field: str, values: Sequence[Any]) -> ClassParams:
         """Try each value of one field with the rest of `best`; keep a strictly better one."""
-        best_score = self.score(best)
+        best_rank = self.rank(best)
         for value in values:
             candidate = dataclasses.replace(best, **{field: value})
-            score = self.score(candidate)
-            if score > best_score:
-                best, best_score = candidate, score
+            rank = self.rank(candidate)
+            if rank > best_rank:
+                best, best_rank = candidate, rank
         return best
 
 
 def tune_class(class_name: str, samples: Sequence[Sample], *, era: str, device: str = "cpu",
-               on_score: Callable[[], None] = lambda: None) -> tuple[ClassParams, dict[str, float]]:
-    """Best parameters of one class on the samples, with {"score", "default_score"} (module docstring)."""
+               on_score: Callable[[], None] = lambda: None) -> tuple[ClassParams, dict[str, Any]]:
+    """Best parameters of one class on the samples with foreground (module docstring), with {"score",
+    "default_score", "positive_crops", "crops"} and, for instance classes, the chosen setting's "objects" and
+    "foreground_voxels" beside the truth's, and the number of settings "rejected" as degenerate."""
     get_era(era)  # a ValueError naming the registered eras
     if not samples:
         raise ValueError(f"{class_name}: no tuning samples")
-    search = _Search(class_name, samples, era=era, device=device, on_score=on_score)
     default = default_params(class_name)
+    positive = [s for s in samples if s.positive]
+    counts = {"positive_crops": len(positive), "crops": len(samples)}
+    if len(positive) < MIN_POSITIVE_CROPS:
+        return default, {"score": None, "default_score": None, **counts}
+    bounds = Bounds.of(positive) if is_instance(class_name) else None
+    search = _Search(class_name, positive, era=era, device=device, on_score=on_score, bounds=bounds)
     best: ClassParams = default
     if isinstance(default, SemanticParams):
         search.sweep_semantic(sorted({default.threshold, *SEMANTIC_THRESHOLDS}))
         best = search.sweep(best, "threshold", SEMANTIC_THRESHOLDS)
     else:
-        volume = median_object_volume_nm3(samples)
+        volume = median_object_volume_nm3(positive)
         radius = (3 * volume / (4 * math.pi)) ** (1 / 3)
-        if any(s.boundary is not None for s in samples):
+        if any(s.boundary is not None for s in positive):
             best = search.sweep(best, "use_boundary", (True, False))
         best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
         if volume > 0:
             best = search.sweep(best, "seed_distance_nm", [round(f * radius, 3) for f in SEED_FRACTIONS])
             best = search.sweep(best, "min_size_nm3", [round(f * volume, 1) for f in SIZE_FRACTIONS])
             best = search.sweep(best, "threshold", INSTANCE_THRESHOLDS)
-    return best, {"score": search.score(best), "default_score": search.score(default)}
+    info: dict[str, Any] = {"score": search.score(best), "default_score": search.score(default), **counts}
+    if bounds is not None:
+        chosen = search.outcome(best)
+        info.update(objects=chosen.objects, truth_objects=bounds.truth_objects,
+                    foreground_voxels=chosen.foreground_voxels, truth_voxels=bounds.truth_voxels,
+                    rejected=len(search.rejected), bounded=bounds.holds(chosen))
+    return best, info
 
 
 def median_object_volume_nm3(samples: Sequence[Sample]) -> float:

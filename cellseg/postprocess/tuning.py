@@ -96,7 +96,8 @@ def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen
     thresholds, never their options): `workers` > 1 scores them in that many spawned processes, the same
     results."""
     thresholds = ParamSet(classes=dict(chosen))  # the options read the tuned thresholds, never edited probabilities
-    names = [n for n in store.classes if n in chosen and partners(n, store.classes)]
+    names = [n for n in store.classes if n in chosen and partners(n, store.classes)
+             and scores.get(n, {}).get("score") is not None]  # a class no tuning crop has foreground of: not tried
 
     def decide(name: str, on: float) -> None:
         off = float(scores[name]["score"])  # type: ignore[arg-type]
@@ -124,6 +125,20 @@ def tune_hierarchy(store: PredictionStore, entries: Sequence[SplitEntry], chosen
                                era, device, grid) for name in names]
         for name, future in zip(names, futures, strict=True):  # in class order: the same log and decisions
             decide(name, future.result())
+
+
+def _log_tuned(name: str, era: str, params: ClassParams, info: Mapping[str, Any]) -> None:
+    """One line per tuned class: the setting and its score, the crops it was decided on, and for instance classes
+    the objects it predicts beside the truth's."""
+    crops = f"{info.get('positive_crops', '?')} of {info.get('crops', '?')} tuning crops with its foreground"
+    if info.get("positive_crops") == 0:
+        log.warning("%s: no tuning crop has its foreground (%s); defaults kept", name, crops)
+        return
+    objects = (f"; {info['objects']} objects predicted, {info['truth_objects']} in the truth"
+               f"{'' if info['bounded'] else ' (no setting within the bounds: defaults kept)'}"
+               f"; {info['rejected']} degenerate settings rejected" if "objects" in info else "")
+    log.info("%s: %s → %s score %.4f (defaults %.4f) on %s%s", name, era, _describe(params), info["score"],
+             info["default_score"], crops, objects)
 
 
 def _tune_in_worker(store_path: str, entries: Sequence[SplitEntry], name: str, era: str, device: str, grid: str
@@ -229,8 +244,7 @@ def tune_store(store: PredictionStore, data_root: str | Path, *, crops: Sequence
                 bar.update(num_candidates(name, boundary_channel(name) in store.channels))
                 continue
             chosen[name], scores[name] = result
-            log.info("%s: %s → %s score %.4f (defaults %.4f)", name, era, _describe(chosen[name]),
-                     scores[name]["score"], scores[name]["default_score"])
+            _log_tuned(name, era, chosen[name], scores[name])
         if hierarchy:
             tune_hierarchy(store, entries, chosen, scores, era=era, device=device, grid=grid,
                            on_class=lambda: bar.update(), crops=crops_open, workers=workers)

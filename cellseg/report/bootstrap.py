@@ -17,46 +17,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cellseg.eval.eras import CropScores, Era, get_era
+from cellseg.eval.noise import DRAWS, LEVEL, SEED, Interval, draws, interval
 
-DRAWS = 1000
-SEED = 0
-LEVEL = 0.95
+__all__ = ["DRAWS", "LEVEL", "SEED", "Interval", "draws", "interval", "part_draws", "uncertainties", "within_noise"]
+
 PARTS = ("overall", "instance", "semantic")
 KEYS = {"overall": "overall_score", "instance": "overall_instance_score", "semantic": "overall_semantic_score"}
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A percentile interval (NaN ends where every draw is NaN)."""
-
-    low: float
-    high: float
-
-    def to_json(self) -> list[float]:
-        """[low, high]."""
-        return [self.low, self.high]
-
-
-def interval(values: np.ndarray, level: float = LEVEL) -> Interval:
-    """The central `level` of `values`, NaN values left out."""
-    finite = values[~np.isnan(values)]
-    if not finite.size:
-        return Interval(math.nan, math.nan)
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(finite, [tail, 100 - tail])
-    return Interval(float(low), float(high))
-
-
-def draws(crops: Sequence[str], num: int = DRAWS, seed: int = SEED) -> np.ndarray:
-    """(num, len(crops)) indices of the crops drawn with replacement (deterministic)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, len(crops), size=(num, len(crops)))
 
 
 def _numbers(scores: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,10 @@ off for that class, which then keeps the previous stage's prediction.
   metric for the price of one more merge. The earlier switches and every tuned parameter stay the tuning era's.
 
 "Improve" means a strictly higher class score (IoU, or the combined score of an instance class) through the
-official evaluator in decision mode, on the tuning crops only, so the scored crops never take part in the
-choice. A tie switches the stage off (it did not help); a class the tuning crops do not score (NaN) keeps it.
+official evaluator in decision mode, on the tuning crops with the class's foreground only
+(`cellseg.eval.presence`), so the scored crops never take part in the choice and a crop without the class cannot
+reward predicting nothing. A tie switches the stage off (it did not help); a class the tuning crops do not score,
+or none of them has foreground of (NaN), keeps it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.eval.decision import decide
 from cellseg.eval.eras import Era
 from cellseg.infer.merge import merge_classes
-from cellseg.report.decisions import choose_best
+from cellseg.report.decisions import choose_best, crop_scores_of
 from cellseg.report.inputs import CropPlan
 from cellseg.report.results import Layout, StageResult
 from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
@@ -70,7 +73,15 @@ def tuning_scores(jobs: Sequence[ScoreJob], eras: Sequence[Era], *, workers: int
     """era → class → score of each of `jobs` (`tuning_job`) in every one of `eras`, scored side by side
     (`score_segmentations`)."""
     scores = score_segmentations(jobs, eras, workers=workers, progress=progress)
-    return [{era: dict(s[era].classes) for era in eras} for s in scores]
+    return [{era: decision_classes(s[era].document, era) for era in eras} for s in scores]
+
+
+def decision_classes(document: Mapping[str, Any], era: Era) -> dict[str, float]:
+    """class → its decision-mode score on the tuning crops with its foreground (`cellseg.eval.decision`); NaN
+    for a class none of them has foreground of, which therefore keeps its stage (no evidence either way)."""
+    decision = decide(crop_scores_of(document), era)
+    scores = decision.class_scores(decision=True)
+    return {name: scores.get(name, math.nan) for name in decision.official["label_scores"]}
 
 
 def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], layout: Layout, plan: CropPlan,

@@ -142,13 +142,14 @@ class CheckpointKeeper:
     def offer(self, state: dict[str, Any], step: int, score: float) -> bool:
         """Keep this checkpoint if it is among the `top_k` best; update `best.pt`. Returns True if kept.
 
-        A NaN score (a validation that scored nothing) is never kept.
+        A NaN score (a validation that scored nothing) is never kept. Of equal scores the later step ranks first.
         """
         if not math.isfinite(score):
             log.warning("step %d: validation score %s is not a number; not a candidate for best.pt", step, score)
             return False
         check_finite_state(state)
-        ranked = sorted({**self.scores, step: score}.items(), key=lambda kv: -kv[1])[: self.top_k]
+        # best first; a tie goes to the later step (a validation that cannot tell checkpoints apart keeps the newest)
+        ranked = sorted({**self.scores, step: score}.items(), key=lambda kv: (-kv[1], -kv[0]))[: self.top_k]
         if step not in dict(ranked):
             return False
         save_atomic(state, self.directory / f"step_{step}.pt")

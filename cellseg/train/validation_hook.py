@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from cellseg import runtime
+from cellseg.eval.eras import get_era
 from cellseg.train.guard import NonFiniteGuard
 from cellseg.train.run_log import LOOP_LOGGER, RunLog
 from cellseg.train.setup import Setup
@@ -21,6 +22,7 @@ from cellseg.train.validate import run_validation, validation_workers
 from cellseg.train.valpool import ValidationPool
 
 log = logging.getLogger(LOOP_LOGGER)
+TIE = 1e-12  # ranking scores closer than this are equal
 
 
 class ValidationHook:
@@ -29,6 +31,7 @@ class ValidationHook:
     def __init__(self, s: Setup, guard: NonFiniteGuard) -> None:
         self.s, self.guard = s, guard
         self.pool: ValidationPool | None = None
+        self.watch = DecisionWatch()
 
     def open(self, stop: StopRequest) -> None:
         """Make the run's validation pool (its workers start at the first validation) on the ranks that validate."""
@@ -55,7 +58,52 @@ class ValidationHook:
             log.info("step %d validation (%s metric, %d tuning crops, %s grid, %.1f s): overall %.4f (%d skipped) | "
                      "ranked by %s %.4f | %s", s.state.step, result["metric"], len(result["crops"]["tuning"]),
                      result["grid"], result["seconds"], result["overall_score"], result["skipped_crops"],
-                     result["ranked_by"], result["ranking_score"],
-                     ", ".join(f"{k} {v:.3f}" for k, v in result["class_scores"].items()))
+                     result["ranked_by"], result["ranking_score"], class_line(result))
+            self.watch.observe(result)
         runtime.barrier(s.dist)
         return result
+
+
+
+class DecisionWatch:
+    """Warns once when every validation of a run so far (two or more) ranked the same: best.pt is then the latest
+    checkpoint by the tie rule, chosen by nothing the validation saw."""
+
+    def __init__(self) -> None:
+        self.rankings: list[float] = []
+        self.warned = False
+
+    def observe(self, result: dict[str, Any]) -> bool:
+        """Take one validation's result; True when it warned."""
+        self.rankings.append(float(result["ranking_score"]))
+        blind = result.get("uninformed_classes") or []
+        if len(self.rankings) == 1 and blind:
+            log.warning("%d of %d classes have no foreground in any tuning crop and take no part in ranking the "
+                        "checkpoints: %s", len(blind), len(result["class_scores"]), ", ".join(blind))
+        if self.warned or len(self.rankings) < 2 or max(self.rankings) - min(self.rankings) > TIE:
+            return False
+        self.warned = True
+        pairs = sum(len(labels) for labels in result["crop_scores"].values())
+        log.warning("validation decided nothing: %d validations all ranked %.4f (%s); %d of %d (crop, class) pairs "
+                    "were skipped%s. best.pt is the latest checkpoint, not a chosen one: give the run validation "
+                    "crops with foreground of its classes", len(self.rankings), self.rankings[0],
+                    result["ranked_by"], result["skipped_crops"], pairs,
+                    f" and {len(blind)} classes have no foreground in any tuning crop ({', '.join(blind)})"
+                    if blind else "")
+        return True
+
+
+def class_line(result: dict[str, Any]) -> str:
+    """Each class's official score, marked where it says nothing: "(no foreground)" where no tuning crop has the
+    class's foreground (its score only counts what was predicted there), "(k skipped)" for crops the era
+    skipped."""
+    era, skipped = get_era(result["metric"]), {}
+    for labels in result["crop_scores"].values():
+        for label, scores in labels.items():
+            skipped[label] = skipped.get(label, 0) + era.is_skipped(scores)
+    blind = set(result.get("uninformed_classes") or [])
+    parts = []
+    for label, value in result["class_scores"].items():
+        note = " (no foreground)" if label in blind else f" ({skipped[label]} skipped)" if skipped.get(label) else ""
+        parts.append(f"{label} {value:.3f}{note}")
+    return ", ".join(parts)

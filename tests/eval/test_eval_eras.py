@@ -112,15 +112,17 @@ def test_the_registry_holds_both_official_eras_and_the_reconstruction():
 
 @pytest.mark.parametrize("era", ERAS)
 def test_score_class_is_the_official_scorer_of_the_era(era, three_balls):
+    """The official scores, plus the truth's foreground voxels that decisions read (`cellseg.eval.presence`)."""
     semantic, instance = OFFICIAL[era]
     pred = balls(three_balls.shape, [((12, 12, 13), 5), ((30, 30, 14), 4)])
+    truth_voxels = {"truth_voxels": int(np.count_nonzero(three_balls))}
     assert score_class(pred, three_balls, label="mito", era=era, voxel_size_nm=VS8) == \
-        instance(pred, three_balls, VS8)
+        {**instance(pred, three_balls, VS8), **truth_voxels}
     assert score_class(pred > 0, three_balls > 0, label="er", era=era, voxel_size_nm=VS8) == \
-        semantic(pred > 0, three_balls > 0)
+        {**semantic(pred > 0, three_balls > 0), **truth_voxels}
     tp = int(np.count_nonzero((pred > 0) & (three_balls > 0)))
     fp, fn = int(np.count_nonzero(pred)) - tp, int(np.count_nonzero(three_balls)) - tp
-    assert semantic_from_counts(tp, fp, fn, era) == semantic(pred > 0, three_balls > 0)
+    assert semantic_from_counts(tp, fp, fn, era) == {**semantic(pred > 0, three_balls > 0), **truth_voxels}
     missing = score_missing(label="mito", era=era, num_voxels=three_balls.size, truth=lambda: three_balls)
     assert missing == get_era(era).score_missing(instance=True, num_voxels=three_balls.size, truth=lambda: three_balls)
 

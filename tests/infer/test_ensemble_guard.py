@@ -61,12 +61,41 @@ def fit(members, uniform, weights=(0.5, 0.5), fitted=(0.2, 0.8)):
 
 
 def test_guard_prefers_the_simplest_of_tied_candidates_and_a_member_only_when_strictly_better():
-    assert guard(fit([0.6, 0.7], 0.8), 0.8, 0.8, [0, 1])["chosen"] == "uniform"
-    assert guard(fit([0.6, 0.7], 0.5), 0.8, 0.8, [0, 1])["chosen"] == "shrunk"
-    assert guard(fit([0.6, 0.8], 0.5), 0.8, 0.7, [0, 1])["chosen"] == "unshrunk"
-    best = guard(fit([0.6, 0.9], 0.5), 0.8, float("nan"), [2, 5])
+    clear = {"uniform": 1.0, "unshrunk": 1.0, "member 0": 1.0, "member 1": 1.0, "member 2": 1.0, "member 5": 1.0}
+    assert guard(fit([0.6, 0.7], 0.8), 0.8, 0.8, [0, 1], clear)["chosen"] == "uniform"
+    assert guard(fit([0.6, 0.7], 0.5), 0.8, 0.8, [0, 1], clear)["chosen"] == "shrunk"
+    assert guard(fit([0.6, 0.8], 0.5), 0.8, 0.7, [0, 1], clear)["chosen"] == "unshrunk"
+    best = guard(fit([0.6, 0.9], 0.5), 0.8, float("nan"), [2, 5], clear)
     assert best["chosen"] == "member 5" and list(best["weights"]) == [0.0, 1.0]
     assert best["scores"]["final"] == 0.9 and best["scores"]["fitted"] == 0.8
+
+
+def test_guard_keeps_the_shrunk_weights_against_gains_within_the_noise():
+    """The unshrunk fit and a member score higher in sample, but their paired crop-bootstrap gain over the shrunk
+    weights holds 0: the shrinkage stands. Uniform still replaces it on a tie (the simplest)."""
+    noisy = {"unshrunk": -0.02, "member 1": -0.05}
+    assert guard(fit([0.6, 0.75], 0.5), 0.8, 0.7, [0, 1], noisy)["chosen"] == "shrunk"
+    assert guard(fit([0.6, 0.75], 0.5), 0.8, 0.7, [0, 1], {**noisy, "member 1": 0.01})["chosen"] == "member 1"
+    assert guard(fit([0.6, 0.75], 0.7), 0.8, 0.7, [0, 1], noisy)["chosen"] == "uniform"
+
+
+def test_paired_gain_tells_a_consistent_gain_from_one_lucky_crop():
+    """Better on every crop: the interval lies above 0; better on one crop of six and worse on the others:
+    it holds 0 although the pooled score is higher."""
+    from cellseg.eval.noise import paired_gain
+
+    extra = {"num_voxels": 1000, "voxel_size": [8.0, 8.0, 8.0]}
+
+    def iou(tp, fp, fn):
+        return {"iou": tp / (tp + fp + fn), "dice_score": 2 * tp / (2 * tp + fp + fn), **extra}
+
+    crops = [f"crop{k}" for k in range(6)]
+    base = {c: iou(50, 50, 50) for c in crops}
+    better = {c: iou(60, 40, 40) for c in crops}
+    lucky = {c: iou(45, 55, 55) for c in crops} | {"crop0": iou(100, 0, 0)}
+    assert paired_gain(better, base, label="er", key="iou", era="2025").low > 0
+    gain = paired_gain(lucky, base, label="er", key="iou", era="2025")
+    assert gain.low < 0 < gain.high
 
 
 def test_the_second_pass_on_kept_values_equals_reading_them_again(tiny_synth_root, tmp_path, monkeypatch, caplog):

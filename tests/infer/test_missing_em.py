@@ -71,3 +71,37 @@ def test_tiles_mostly_at_the_padding_value_are_reported_once_per_crop(tiny_synth
     assert np.all(probs == 0.5)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("crop9 (synth-iso8-1): 9 of 27 tiles (33%) read EM mostly")
+
+
+def test_a_routed_plan_refuses_em_levels_its_members_would_read_upsampled(tiny_run, tiny_synth_root, tmp_path):
+    """The 16 nm test crop routed to an 8 nm member, fetched with the matched levels only (no 8 nm chunks): the
+    plan names the crop, the level and the fetch command before anything is predicted."""
+    from cellseg.config.inference import RouteConfig
+    from cellseg.config.load import from_dict
+    from cellseg.infer.routing import predict_routed
+
+    root = _root_without_chunks(tiny_synth_root, tmp_path / "root", ["s0"])
+    routes = [from_dict(RouteConfig, {"band_nm": [0, 32], "members": [str(tiny_run)]})]
+    message = (r"crop502 \(synth-iso8-1\): level s0 \(8x8x8 nm\) has no chunks under the crop, which would be read "
+               r"from s1 \(16x16x16 nm\) upsampled(.|\n)*cellseg fetch --crops [0-9,]*502[0-9,]* --em-levels 8`")
+    with pytest.raises(ValueError, match=message):
+        predict_routed(routes, "test", tmp_path / "r.zarr",
+                       opts=InferConfig(data_root=str(root), checkpoint="last", **OPTS))
+    assert not (tmp_path / "r.zarr").exists()
+
+
+def test_fetch_em_levels_by_voxel_size_bring_the_members_level():
+    """`--em-levels 8` for a 16 nm crop: the 8 nm level and every coarser one; matched alone starts at 16 nm."""
+    from types import SimpleNamespace
+
+    from cellseg.fetch.fetch_plan import choose_em_levels
+
+    levels = [SimpleNamespace(meta=SimpleNamespace(voxel_size_nm=(v, v, v)), name=f"s{i}")
+              for i, v in enumerate((4.0, 8.0, 16.0, 32.0))]
+    pick = lambda mode, gt=(16.0, 16.0, 16.0): [lv.name for lv in choose_em_levels(levels, gt, mode)]  # noqa: E731
+    assert pick("matched") == ["s2", "s3"] and pick("8") == ["s1", "s2", "s3"] and pick("32") == ["s2", "s3"]
+    assert pick("all") == ["s0", "s1", "s2", "s3"]
+    with pytest.raises(ValueError, match=r"em_levels must be one of \('matched', 'all'\) or a voxel size in nm"):
+        pick("fine")
+    with pytest.raises(ValueError, match="or a voxel size in nm"):
+        pick("-8")

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.studies.quality.curves import LEARNING_RISE, PLATEAU_TOLERANCE, Curve, curves_figure
-
-ERAS = ("2025", "2026")
+from cellseg.eval.eras import ERAS  # every registered era: the report scores each one
 
 
 def fmt(value: Any) -> str:
@@ -49,7 +48,7 @@ def singles_table(report: Mapping[str, Any], curves: Mapping[str, Curve]) -> lis
         rows.append([arch, *(fmt(_overall(s, e)) for e in ERAS),
                      str(c.steps) if c else "", f"{c.samples_per_s:.1f}" if c else "", _percent(c),
                      fmt(c.points[-1]["overall"]) if c else "", _plateau_text(c)])
-    return _table(["architecture", "2025 test", "2026 test", "steps", "samples/s", "waiting for data",
+    return _table(["architecture", *(f"{e} test" for e in ERAS), "steps", "samples/s", "waiting for data",
                    "last validation", "plateaued"], rows)
 
 
