@@ -129,12 +129,24 @@ def decode_block(read: Reader, labels: Any, grid: BlockGrid, position: Sequence[
         raise ValueError(f"{class_name} is an instance class: decode_block needs its face-record folder")
     aux = boundary_channel(class_name)
     boundary = read(aux, outer) if aux in channels else None
-    local = segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm,
-                              params=dataclasses.replace(p, min_size_nm3=0.0))  # type: ignore[arg-type]
+    local = _instances(prob, boundary, p, voxel_size_nm, outer, grid.shape_vox)  # type: ignore[arg-type]
     ids = provisional(local, grid.index(position))
     labels[inner] = ids[own]
     write_record(Path(records), grid, position, ids, outer)
     return int(local[own].max(initial=0))
+
+
+def _instances(prob: np.ndarray, boundary: np.ndarray | None, p: InstanceParams, voxel_size_nm: Sequence[float],
+               outer: Box, volume: Vec3i) -> np.ndarray:
+    """`segment_instances` over the decoded box, without its size filter (the merge applies it to whole
+    objects), with one plane of probability 0 beyond each box face that lies inside the volume: the seed
+    distance then erodes objects from those faces, so the block's seeds are parts of the whole volume's seeds
+    (never two seeds joined through the halo's edge; parts of one seed are linked again by the merge)."""
+    pad = [(int(s.start > 0), int(s.stop < n)) for s, n in zip(outer, volume, strict=True)]
+    prob = np.pad(prob, pad)
+    boundary = np.pad(boundary, pad) if boundary is not None else None
+    ids = segment_instances(prob, boundary, voxel_size_nm=voxel_size_nm, params=dataclasses.replace(p, min_size_nm3=0.0))
+    return ids[tuple(slice(lo, ids.shape[a] - hi) for a, (lo, hi) in enumerate(pad))]
 
 
 def _edited(read: Reader, box: Box, name: str, params: ParamSet, channels: Sequence[str]) -> np.ndarray:
