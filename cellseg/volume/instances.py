@@ -13,28 +13,36 @@ edge):
    counts and first voxel, its labels on its six face planes, and the labels its halo decoding gave the one-voxel
    shell just outside it (inside its 26 neighbours).
 2. `merge_faces`, once per class: for each block A and neighbour B, the shell A decoded inside B is compared with
-   B's own labels there. Ids a (of A) and b (of B) are linked when they overlap on at least `MIN_OVERLAP` of the
-   smaller of their two areas over the voxels both label. Linked ids form one object (union-find:
-   connected components of the link graph); its size is the sum of its pieces' counts, and objects smaller than
-   the class's `min_size_nm3` are dropped, as step 9 of `cellseg.postprocess.instances` does after decoding the
-   whole volume (the blocks decode with `min_size_nm3 = 0`). The kept objects get ids 1..N in raster order of
-   their first voxel, which does not depend on the blocking. Written as one lookup (`.stitch/<class>/lookup.npz`).
+   B's own labels there (`cellseg.volume.faces`). Over the voxels both label, ids a (of A) and b (of B) overlapping
+   on at least half of the smaller of their two areas are candidates; a candidate is strong when the overlap is
+   also half of the larger area (each is the other's majority). The merge links every strong pair, and each id
+   that has no strong pair on any face to its candidate of largest overlap. Linked ids form one object
+   (union-find: connected components of the link graph); its size is the sum of its pieces' voxel counts, and
+   objects smaller than the class's `min_size_nm3` are dropped, as step 9 of `cellseg.postprocess.instances` does
+   after decoding the whole volume (the blocks decode with `min_size_nm3 = 0`). The kept objects get ids 1..N in
+   raster order of their first voxel, which does not depend on the blocking. One lookup per class
+   (`.stitch/<class>/lookup.npz`).
 3. `relabel_block`, every block: provisional ids → final ids (0 for dropped objects). Final ids (< 2³²) lack the
    `PROVISIONAL` bit, so relabelling a block twice (a retried task) changes nothing.
 
-Why this matches decoding the volume in one piece, and where it stops: every step of the decoding looks a bounded
-distance away except three. Thresholds are per voxel; the seed distance transform looks `seed_distance_nm` away;
-seeded growth assigns a voxel the seed nearest to it through the object; hole filling needs the whole hole; ties
-between equally near seeds go to the later seed in raster order, an order a block shares with the whole volume
-for seeds whose first voxel it holds. So a block's decoding equals the one-piece decoding at its shell and faces
-when its halo covers (a) the seed distance, (b) the path from each voxel there to its seed and (c) every hole
-reaching the block (`default_halo_vox` covers (a) and (b) for objects up to a few seed distances thick). Then
-every link is right and the merge is exact; where a halo falls short, the overlap rule refuses a link made of
-a few disagreeing voxels, so two touching objects the whole-volume decoding separates stay separate unless a
-block lost one object's seed entirely (the halo must then grow). Semantic masks need no merge: a mask is exact
-when the halo covers its holes, except `min_size_nm3`, applied per block with its halo: a component is removed
-only when it lies wholly inside the decoded box (then it is whole) and is small, so a small component cut by a
-box face interior to the volume is kept.
+Why this matches decoding the volume in one piece, and where it stops. Thresholds act per voxel and the seed
+distance transform looks `seed_distance_nm` away. A block decodes its box with one plane of probability 0 beyond
+each box face inside the volume, so its seeds are parts of the whole volume's seeds: two seeds are never joined
+through the halo's edge (a seed cut by the box may fall into parts, which the merge links again). Seeded growth
+gives a voxel the nearest seed through its object: a block labels the voxels of its shell and faces as the whole
+volume does when the seeds they grow from lie inside its box, which the halo (`default_halo_vox`) ensures for
+objects a few seed distances thick. Every link is then right and the result equals the one-piece decoding up to
+the names of the ids (tested on the synthetic data over several block sizes, blocks smaller than the objects
+included). The limits: (a) hole filling needs the whole hole inside the box; (b) along a thin neck of core
+(thinner than twice the seed distance) joining two seeds, growth meets half-way, which may lie beyond a halo; a
+block that sees one seed only then gives the other object's end of the neck to the first. Its shell id covers
+parts of both objects, but overlaps the second on the minority of its area only, so that pair is not strong; it
+is linked only when the second object's id has no strong pair anywhere (an object seen by just the two blocks);
+ties between equally near seeds follow the raster order of their first voxels, which a block shares with the
+volume for seeds whose first voxel it holds. Semantic masks need no merge: a mask is exact when the halo covers
+its holes, except `min_size_nm3`, applied per block with its halo: a component is removed only when it lies
+wholly inside the decoded box (then it is whole) and is small, so a small component cut by a box face inside
+the volume is kept.
 """
 
 from __future__ import annotations
