@@ -5,10 +5,11 @@ Layout (a zarr v2 directory store, blosc):
 
     OUT.zarr/.zattrs                  {"cellseg": {"kind": "volume-prediction", "format": 1, "dataset", "data_root",
                                        "roi_nm": {"offset", "shape"}, "voxel_size_nm", "block_vox", "chunk_vox",
-                                       "num_levels", "classes", "instance_classes", "members", "tta", "settings",
+                                       "num_levels", "classes", "channels", "instance_classes", "members", "tta", "settings",
                                        "created", "cellseg_version"}}
-    OUT.zarr/probabilities/<class>/   OME-NGFF 0.4 multiscale group: s0 uint8 round(255 p) on the ROI's grid,
-                                      s1..sN 2× mean-downsampled uint8
+    OUT.zarr/probabilities/<channel>/ OME-NGFF 0.4 multiscale group: s0 uint8 round(255 p) on the ROI's grid,
+                                      s1..sN 2× mean-downsampled uint8; one per class and per boundary channel
+                                      (`<class>_boundary`) of an instance class the members predict
     OUT.zarr/labels/<class>/          with instances: the same, with "image-label"; s0 uint8 {0, 1} for a semantic
                                       class, uint64 ids for an instance class (0 background, unique over the volume)
     OUT.zarr/.blocks/<task>/          done markers of the block scheduler (resume)
@@ -50,7 +51,7 @@ STITCH_DIR = ".stitch"
 SUMMARY_FILE = "summary.json"
 # A resumed store must have been created with the same values of these entries.
 RESUME_KEYS = ("dataset", "roi_nm", "voxel_size_nm", "block_vox", "chunk_vox", "num_levels", "classes",
-               "instance_classes", "members", "tta", "settings")
+               "channels", "instance_classes", "members", "tta", "settings")
 
 
 def check_alignment(block_vox: Sequence[int], chunk_vox: Sequence[int]) -> None:
@@ -138,12 +139,14 @@ class VolumeStore:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, dataset: str, data_root: str, grid: Grid,
-               block_vox: Sequence[int], classes: Sequence[str], instance_classes: Sequence[str] = (),
+               block_vox: Sequence[int], classes: Sequence[str], channels: Sequence[str] | None = None,
+               instance_classes: Sequence[str] = (),
                instances: bool = False, members: Sequence[Mapping[str, Any]] = (), tta: int = 1,
                settings: Mapping[str, Any] | None = None, chunk_vox: Sequence[int] = (DEFAULT_CHUNK,) * 3,
                num_levels: int | None = None, resume: bool = False) -> VolumeStore:
         """Create the store with every array empty, or with `resume` reopen the one a run with the same settings
-        (`RESUME_KEYS`) created. `instances` adds the `labels/` groups.
+        (`RESUME_KEYS`) created. `channels` are the probability groups (default `classes`; the classes first);
+        `instances` adds the `labels/` groups, one per class.
 
         Raises:
             FileExistsError: `path` exists and `resume` is not given, or it is not a volume store (the message
@@ -155,8 +158,11 @@ class VolumeStore:
 
         path = Path(path)
         chunk_vox, block_vox = shape3(chunk_vox), shape3(block_vox)
-        if len(set(classes)) != len(classes):
-            raise ValueError(f"{path}: duplicate classes in {list(classes)}")
+        channels = list(classes if channels is None else channels)
+        if len(set(channels)) != len(channels) or len(set(classes)) != len(classes):
+            raise ValueError(f"{path}: duplicate classes or channels in {list(channels)}")
+        if set(classes) - set(channels):
+            raise ValueError(f"{path}: classes {sorted(set(classes) - set(channels))} are not among the channels")
         if set(instance_classes) - set(classes):
             raise ValueError(f"{path}: instance classes {sorted(set(instance_classes) - set(classes))} are not "
                              f"among the classes {list(classes)}")
@@ -166,7 +172,7 @@ class VolumeStore:
                  "roi_nm": {"offset": [float(v) for v in grid.start_nm],
                             "shape": [float(n * v) for n, v in zip(grid.shape_vox, grid.voxel_size_nm, strict=True)]},
                  "voxel_size_nm": [float(v) for v in grid.voxel_size_nm], "block_vox": list(block_vox),
-                 "chunk_vox": list(chunk_vox), "num_levels": levels, "classes": list(classes),
+                 "chunk_vox": list(chunk_vox), "num_levels": levels, "classes": list(classes), "channels": channels,
                  "instance_classes": [c for c in classes if c in instance_classes and instances],
                  "members": [dict(m) for m in members], "tta": int(tta),
                  "settings": json.loads(json.dumps(dict(settings or {}))),
@@ -188,7 +194,7 @@ class VolumeStore:
         with atomic_dir(path, kind=VOLUME_STORE) as tmp:  # renamed into place once every array exists
             _group(tmp, {"cellseg": attrs})
             _group(tmp / PROBABILITIES)
-            for c in classes:
+            for c in channels:
                 _multiscale(tmp / PROBABILITIES / c, grid, np.dtype(np.uint8), num_levels=levels,
                             chunk_vox=chunk_vox, label=False)
             if instances:
@@ -244,6 +250,11 @@ class VolumeStore:
     @property
     def classes(self) -> tuple[str, ...]:
         return tuple(self.attrs["classes"])
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The probability groups: the classes, then boundary channels."""
+        return tuple(self.attrs.get("channels", self.attrs["classes"]))
 
     @property
     def instance_classes(self) -> tuple[str, ...]:
