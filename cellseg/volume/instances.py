@@ -102,7 +102,8 @@ Reader = Callable[[str, Box], np.ndarray]  # (channel, box) → float32 probabil
 
 def decode_block(read: Reader, labels: Any, grid: BlockGrid, position: Sequence[int], *, class_name: str,
                  params: ParamSet, voxel_size_nm: Sequence[float], channels: Sequence[str],
-                 records: str | os.PathLike[str] | None, halo_vox: Sequence[int] | None = None) -> int:
+                 records: str | os.PathLike[str] | None, halo_vox: Sequence[int] | None = None,
+                 instance: bool | None = None) -> int:
     """Decode one block of one class with its halo and write its own voxels into `labels` (step 1).
 
     Args:
@@ -114,15 +115,18 @@ def decode_block(read: Reader, labels: Any, grid: BlockGrid, position: Sequence[
         channels: the channels the store holds (for the boundary channel and hierarchy partners).
         records: the class's face-record folder (instance classes; `face_record_dir`).
         halo_vox: per axis; default `default_halo_vox`.
+        instance: decode as instances (default: as the challenge scores the class, `cellseg.classes.is_instance`).
     Returns: the number of provisional ids (instance classes) or mask voxels (semantic classes) in the block.
 
     Raises:
         ValueError: `labels` of the wrong dtype or shape, or an instance class without a record folder.
     """
     p = params.get(class_name)
+    instance = is_instance(class_name) if instance is None else instance
+    if instance != isinstance(p, InstanceParams):
+        p = InstanceParams(threshold=p.threshold) if instance else SemanticParams(threshold=p.threshold)
     halo = tuple(halo_vox) if halo_vox is not None else default_halo_vox(p, voxel_size_nm)
     outer, inner = grid.box(position, halo), grid.box(position)
-    instance = is_instance(class_name)
     want = np.uint64 if instance else np.uint8
     if tuple(labels.shape) != tuple(grid.shape_vox) or np.dtype(labels.dtype) != want:
         raise ValueError(f"labels of {class_name}: expected {np.dtype(want).name} {list(grid.shape_vox)}, got "
@@ -267,10 +271,11 @@ def decode_store_block(out: str | os.PathLike[str], class_name: str, offset_vox:
     `OUT.zarr/labels/<class>/s0` (+ its face record for an instance class). Returns as `decode_block`."""
     labels, grid = _labels(out, class_name, block_vox)
     voxel = voxel_size_nm or store_voxel_size(out, class_name)
-    records = face_record_dir(out, class_name) if is_instance(class_name) else None
+    instance = np.dtype(labels.dtype) == np.uint64  # the store decides: uint64 ids or uint8 masks
+    records = face_record_dir(out, class_name) if instance else None
     return decode_block(store_reader(out), labels, grid, grid.position_of(offset_vox), class_name=class_name,
                         params=params, voxel_size_nm=voxel, channels=store_channels(out), records=records,
-                        halo_vox=halo_vox)
+                        halo_vox=halo_vox, instance=instance)
 
 
 def merge_store(out: str | os.PathLike[str], class_name: str, *, block_vox: Sequence[int], params: ParamSet,
