@@ -116,7 +116,7 @@ def decode_block(read: Reader, labels: Any, grid: BlockGrid, position: Sequence[
         records: the class's face-record folder (instance classes; `face_record_dir`).
         halo_vox: per axis; default `default_halo_vox`.
         instance: decode as instances (default: as the challenge scores the class, `cellseg.classes.is_instance`).
-    Returns: the number of provisional ids (instance classes) or mask voxels (semantic classes) in the block.
+    Returns: the largest local id of the decoded box (instance classes) or the block's mask voxels (semantic).
 
     Raises:
         ValueError: `labels` of the wrong dtype or shape, or an instance class without a record folder.
@@ -145,7 +145,7 @@ def decode_block(read: Reader, labels: Any, grid: BlockGrid, position: Sequence[
     ids = provisional(local, grid.index(position))
     labels[inner] = ids[own]
     write_record(Path(records), grid, position, ids, outer)
-    return int(local[own].max(initial=0))
+    return int(local.max(initial=0))
 
 
 def _instances(prob: np.ndarray, boundary: np.ndarray | None, p: InstanceParams, voxel_size_nm: Sequence[float],
