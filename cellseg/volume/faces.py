@@ -278,7 +278,9 @@ def merge_faces(records: str | os.PathLike[str], grid: BlockGrid, *, min_size_vo
         for d, shell in load(pos)["shells"].items():
             if shell.any():
                 neighbour = load(tuple(p + k - 1 for p, k in zip(pos, d, strict=True)))
-                edges.append(face_links(shell, _neighbour_face(neighbour, d), min_overlap))
+                pairs, overlap, strong = face_links(shell, _neighbour_face(neighbour, d), min_overlap)
+                plane = sum(k != 1 for k in d) == 1  # an edge's line or a corner's voxel: too few voxels to be sure
+                edges.append((pairs, overlap, strong & plane))
     pairs = chosen_links(*(np.concatenate(e, axis=-1) for e in zip(*edges, strict=True))) if edges else np.zeros((2, 0), np.uint64)
     extra = np.setdiff1d(pairs, ids)  # ids a halo decoded that the block itself does not hold: no voxels
     if extra.size:

@@ -15,8 +15,9 @@ edge):
 2. `merge_faces`, once per class: for each block A and neighbour B, the shell A decoded inside B is compared with
    B's own labels there (`cellseg.volume.faces`). Over the voxels both label, ids a (of A) and b (of B) overlapping
    on at least half of the smaller of their two areas are candidates; a candidate is strong when the overlap is
-   also half of the larger area (each is the other's majority). The merge links every strong pair, and each id
-   that has no strong pair on any face to its candidate of largest overlap. Linked ids form one object
+   also half of the larger area (each is the other's majority) and the two blocks share a face (not only an edge
+   or a corner, whose line or single voxel is too little evidence). The merge links every strong pair, and each
+   id that has no strong pair anywhere to its candidate of largest overlap. Linked ids form one object
    (union-find: connected components of the link graph); its size is the sum of its pieces' voxel counts, and
    objects smaller than the class's `min_size_nm3` are dropped, as step 9 of `cellseg.postprocess.instances` does
    after decoding the whole volume (the blocks decode with `min_size_nm3 = 0`). The kept objects get ids 1..N in
