@@ -33,14 +33,18 @@ through the halo's edge (a seed cut by the box may fall into parts, which the me
 gives a voxel the nearest seed through its object: a block labels the voxels of its shell and faces as the whole
 volume does when the seeds they grow from lie inside its box, which the halo (`default_halo_vox`) ensures for
 objects a few seed distances thick. Every link is then right and the result equals the one-piece decoding up to
-the names of the ids (tested on the synthetic data over several block sizes, blocks smaller than the objects
-included). The limits: (a) hole filling needs the whole hole inside the box; (b) along a thin neck of core
-(thinner than twice the seed distance) joining two seeds, growth meets half-way, which may lie beyond a halo; a
-block that sees one seed only then gives the other object's end of the neck to the first. Its shell id covers
-parts of both objects, but overlaps the second on the minority of its area only, so that pair is not strong; it
-is linked only when the second object's id has no strong pair anywhere (an object seen by just the two blocks);
-ties between equally near seeds follow the raster order of their first voxels, which a block shares with the
-volume for seeds whose first voxel it holds. Semantic masks need no merge: a mask is exact when the halo covers
+the names of the ids. On the tiny synthetic preset's three datasets (mito, ves, cell, nuc, mt, endo, lyso, perox,
+ld; seed distance 0 and 3 voxels; blocks of 16 and 40 voxels, the smaller ones smaller than most objects) every
+class but cell gives as many objects as the one-piece decoding, each matched at IoU ≥ 0.99 (mito and ves are
+tested voxel for voxel); over all classes 1858 of 1860 objects (99.9 %) are matched. The limits: (a) hole filling needs the whole hole inside the box; (b) along a thin neck of core
+(thinner than twice the seed distance) joining two seeds, growth meets half-way, which may lie beyond any halo; a
+block that sees one seed only gives the other object's end of the neck to the first. Its shell id then covers
+parts of both objects, but overlaps the second on the minority of its area only, so that pair is not strong: it
+is linked only when the second object's id has no strong pair anywhere, which merges the two objects (seen with
+cells, huge objects touching along thin necks, on 16-voxel blocks); and a small piece whose ids pair strongly
+only with each other stays apart from its object (under 1 % of it); (c) ties between equally near seeds follow
+the raster order of their first voxels, which a block shares with the volume for seeds whose first voxel it
+holds. Semantic masks need no merge: a mask is exact when the halo covers
 its holes, except `min_size_nm3`, applied per block with its halo: a component is removed only when it lies
 wholly inside the decoded box (then it is whole) and is small, so a small component cut by a box face inside
 the volume is kept.
