@@ -190,3 +190,23 @@ def test_labels_of_the_wrong_dtype_are_refused(tmp_path):
         decode_block(lambda c, box: np.zeros((16, 16, 16), np.float32)[box], np.zeros((16, 16, 16), np.uint32),
                      grid, (0, 0, 0), class_name="mito", params=ParamSet(), voxel_size_nm=VOXEL,
                      channels=["mito"], records=tmp_path)
+
+
+def test_hierarchy_argmax_is_applied_per_block(volume, tmp_path):
+    from cellseg.postprocess.hierarchy import crop_rivals
+
+    truth = volume["mito"][:48, :48, :48] > 0
+    chans = {"mito_mem": probabilities(truth, seed=5), "mito_lum": probabilities(truth, seed=6)}
+    params = ParamSet({"mito_mem": SemanticParams(hierarchy="argmax"), "mito_lum": SemanticParams(threshold=0.4)})
+    read = {c: dequantise(a) for c, a in chans.items()}
+
+    def threshold_of(c):
+        return params.get(c).threshold
+
+    edited = edited_probability("mito_mem", "argmax", read["mito_mem"], present=list(chans), threshold_of=threshold_of,
+                                read=read.__getitem__,
+                                rivals=lambda: crop_rivals(list(chans), threshold_of=threshold_of, read=read.__getitem__))
+    ref = segment_semantic(edited, voxel_size_nm=VOXEL, params=params.get("mito_mem"))
+    assert 0 < ref.sum() < segment_semantic(read["mito_mem"], voxel_size_nm=VOXEL, params=params.get("mito_mem")).sum()
+    got, _ = blockwise(chans, "mito_mem", params, 16, tmp_path)
+    assert np.array_equal(got, ref.astype(np.uint8))
