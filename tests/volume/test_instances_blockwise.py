@@ -74,7 +74,7 @@ def channels_of(truth: np.ndarray, name: str) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("name", "block", "seed_nm", "min_size_nm3", "exact"), [
-    ("mito", 16, 12.0, 0.0, True),  # blocks smaller than most mitochondria
+    ("mito", 16, 12.0, 0.0, True),  # 16-voxel blocks: most mitochondria here span 18-33 voxels
     ("ves", 24, 0.0, 20 * 64.0, True),  # many small objects; the size filter applied to whole objects
     ("cell", 24, 12.0, 0.0, False),  # huge touching cells joined by thin necks (limit (b) of the module)
 ])
