@@ -7,6 +7,7 @@
 | `cellseg predict-ensemble` | `PredictEnsembleJob` | `infer`, `ensemble` |
 | `cellseg ensemble` | `EnsembleJob` | `ensemble` |
 | `cellseg postprocess` | `PostprocessJob` | `postprocess` |
+| `cellseg predict-volume` | `PredictVolumeJob` | `infer`, `ensemble`, `volume` |
 
 A recipe file may carry the sections of several steps (an ensemble recipe with its `postprocess` settings),
 so that one file describes a pipeline: `load_job` checks a section another command reads against its
@@ -31,10 +32,12 @@ from typing import Any, TypeVar
 from cellseg.config.fields import _check
 from cellseg.config.inference import EnsembleConfig, InferConfig, PostprocessConfig
 from cellseg.config.load import apply_overrides, deep_merge, from_dict, read_yaml
+from cellseg.config.volume import VolumeConfig
 
 log = logging.getLogger(__name__)
 J = TypeVar("J")
-SECTIONS: dict[str, type] = {"infer": InferConfig, "ensemble": EnsembleConfig, "postprocess": PostprocessConfig}
+SECTIONS: dict[str, type] = {"infer": InferConfig, "ensemble": EnsembleConfig, "postprocess": PostprocessConfig,
+                             "volume": VolumeConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,8 +126,34 @@ class PostprocessJob:
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PredictVolumeJob:
+    """`cellseg predict-volume`: one run or an ensemble over a whole dataset (or a world ROI of it), block by block
+    on the daisy scheduler, into one multiscale store.
+
+    Attributes:
+        dataset: the dataset to predict, e.g. "jrc_hela-2" (--dataset).
+        out: the volume store to write (--out), e.g. "hela2.zarr".
+    """
+
+    dataset: str
+    out: str
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
+    volume: VolumeConfig = field(default_factory=VolumeConfig)
+
+    def __post_init__(self) -> None:
+        routes, members = self.ensemble.routes, self.ensemble.members
+        _check(bool(routes) != bool(members), "ensemble.members and ensemble.routes: give one of them (run "
+               "directories as the RUN_DIR arguments, or a routed recipe)")
+        _check(not routes or self.volume.scale_nm is not None, "ensemble.routes: a routed recipe predicts a volume "
+               "with one band's members: set volume.scale_nm to the voxel-size scale (nm) of the band to use")
+        _check(self.ensemble.weights != "auto", "ensemble.weights=auto: fit the weights on validation predictions "
+               "with `cellseg ensemble ... --weights auto` and give the weights.json it writes")
+
+
 JOBS: dict[str, type] = {"predict": PredictJob, "predict-ensemble": PredictEnsembleJob, "ensemble": EnsembleJob,
-                         "postprocess": PostprocessJob}
+                         "postprocess": PostprocessJob, "predict-volume": PredictVolumeJob}
 
 
 def _check_members(ensemble: EnsembleConfig, what: str) -> None:
@@ -165,5 +194,6 @@ def load_job(cls: type[J], path: str | Path | None, overrides: Sequence[str] = (
     return from_dict(cls, merge_job(cls, path, overrides, flags=flags))
 
 
-__all__ = ["JOBS", "SECTIONS", "EnsembleJob", "PostprocessJob", "PredictEnsembleJob", "PredictJob", "load_job",
+__all__ = ["JOBS", "SECTIONS", "EnsembleJob", "PostprocessJob", "PredictEnsembleJob", "PredictJob", "PredictVolumeJob",
+           "load_job",
            "merge_job", "nest"]

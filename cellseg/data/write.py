@@ -66,6 +66,7 @@ def ensure_groups(path: str | os.PathLike[str]) -> None:
 OUTPUT_KINDS = ("zarr array", "multiscale image", "probabilities store", "segmentation store")
 SYNTH_ROOT = "synthetic data root"
 IMPORTED_ROOT = "imported data root"  # written by `cellseg import` (its `import.json`)
+VOLUME_STORE = "volume prediction store"  # written by `cellseg predict-volume` (cellseg.volume.store)
 TRUTH_STORE = "truth store"  # written by `cellseg truth` (the `cellseg_truth` entry of its `.zattrs`)
 _TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
@@ -134,8 +135,8 @@ def _only_levels(path: Path, attrs: Mapping[str, Any]) -> bool:
 def artifact_kind(path: str | os.PathLike[str]) -> str | None:
     """What cellseg wrote at `path`, read from the marker it wrote there; None for anything else.
 
-    Stores and roots carry a marker: "probabilities store" / "segmentation store" (the `cellseg` entry of
-    `.zattrs`), "truth store" (its `cellseg_truth` entry), "synthetic data root" (`synth.json` by `cellseg synth`), "imported data root" (`import.json`
+    Stores and roots carry a marker: "probabilities store" / "segmentation store" / "volume prediction store"
+    (the `cellseg` entry of `.zattrs`), "truth store" (its `cellseg_truth` entry), "synthetic data root" (`synth.json` by `cellseg synth`), "imported data root" (`import.json`
     by `cellseg import`). Single images are recognised by their
     form, which is what `write_array` / `write_multiscale` callers name: "zarr array", "multiscale image" (a
     group holding only its levels).
@@ -149,6 +150,8 @@ def artifact_kind(path: str | os.PathLike[str]) -> str | None:
     store = attrs.get("cellseg")
     if isinstance(store, dict) and store.get("kind") in ("probabilities", "segmentation"):
         return f"{store['kind']} store"
+    if isinstance(store, dict) and store.get("kind") == "volume-prediction":  # `cellseg predict-volume`
+        return VOLUME_STORE
     if isinstance(attrs.get("cellseg_truth"), dict):  # `cellseg truth` (cellseg.eval.truth_store.MARKER)
         return TRUTH_STORE
     if "multiscales" in attrs and _only_levels(path, attrs):

@@ -227,7 +227,7 @@ def averaged_slabs(streams: Sequence[Iterator[tuple[int, torch.Tensor]]], parts:
                 if mean is None:
                     mean = weighted.new_zeros((total.numel(), *weighted.shape[1:]))
                 mean.index_add_(0, part.rows, weighted)
-            assert mean is not None  # at least one contribution (`_contributions`)
+            assert mean is not None  # at least one contribution (`contributions`)
             mean = mean.div_(total.view(-1, 1, 1, 1)).clamp_(0.0, 1.0)
             out = torch.round(mean * QUANTUM).to(torch.uint8) if uint8 else mean.to(torch.float16)
             yield z, to_host(out).numpy()
@@ -343,7 +343,7 @@ def open_store(out: str | Path, channels: Sequence[str], instance_channels: Sequ
     return store
 
 
-def _contributions(members: Sequence[Member], channels: Sequence[str], plan: ChannelPlan, weights: Weights,
+def contributions(members: Sequence[Member], channels: Sequence[str], plan: ChannelPlan, weights: Weights,
                    device: torch.device) -> list[Contribution]:
     """Per member with a positive weight on some of `channels`: those channels and their weights."""
     parts = []
@@ -384,7 +384,7 @@ def predict_crop(members: Sequence[Member], target: CropTarget, store: Predictio
     wanted = set(scored_channels(plan.channels, target.labels) if opts.channels == "scored" else plan.channels)
     channels = tuple(c for c in store.channels if c in wanted)  # a routed store holds every band's channels
     device = members[0].run.device
-    parts = _contributions(members, channels, plan, weights, device)
+    parts = contributions(members, channels, plan, weights, device)
     if not parts:  # scored on none of the ensemble's channels: an empty crop, as `cellseg predict` writes it
         channels = ()
     total = torch.from_numpy(weight_totals(channels, weights)).to(device)

@@ -1,0 +1,187 @@
+"""The members of a whole-volume prediction and one block of it, through the engine `cellseg predict-ensemble`
+uses (`cellseg.infer.fused`): each member streams its sliding window (`predict_slabs`) over its tile-lattice box
+(`cellseg.volume.plan.lattice_box`), cropped to the write box, and the weighted mean of the members
+(`averaged_slabs`) is quantised to uint8 and written into the store's s0 arrays.
+
+The driver resolves the members once (`resolve_members`: run directories, one voxel size, channels, weights) and
+records them in the store; each worker rebuilds the same ensemble from the store alone (`BlockPredictor.of`),
+so a worker started anywhere (a subprocess, an `srun`) needs only the store's path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cellseg import runtime
+from cellseg.config.inference import InferConfig, RouteConfig
+from cellseg.data.arrays import MultiscaleImage
+from cellseg.data.prediction_store import boundary_channel
+from cellseg.infer.engine import predict_slabs
+from cellseg.infer.fused import (
+    Member,
+    RunChannels,
+    averaged_slabs,
+    choose_weights,
+    common_voxel_size,
+    contributions,
+    weight_totals,
+)
+from cellseg.infer.members import ChannelPlan, plan_channels
+from cellseg.infer.run import LoadedRun, load_run, run_transforms
+from cellseg.infer.weights import Weights
+from cellseg.volume.plan import Box, lattice_box, sub_grid
+from cellseg.volume.store import PROBABILITIES, VolumeStore
+
+log = logging.getLogger(__name__)
+# InferConfig keys a worker rebuilds its windows with (recorded in the store's "settings")
+WINDOW_KEYS = ("tta", "overlap", "blend", "checkpoint", "batch_size", "tta_fold", "compile")
+
+
+@dataclass(frozen=True)
+class Members:
+    """The resolved members: loaded runs (on the driver: CPU), their common voxel size, channels and weights."""
+
+    runs: list[LoadedRun]
+    voxel_size_nm: tuple[float, float, float]
+    plan: ChannelPlan
+    weights: Weights
+
+    def summary(self, opts: InferConfig) -> list[dict[str, Any]]:
+        """What the store records per member (enough for a worker to rebuild it)."""
+        return [{"run": str(r.run_dir.resolve()), "checkpoint": str(r.checkpoint.resolve()),
+                 "architecture": r.cfg.model.name, "step": r.step, "weights_kind": r.weights,
+                 "patch_vox": list(r.cfg.data.patch_shape_vox), "tta": len(run_transforms(r, opts.tta)),
+                 "weights": {c: self.weights.per_channel[c][i] for c in self.plan.channels}}
+                for i, r in enumerate(self.runs)]
+
+
+def route_members(routes: Sequence[RouteConfig], scale_nm: float) -> RouteConfig:
+    """The band of a routed ensemble that holds `scale_nm`.
+
+    Raises:
+        ValueError: no band holds it (the bands are named).
+    """
+    for route in routes:
+        low, high = route.band_nm
+        if low < scale_nm <= high or (low == 0 and scale_nm == 0):
+            return route
+    raise ValueError(f"volume.scale_nm={scale_nm:g}: no band of ensemble.routes holds it (bands: "
+                     f"{', '.join(r.label for r in routes)})")
+
+
+def resolve_members(run_dirs: Sequence[str | Path], weights: str | Sequence[float], *, allow_partial: bool,
+                    opts: InferConfig, device: torch.device | str = "cpu") -> Members:
+    """Load the runs and decide voxel size, channels and weights as `predict_ensemble` does (one run is fine).
+
+    Raises:
+        ValueError: a run listed twice, members at different voxel sizes or with incompatible classes, bad
+            weights; FileNotFoundError: a run directory without its files.
+    """
+    resolved = [Path(r).resolve() for r in run_dirs]
+    if len(set(resolved)) < len(resolved):
+        raise ValueError(f"runs listed more than once: {sorted({str(r) for r in resolved if resolved.count(r) > 1})}")
+    runs = [load_run(r, opts.checkpoint, device=device, data_root=opts.data_root) for r in run_dirs]
+    voxel_size = common_voxel_size(runs)
+    views = [RunChannels.of(r) for r in runs]
+    plan = plan_channels(views, allow_partial=allow_partial)  # type: ignore[arg-type]
+    return Members(runs, voxel_size, plan, choose_weights(weights, plan, views))
+
+
+def volume_channels(plan: ChannelPlan, classes: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(classes, probability channels) of the volume: `classes` (default all the members' classes) and, after
+    them, the boundary channels the members predict for them.
+
+    Raises:
+        ValueError: a class no member predicts.
+    """
+    chosen = list(classes) or list(plan.classes)
+    unknown = [c for c in chosen if c not in plan.classes]
+    if unknown:
+        raise ValueError(f"--classes: {unknown} are not predicted by the members (they predict {list(plan.classes)})")
+    return chosen, chosen + [boundary_channel(c) for c in chosen if boundary_channel(c) in plan.channels]
+
+
+def _cropped(stream: Iterator[tuple[int, torch.Tensor]], offset: Sequence[int], shape: Sequence[int]
+             ) -> Iterator[tuple[int, torch.Tensor]]:
+    """The planes of a slab stream over a lattice box that fall in the write box (`offset` in the lattice box,
+    `shape`), renumbered from 0 and cut in y and x."""
+    (z, y, x), (nz, ny, nx) = offset, shape
+    for z0, slab in stream:
+        lo, hi = max(z0, z), min(z0 + slab.shape[1], z + nz)
+        if hi > lo:
+            yield lo - z, slab[:, lo - z0:hi - z0, y:y + ny, x:x + nx]
+        if z0 + slab.shape[1] >= z + nz:
+            return
+
+
+class BlockPredictor:
+    """The ensemble of a volume store, rebuilt in a worker: predicts write boxes into the store's s0 arrays."""
+
+    def __init__(self, store: VolumeStore, members: list[Member], weights: Weights, plan: ChannelPlan,
+                 em: MultiscaleImage, opts: InferConfig):
+        self.store, self.em, self.opts = store, em, opts
+        self.channels = store.channels
+        self.device = members[0].run.device
+        self.parts = contributions(members, self.channels, plan, weights, self.device)
+        self.total = torch.from_numpy(weight_totals(self.channels, weights)).to(self.device)
+        self.arrays = {c: store.array(PROBABILITIES, c, 0) for c in self.channels}
+
+    @classmethod
+    def of(cls, store: VolumeStore, device: str = "auto") -> BlockPredictor:
+        """Rebuild the members, weights and windows the store records, on `device`."""
+        from cellseg.volume.plan import open_em
+
+        settings = store.attrs["settings"]
+        opts = InferConfig(**{k: settings[k] for k in WINDOW_KEYS if k in settings}, device=device)  # type: ignore[arg-type]
+        dev = runtime.init_distributed(opts.device).device
+        runs = [load_run(m["run"], m["checkpoint"], device=dev, data_root=store.attrs["data_root"])
+                for m in store.attrs["members"]]
+        views = [RunChannels.of(r) for r in runs]
+        plan = plan_channels(views, allow_partial=bool(settings.get("allow_partial")))  # type: ignore[arg-type]
+        per_channel = {c: tuple(float(m["weights"].get(c, 0.0)) for m in store.attrs["members"])
+                       for c in plan.channels}
+        precision = runtime.resolve_precision("auto", dev)
+        runtime.configure_backends(tf32=True, cudnn_benchmark=True)
+        members = [Member.of(r, opts, precision) for r in runs]
+        return cls(store, members, Weights(per_channel, "recorded"), plan, open_em(settings["em_url"],
+                                                                                      store.attrs["dataset"]), opts)
+
+    @torch.inference_mode()
+    def predict(self, write: Box) -> np.ndarray:
+        """(K, z, y, x) uint8 round(255 p) of the store's channels over a write box (ROI voxels)."""
+        grid = self.store.grid
+        streams = []
+        for part in self.parts:
+            window = part.member.window
+            box = lattice_box(write, window.patch_vox, window.overlap)
+            inner = [w - b for w, b in zip(write[0], box[0], strict=True)]
+            slabs = predict_slabs(part.member.run.model, self.em, sub_grid(grid, box), window,
+                                  num_outputs=len(part.member.run.channels), keep=part.keep, host=False)
+            streams.append(_cropped(slabs, inner, write[1]))  # type: ignore[arg-type]
+        out = np.zeros((len(self.channels), *write[1]), np.uint8)
+        if not self.parts:
+            return out
+        for z, slab in averaged_slabs(streams, self.parts, self.total, start=0, depth=write[1][0],
+                                      device=self.device, uint8=True):
+            out[:, z:z + slab.shape[1]] = slab
+        return out
+
+    def write(self, write: Box) -> None:
+        """Predict a write box and write it into place (a whole number of chunks: no other block touches them)."""
+        data = self.predict(write)
+        where = tuple(slice(o, o + n) for o, n in zip(*write, strict=True))
+        for k, c in enumerate(self.channels):
+            self.arrays[c][where] = data[k]
+
+
+def settings_of(opts: InferConfig, *, em_url: str, allow_partial: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The store's "settings": the window keys, where the EM is, and the caller's `extra` entries."""
+    return {**{k: getattr(opts, k) for k in WINDOW_KEYS}, "em_url": em_url, "allow_partial": allow_partial,
+            **dict(extra)}
