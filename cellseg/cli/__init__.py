@@ -5,8 +5,8 @@ to a handler taking the parsed arguments and returning an exit code. Handlers im
 libraries (torch, tensorstore) lazily so that `cellseg --help` stays instant.
 
 Errors a user can fix are one line on stderr, without a traceback (`-vv` logs it): wrong arguments, config
-keys or paths (exit status 2) and operating-system errors such as a full disk, a read-only file system or
-missing permissions (exit status 1, naming the file).
+keys or paths (exit status 2), operating-system errors such as a full disk, a read-only file system or
+missing permissions (exit status 1, naming the file) and a library that cannot be imported (exit status 1).
 
 SIGTERM and SIGUSR1 (a scheduler's time limit or pre-emption, `timeout`, `scancel`) end every command with exit
 status 75, "stopped early, resumable" (docs/hpc.md): work already committed is kept (finished crops, tuned
@@ -108,6 +108,12 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("cellseg").debug("traceback", exc_info=True)
         print(f"cellseg {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ImportError as err:  # a broken install, here or in a worker process (`cellseg.pool`): one line
+        logging.getLogger("cellseg").debug("traceback", exc_info=True)
+        where = "; ".join(getattr(err, "__notes__", []))
+        print(f"cellseg {args.command}: error: {err}{f' ({where})' if where else ''}; check the installation "
+              "(`pip check`)", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return 0

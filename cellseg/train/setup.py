@@ -5,9 +5,9 @@ resume → compile (or, for a cold one-GPU job, a compiling child process while 
 write and read a checkpoint of them. The GPU-memory rules (room for data, for a background compile) are
 `cellseg.runtime.gpu_memory`'s.
 
-The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
-reads the newest intact checkpoint (`cellseg.train.run_checkpoints.load_latest`: a corrupt `last.pt` is named
-and skipped).
+The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming reads
+the newest intact checkpoint (`run_checkpoints.load_latest`: a corrupt `last.pt` is named and skipped) of the same
+model (`check_checkpoint_model`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.loader import TrainData, build_train_data, read_train_crops, skipped_record
 from cellseg.models import build_model
 from cellseg.runtime import gpu_memory
-from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
+from cellseg.runtime.checkpoint import check_checkpoint_model, git_commit, save_atomic_text, versions
 from cellseg.train.background import LOG_FILE, BackgroundCompile
 from cellseg.train.batch import find_batch_size
 from cellseg.train.build import example_input, make_criterion, make_model, model_params
@@ -430,7 +430,7 @@ def _resume(s: Setup, phase: Phases) -> None:
     """Continue from the run's newest intact checkpoint, at the smaller micro-batch an OOM left, if any."""
     with phase("resume"):
         ckpt, s.resumed_from = load_latest(s.keeper.directory, map_location=s.dist.device)
-        s.load_state(ckpt)
+        s.load_state(check_checkpoint_model(ckpt, s.meta["model"], source=str(s.resumed_from)))
     override = s.run_dir / MICRO_BATCH_FILE
     if override.is_file():
         s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])
