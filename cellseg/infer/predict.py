@@ -151,8 +151,12 @@ def _predict_one(run: LoadedRun, window: Window, target: CropTarget, store: Pred
         return count_tiles(shape, patch, window.overlap, axes, start_plane=start if plan.streamed else 0,
                            batch_size=window.batch_size)
 
-    tiles = write_columns(writer, plan, slabs_of, tiles_of=tiles_of, progress=progress,
-                          encode=quantise if opts.uint8 else None)
+    try:
+        tiles = write_columns(writer, plan, slabs_of, tiles_of=tiles_of, progress=progress,
+                              encode=quantise if opts.uint8 else None)
+    except ValueError:  # refused (NaN probabilities): nothing of the crop is kept; a kill keeps it to resume
+        writer.discard()
+        raise
     return commit_crop(target, writer, plan, tiles=tiles, tta=len(window.transforms), started=started, rank=rank,
                        attrs={"context_vox": list(context_margin(patch, axes)), "checkpoint_step": run.step,
                               "tta": len(window.transforms)},
