@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint = params_path.with_name(f".{params_path.name}.partial")  # the classes tuned so far
         if params_path.exists() and not job.overwrite:
             params = _reusable(params_path, pred.path, pp.tune_on, pp.metric, pp.crop_ids())
+            checkpoint.unlink(missing_ok=True)  # the finished file supersedes what a cut tuning kept
             print(f"reusing {params_path}: tuned before on the same store, data root, metric and crops")
         else:
             if job.overwrite:
