@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose, args.quiet)
-    previous = _catch_stop_signals()  # `cellseg train` puts its own in place while it trains
+    # A command module with HANDLES_STOP_SIGNALS (`cellseg train`: a checkpoint first) installs its own handlers.
+    own = getattr(sys.modules.get(getattr(args.func, "__module__", "")), "HANDLES_STOP_SIGNALS", False)
+    previous = {} if own else _catch_stop_signals()
     try:
         return _run(args)
     finally:
