@@ -66,6 +66,27 @@ def one_thread_per_process() -> None:
     numcodecs.blosc.use_threads = False
 
 
+_INIT_ERROR: list[BaseException] = []  # what the initializer raised in this pool process, re-raised by every task
+
+
+def _guarded_init(initializer: Callable[[], None]) -> None:
+    """Run a pool process's initializer; its error is kept and raised by the process's tasks (`_task`), so that
+    it reaches the parent once, as itself (an initializer that raises only breaks the pool: the parent would see
+    a dead process, and retrying it fails the same way)."""
+    try:
+        initializer()
+    except BaseException as err:  # whatever it is, the parent must see it
+        err.add_note("in the initializer of a worker process (`cellseg.pool`)")
+        _INIT_ERROR.append(err)
+
+
+def _task(fn: Callable[[T], R], item: T) -> R:
+    """Run one item in a pool process, or raise its initializer's error."""
+    if _INIT_ERROR:
+        raise _INIT_ERROR[0]
+    return fn(item)
+
+
 def _succeeded(future: Future[Any]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
@@ -110,7 +131,8 @@ def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *, done:
     running: dict[Future[Any], int] = {}
     used = 0
     new_pool = functools.partial(ProcessPoolExecutor, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=one_thread_per_process) if processes else ThreadPoolExecutor
+                                 initializer=_guarded_init, initargs=(one_thread_per_process,)
+                                 ) if processes else ThreadPoolExecutor
     pool = new_pool(max_workers=workers)
     try:
         while pending or running:
@@ -120,7 +142,7 @@ def map_bounded(fn: Callable[[T], R], items: Sequence[T], workers: int, *, done:
                 if running and (i in alone or used + need[i] > limit):
                     continue
                 pending.remove(i)
-                running[pool.submit(fn, items[i])] = i
+                running[pool.submit(_task, fn, items[i]) if processes else pool.submit(fn, items[i])] = i
                 used += need[i]
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in sorted(finished, key=running.__getitem__):

@@ -5,8 +5,13 @@ to a handler taking the parsed arguments and returning an exit code. Handlers im
 libraries (torch, tensorstore) lazily so that `cellseg --help` stays instant.
 
 Errors a user can fix are one line on stderr, without a traceback (`-vv` logs it): wrong arguments, config
-keys or paths (exit status 2) and operating-system errors such as a full disk, a read-only file system or
-missing permissions (exit status 1, naming the file).
+keys or paths (exit status 2), operating-system errors such as a full disk, a read-only file system or
+missing permissions (exit status 1, naming the file) and a library that cannot be imported (exit status 1).
+
+SIGTERM and SIGUSR1 (a scheduler's time limit or pre-emption, `timeout`, `scancel`) end every command with exit
+status 75, "stopped early, resumable" (docs/hpc.md): work already committed is kept (finished crops, tuned
+classes, checkpoints), and the same command run again goes on from it. `cellseg train` stops at the end of a step
+with a checkpoint (`cellseg.train.stop`); the other commands stop where the signal finds them.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import argparse
 import importlib
 import logging
 import pkgutil
+import signal
 import sys
 
 from cellseg import __version__
+from cellseg.train.stop import EXIT_RESUMABLE  # no torch behind it: `cellseg --help` stays instant
 
 
 def _command_modules() -> list[str]:
@@ -49,18 +56,66 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     logs.configure(level)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # SIGINT stays Python's KeyboardInterrupt
+
+
+class Stopped(BaseException):
+    """A stop signal arrived (not an `Exception`: no `except Exception` of the work swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    for sig in STOP_SIGNALS:  # a second signal while the work unwinds ends the process the default way
+        signal.signal(sig, signal.SIG_DFL)
+    raise Stopped(signum)
+
+
+def _catch_stop_signals() -> dict[int, object]:
+    """Turn SIGTERM and SIGUSR1 into `Stopped` (main thread only); the previous handlers, to restore."""
+    previous: dict[int, object] = {}
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, _raise_stopped)
+        except ValueError:  # not the main thread (main() called from a thread): signals are not ours
+            pass
+    return previous
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cellseg` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose, args.quiet)
+    # A command module with HANDLES_STOP_SIGNALS (`cellseg train`: a checkpoint first) installs its own handlers.
+    own = getattr(sys.modules.get(getattr(args.func, "__module__", "")), "HANDLES_STOP_SIGNALS", False)
+    previous = {} if own else _catch_stop_signals()
+    try:
+        return _run(args)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
+    except Stopped as stop:
+        print(f"cellseg {args.command}: stopped early on {stop}; finished work is kept: run the same command again "
+              "to continue", file=sys.stderr)
+        return EXIT_RESUMABLE
     except (FileNotFoundError, FileExistsError, KeyError, ValueError) as err:
         # User errors: one clear line, no traceback (use -vv for one).
         logging.getLogger("cellseg").debug("traceback", exc_info=True)
         print(f"cellseg {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ImportError as err:  # a broken install, here or in a worker process (`cellseg.pool`): one line
+        logging.getLogger("cellseg").debug("traceback", exc_info=True)
+        where = "; ".join(getattr(err, "__notes__", []))
+        print(f"cellseg {args.command}: error: {err}{f' ({where})' if where else ''}; check the installation "
+              "(`pip check`)", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return 0

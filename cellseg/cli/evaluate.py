@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from cellseg.cli._eras import LazyChoices
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ORDER = 60
 
@@ -29,8 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("truth", help="ground-truth zarr directory (crop<N>/<label> arrays)")
     parser.add_argument("--metric", required=True, choices=LazyChoices(), metavar="ERA",
                         help="scoring era: %(choices)s")
-    parser.add_argument("--json", metavar="OUT", help="write the full results (official key names) to this file")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    parser.add_argument("--json", metavar="OUT",
+                        help="write the full results (official key names) to this file. A file that `cellseg "
+                             "evaluate` wrote for the same submission, truth and metric is replaced (running the "
+                             "same command again refreshes it); any other existing file needs --overwrite")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file of any content")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="processes scoring (crop, label) pairs in parallel (default 1)")
     parser.add_argument("--memory-gb", type=float, default=None,
@@ -54,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                           progress=sys.stderr.isatty() and not args.quiet)
     print(format_table(evaluation, per_crop=args.verbose > 0))
     if args.json:
-        write_json(evaluation, args.json)
+        write_json(evaluation, args.json, inputs=_inputs(args))
         print(f"\nwrote {args.json} ({evaluation.metric} metric)")
     return 0
 
@@ -69,5 +76,25 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--memory-gb must be a positive number of GiB, got {args.memory_gb}")
     if not args.max_zip_gb > 0:
         raise ValueError(f"--max-zip-gb must be a positive number of GiB, got {args.max_zip_gb}")
-    if args.json and Path(args.json).exists() and not args.overwrite:
-        raise FileExistsError(f"--json {args.json} already exists; pass --overwrite to replace it")
+    if args.json and Path(args.json).exists() and not args.overwrite and not _same_evaluation(Path(args.json), args):
+        raise FileExistsError(f"--json {args.json} already exists and is not this evaluation's score file (of "
+                              "the same submission, truth and metric); pass --overwrite to replace it")
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, str]:
+    """What an evaluation scored, as its --json file records it (absolute paths)."""
+    from pathlib import Path
+
+    return {"submission": str(Path(args.submission).resolve()), "truth": str(Path(args.truth).resolve()),
+            "metric": str(args.metric)}
+
+
+def _same_evaluation(path: Path, args: argparse.Namespace) -> bool:
+    """True when `path` is a score file `cellseg evaluate` wrote for the same submission, truth and metric."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("inputs") == _inputs(args)

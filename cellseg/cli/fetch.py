@@ -84,8 +84,9 @@ def _names(text: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, then download or size; print the summary."""
-    from cellseg.fetch.download import fetch, load_catalog
+    from cellseg.fetch.download import check_options, fetch, load_catalog
 
+    check_options(padding_vox=args.padding_vox, workers=args.workers)  # before the catalog is read (maybe remotely)
     try:
         result = fetch(load_catalog(args.catalog), args.dest, crops=args.crops, datasets=_names(args.datasets),
                        classes=args.classes, padding_vox=args.padding_vox, em_levels=args.em_levels,

@@ -69,8 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     labels.add_argument("--class-map", metavar="V=CLASS,...|FILE",
                         help="what --labels values mean: 1=mito,2=er or a YAML/JSON file {1: mito, 2: er}")
     labels.add_argument("--labels-voxel-size", type=_floats, metavar="Z,Y,X", help="default: the EM's")
-    labels.add_argument("--labels-offset", type=_floats, default=(0.0, 0.0, 0.0), metavar="Z,Y,X",
-                        help="nm from the EM's lower corner to the labels' (default 0,0,0)")
+    labels.add_argument("--labels-offset", type=_floats, default=None, metavar="Z,Y,X",
+                        help="nm from the EM's lower corner to the labels' (default 0,0,0; given, even as 0,0,0, "
+                             "labels of a shape other than the EM's are taken as a sub-region there)")
     split = parser.add_argument_group("split")
     split.add_argument("--split-axis", default="z", choices=("z", "y", "x"), help="default z")
     split.add_argument("--val-fraction", type=float, default=0.15, metavar="F", help="share of the labelled box (default 0.15)")

@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--names", metavar="A,B", help="comma-separated subset of architectures (default: all)"
     )
-    parser.add_argument("--json", metavar="OUT", type=Path, help="also write the rows as JSON to OUT")
+    parser.add_argument("--json", metavar="OUT", type=Path,
+                        help="also write the rows as JSON to OUT (an existing file needs --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     parser.add_argument("--in-channels", type=int, default=1, help="image channels (default: 1)")
     parser.add_argument("--out-channels", type=int, default=16, help="logit channels (default: 16)")
     parser.set_defaults(func=run)
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from cellseg.models import list_models
     from cellseg.models.summary import summarize_model
 
+    if args.json is not None and args.json.exists() and not args.overwrite:  # before any counting
+        raise FileExistsError(f"--json {args.json} already exists; pass --overwrite to replace it")
     names = _selected_names(args.names, list_models())
     rows = [
         summarize_model(

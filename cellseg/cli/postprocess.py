@@ -43,7 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             group: the union with its predicted atoms; an atom: kept only where it is the most probable positive
             atom; cellseg/postprocess/hierarchy.py) and kept only where it raises the class's score; the result is
             written to --params (default OUT.params.json) and used. An existing OUT written from the same source with the same settings is
-            resumed (finished crops are kept); anything else needs --overwrite.
+            resumed (finished crops are kept); anything else needs --overwrite. The same --tune-on command run
+            again (a requeued job) goes on where it stopped: the classes tuned so far are kept (in
+            .PARAMS.json.partial), and a finished parameter file of the same store, data root, metric and crops
+            is reused.
 
             """) + textwrap.fill(PRECEDENCE, width=104),
         epilog="examples:\n  cellseg postprocess ens.zarr --out seg.zarr --params params.json\n"
@@ -100,12 +103,20 @@ def run(args: argparse.Namespace) -> int:
         from cellseg.postprocess.tuning import tune_store
 
         params_path = Path(pp.params) if pp.params else Path(f"{job.out}.params.json")
+        checkpoint = params_path.with_name(f".{params_path.name}.partial")  # the classes tuned so far
         if params_path.exists() and not job.overwrite:
-            raise ValueError(f"{params_path} exists; pass --overwrite to replace it, or drop --tune-on to use it")
-        params = tune_store(pred, pp.tune_on, crops=pp.crop_ids(), era=pp.metric, device=device, progress=progress)
-        params.save(params_path, overwrite=job.overwrite)
+            params = _reusable(params_path, pred.path, pp.tune_on, pp.metric, pp.crop_ids())
+            checkpoint.unlink(missing_ok=True)  # the finished file supersedes what a cut tuning kept
+            print(f"reusing {params_path}: tuned before on the same store, data root, metric and crops")
+        else:
+            if job.overwrite:
+                checkpoint.unlink(missing_ok=True)  # --overwrite tunes afresh
+            params = tune_store(pred, pp.tune_on, crops=pp.crop_ids(), era=pp.metric, device=device,
+                                progress=progress, checkpoint=checkpoint)
+            params.save(params_path, overwrite=job.overwrite)
+            checkpoint.unlink(missing_ok=True)
+            print(f"wrote {params_path}")
         print(_score_table(params))
-        print(f"wrote {params_path}")
     elif pp.params:
         params = ParamSet.load(pp.params)
     else:
@@ -117,6 +128,27 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(err)) from None
     print(f"wrote {seg.path}: {len(seg.completed())} crops, {len(seg.channels)} classes ({device}, {pp.grid} grid)")
     return 0
+
+
+def _reusable(path: Path, store: Path, data_root: str, metric: str, crops: list[str] | None) -> ParamSet:
+    """The parameter file an earlier `--tune-on` run of the same command wrote (a requeued job goes on from it).
+
+    Raises:
+        ValueError: it was tuned on another store, data root, metric or crops, or is no parameter file.
+    """
+    from cellseg.postprocess.params import ParamSet
+
+    params = ParamSet.load(path)
+    tuned = params.tuned_on
+    wanted = {"store": str(store), "data_root": str(data_root), "metric": metric}
+    if crops is not None:
+        wanted["crops"] = [c if c.startswith("crop") else f"crop{c}" for c in crops]
+    differ = sorted(k for k, v in wanted.items() if tuned.get(k) != v)
+    if differ or tuned.get("partial"):
+        what = ", ".join(f"{k} {tuned.get(k)!r} (asked: {wanted[k]!r})" for k in differ) or "an unfinished tuning"
+        raise ValueError(f"{path} exists and was tuned otherwise: {what}; pass --overwrite to tune again and "
+                         "replace it, or drop --tune-on and pass --params to use it")
+    return params
 
 
 def _score_table(params: ParamSet) -> str:

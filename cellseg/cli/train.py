@@ -10,6 +10,7 @@ import argparse
 import sys
 
 ORDER = 40
+HANDLES_STOP_SIGNALS = True  # `cellseg.train.stop.StopRequest`: stop at the end of a step, with a checkpoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -37,7 +37,7 @@ from cellseg.data.split import (
     with_roles,
     write_datasplit,
 )
-from cellseg.data.targets import CropSource, NoRequestedClass
+from cellseg.data.targets import CropSource, NoRequestedClass, UnusableCrop
 from cellseg.data.threads import read_threads
 from cellseg.pool import map_bounded
 
@@ -122,22 +122,39 @@ def _counts(entries: Sequence[SplitEntry]) -> tuple[int, int]:
     return len(entries) - val, val
 
 
-def open_crops(entries: list[SplitEntry], cfg: DataConfig) -> list[CropSource]:
-    """Open the crops of a split; crops annotating none of the classes are skipped with a log line, crops that
-    cannot be used (their box wholly outside their EM, say) with a warning."""
+def open_crops(entries: list[SplitEntry], cfg: DataConfig, *, skipped: dict[str, str] | None = None
+               ) -> list[CropSource]:
+    """Open the crops of a split. Crops annotating none of the classes are skipped with a log line, crops that
+    cannot give a sample (their box wholly outside their EM) with a warning; `skipped` receives crop → reason.
+
+    Raises:
+        ValueError: malformed data (an EM that is not uint8, a label group without `.zattrs`), naming the crop:
+            skipping it would train on fewer crops than the user gave without saying so.
+    """
     cache_dir = resolve_cache_dir(cfg.boundary_cache)
 
-    def open_one(entry: SplitEntry) -> CropSource | None:
+    def open_one(entry: SplitEntry) -> CropSource | str:
         try:
             return CropSource.open(entry, cfg.classes, backend=cfg.backend, cache_bytes=cfg.cache_bytes,
                                    boundaries=cfg.instance_boundaries, boundary_cache_dir=cache_dir)
         except NoRequestedClass as err:  # skipping is what users want here: a split lists crops of every class
             log.info("skipping %s: %s", entry.crop_name, err)
-        except ValueError as err:
+            return str(err)
+        except UnusableCrop as err:
             log.warning("skipping %s: %s", entry.crop_name, err)
-        return None
+            return str(err)
+        except ValueError as err:
+            raise ValueError(f"{entry.crop_name} ({entry.split} crop of the split): {err}") from err
 
-    return [crop for crop in map_bounded(open_one, entries, read_threads()) if crop is not None]
+    opened = map_bounded(open_one, entries, read_threads())
+    if skipped is not None:
+        skipped.update({e.crop_name: r for e, r in zip(entries, opened, strict=True) if isinstance(r, str)})
+    return [crop for crop in opened if not isinstance(crop, str)]
+
+
+def skipped_record(skipped: dict[str, str]) -> dict[str, object]:
+    """What meta.json and result.json record of the crops training skipped: their count and each one's reason."""
+    return {"count": len(skipped), "crops": dict(sorted(skipped.items()))}
 
 
 def warm_boundary_caches(crops: Sequence[CropSource], voxel_size_nm: Sequence[float]) -> None:
@@ -165,6 +182,7 @@ class TrainData:
     train_crops: list[CropSource]
     val_crops: list[CropSource]
     split: list[SplitEntry]
+    skipped: dict[str, str]  # crop → why it was skipped (`open_crops`)
 
     @property
     def resident(self) -> str:
@@ -191,6 +209,7 @@ class TrainCrops:
     train: list[CropSource]
     val: list[CropSource]
     dataset: PatchDataset
+    skipped: dict[str, str]  # crop → why it was skipped (`open_crops`)
 
 
 def read_train_crops(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, seed: int,
@@ -202,11 +221,13 @@ def read_train_crops(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
         ValueError: when no training crop annotates any requested class.
     """
     split = make_split(data)
-    train = open_crops([e for e in split if e.split == "train"], data)
-    val = open_crops([e for e in split if e.split == "validate"], data)
+    skipped: dict[str, str] = {}
+    train = open_crops([e for e in split if e.split == "train"], data, skipped=skipped)
+    val = open_crops([e for e in split if e.split == "validate"], data, skipped=skipped)
     if not train:
         raise ValueError(f"no training crop annotates any of {list(data.classes)} (data root {data.root})")
-    log.info("%d training and %d validation crops for %d classes", len(train), len(val), len(data.classes))
+    log.info("%d training and %d validation crops for %d classes%s", len(train), len(val), len(data.classes),
+             f" ({len(skipped)} skipped: meta.json lists them)" if skipped else "")
     if warm_caches and data.instance_boundaries and data.boundary_cache:
         warm_boundary_caches(train, data.voxel_size_nm)  # before any worker starts
     index = build_foreground_index(train, data.voxel_size_nm, seed=seed)
@@ -221,7 +242,7 @@ def read_train_crops(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                            padding_mask=data.padding_mask, padding_mask_by_dataset=data.padding_mask_by_dataset,
                            patch_shape_vox=data.patch_shape_vox,
                            rotate_p=augment.rotate_p if augment.enabled else 0.0)
-    return TrainCrops(split=split, train=train, val=val, dataset=dataset)
+    return TrainCrops(split=split, train=train, val=val, dataset=dataset, skipped=skipped)
 
 
 def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentConfig, *, batch_size: int, seed: int,
@@ -258,7 +279,7 @@ def build_train_data(data: DataConfig, loader: LoaderConfig, augment: AugmentCon
                              patch_shape_vox=data.patch_shape_vox,
                              voxel_size_nm=data.voxel_size_nm, seed=seed, rank=rank)
     return TrainData(loader=batches, dataset=dataset, sampler=epochs, augment=gpu_augment, train_crops=crops.train,
-                     val_crops=crops.val, split=crops.split)
+                     val_crops=crops.val, split=crops.split, skipped=crops.skipped)
 
 
 def _worker_loader(dataset: torch.utils.data.Dataset, epochs: EpochSampler, cfg: LoaderConfig, *, batch_size: int,

@@ -40,6 +40,8 @@ from cellseg.data.write import (
     DEFAULT_CHUNK,
     atomic_dir,
     create_multiscale_level,
+    owner_tag,
+    process_alive,
     replace_dir,
     sweep_stale,
     with_path,
@@ -274,6 +276,18 @@ class PredictionStore:
         return MultiscaleImage(str(self.path / crop / channel), backend="zarr")
 
 
+def _check_not_busy(path: Path, progress: Mapping[str, Any] | None) -> None:
+    """Refuse a partial crop that a live process of this host is writing (two commands on one store).
+
+    Raises:
+        FileExistsError: naming the partial crop and its writer.
+    """
+    host, _, pid = str((progress or {}).get("owner", "")).rpartition("-")
+    if host and pid.isdigit() and f"{host}-{pid}" != owner_tag() and process_alive(host, int(pid)):
+        raise FileExistsError(f"{path}: being written by process {pid} of {host}; two commands writing one crop of "
+                              "a store would corrupt it: wait for that one, or write another store")
+
+
 class CropWriter:
     """One crop being written into the hidden group `.<crop>.partial`, renamed to `<crop>` by `commit`.
 
@@ -296,6 +310,8 @@ class CropWriter:
             self._progress["channel_grids"] = {c: grid_to_json(g) for c, g in self.grids.items()}
         self._arrays: dict[str, Any] = {}
         previous = self._read_progress()
+        _check_not_busy(self.path, previous)
+        self._progress["owner"] = owner_tag()
         same = ("grid", "key", "chunks", "channels", "channel_grids")
         if previous is not None and all(previous.get(k) == self._progress.get(k) for k in same):
             self._progress["done"] = list(previous["done"])
@@ -374,6 +390,10 @@ class CropWriter:
         """Record a finished unit of work (after its regions are written)."""
         self._progress["done"].append(unit)
         self._save_progress()
+
+    def discard(self) -> None:
+        """Remove the partial crop: its input was refused (a kill leaves it instead, for a later writer to resume)."""
+        shutil.rmtree(self.path, ignore_errors=True)
 
     def commit(self, attrs: Mapping[str, Any] | None = None) -> None:
         """Rename the crop into place with its attributes.

@@ -63,7 +63,13 @@ EM_OVERHANG_TOLERANCE = 1e-6  # share of the annotated box outside the EM still 
 T = TypeVar("T")
 
 
-class NoRequestedClass(ValueError):
+class UnusableCrop(ValueError):
+    """The crop is well formed but cannot give a training sample (its annotated box lies wholly outside its EM):
+    training skips it and records why. Malformed data (an EM that is not uint8, a label group without metadata)
+    raises a plain `ValueError` instead, which stops training."""
+
+
+class NoRequestedClass(UnusableCrop):
     """The crop annotates none of the requested classes (common: a split lists crops of every class)."""
 
 
@@ -133,8 +139,9 @@ class CropSource:
 
         Raises:
             FileNotFoundError: the crop folder does not exist.
-            NoRequestedClass: the crop annotates none of `classes` (a `ValueError`).
-            ValueError: the annotated box lies wholly outside the EM.
+            NoRequestedClass: the crop annotates none of `classes` (an `UnusableCrop`, a `ValueError`).
+            UnusableCrop: the annotated box lies wholly outside the EM.
+            ValueError: malformed data (an EM that is not uint8, a label group without OME-NGFF metadata).
         """
         crop_dir, classes = Path(entry.crop_url), tuple(classes)
         if not crop_dir.is_dir():
@@ -344,7 +351,7 @@ def _check_inside_em(crop_dir: Path, start_nm: Vec3, stop_nm: Vec3, em: Multisca
     outside = 1.0 - float(np.prod(overlap / (stop - start)))
     where = f"annotated box {_box(start, stop)} nm, EM {em.location} {_box(em_start, em_stop)} nm"
     if not overlap.all():
-        raise ValueError(f"{crop_dir}: its annotated box lies wholly outside its EM ({where})")
+        raise UnusableCrop(f"{crop_dir}: its annotated box lies wholly outside its EM ({where})")
     if outside > EM_OVERHANG_TOLERANCE:
         log.warning("%s: %.1f%% of its annotated box lies outside its EM (%s); samples there read padding",
                     crop_dir, 100 * outside, where)

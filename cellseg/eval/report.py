@@ -10,13 +10,15 @@ A (crop, label) whose per-crop score the era's combining leaves out (`ScoringEra
 over the object-count cutoff) is never shown as a score: its per-crop row says "skipped" and why, a class row
 says how many of its crops were skipped (a class whose every crop was skipped reads 1.0 officially while no crop
 was scored), and the summary counts and lists them in every era (0 in an era that skips none). The JSON lists
-them under `"skipped"` (not an official key).
+them under `"skipped"` (not an official key). `cellseg evaluate --json` also records what it scored under
+`"inputs"` (submission, truth, metric; not an official key), so that the same command run again may replace it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from cellseg.eval.eras import get_era
@@ -57,11 +59,13 @@ def to_json(ev: Evaluation) -> dict[str, Any]:
     })
 
 
-def write_json(ev: Evaluation, path: str | os.PathLike[str]) -> None:
-    """Write `to_json(ev)` atomically (temporary file, then rename)."""
+def write_json(ev: Evaluation, path: str | os.PathLike[str], *, inputs: Mapping[str, str] | None = None) -> None:
+    """Write `to_json(ev)` atomically (temporary file, then rename); `inputs` (what was scored: submission, truth,
+    metric) is recorded under "inputs" so that the same evaluation run again may replace the file."""
     tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    doc = to_json(ev) | ({"inputs": dict(inputs)} if inputs else {})
     with open(tmp, "w") as f:
-        json.dump(to_json(ev), f, indent=2, allow_nan=False)
+        json.dump(doc, f, indent=2, allow_nan=False)
         f.write("\n")
     os.replace(tmp, path)
 

@@ -359,29 +359,31 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
             if wanted is None or label in wanted]
     check_share(sum((predictions / c.name / label).exists() for c, label, _ in rows), len(rows), min_share,
                 predictions)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _temp_dir(out) as tmp:
-        store = tmp / "submission.zarr"
-        ensure_groups(store)
-        for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
-            ensure_groups(store / name)
-        jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]
-        has = [job.source.exists() for job in jobs]
-        lacking = [job for job, ok in zip(jobs, has, strict=True) if not ok]
-        present = [job for job, ok in zip(jobs, has, strict=True) if ok]
-        with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
-            for job in lacking:  # an empty array is metadata only: no worker needed
-                if not allow_missing:
-                    write_empty(job.array, job.geometry, instance=is_scored_as_instance(job.array.name))
-                bar.update()
-            found = map_bounded(_write_job, present, workers, done=bar.update, cost=_Job.estimate_bytes,
-                                budget=default_budget())
-        partial = tmp / out.name
-        try:
+    try:  # a full disk, a read-only folder: the error names the submission (its arrays are written beside it)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _temp_dir(out) as tmp:
+            store = tmp / "submission.zarr"
+            ensure_groups(store)
+            for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
+                ensure_groups(store / name)
+            jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]
+            has = [job.source.exists() for job in jobs]
+            lacking = [job for job, ok in zip(jobs, has, strict=True) if not ok]
+            present = [job for job, ok in zip(jobs, has, strict=True) if ok]
+            with tqdm(total=len(rows), desc="submission", unit="label", disable=not progress) as bar:
+                for job in lacking:  # an empty array is metadata only: no worker needed
+                    if not allow_missing:
+                        write_empty(job.array, job.geometry, instance=is_scored_as_instance(job.array.name))
+                    bar.update()
+                found = map_bounded(_write_job, present, workers, done=bar.update, cost=_Job.estimate_bytes,
+                                    budget=default_budget())
+            partial = tmp / out.name
             _zip_store(store, partial)
             os.replace(partial, out)
-        except OSError as err:
-            raise with_path(err, out) from err
+    except (FileExistsError, FileNotFoundError):
+        raise
+    except OSError as err:
+        raise with_path(err, out) from err
     written = [job.where for job, ok in zip(present, found, strict=True) if ok]
     done = set(written)  # a store that vanished since `has` counts as missing, not empty
     return SubmitReport(written=written, missing=[job.where for job in jobs if job.where not in done],

@@ -152,6 +152,18 @@ class FetchReport:
         return "\n".join(lines)
 
 
+def check_options(*, padding_vox: int, workers: int) -> None:
+    """Refuse a negative `padding_vox` and fewer than 1 worker (`--padding-vox`, `--workers`).
+
+    Raises:
+        ValueError: naming the option and the value.
+    """
+    if padding_vox < 0:
+        raise ValueError(f"--padding-vox must be 0 or more voxels of context, got {padding_vox}")
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+
+
 class _Downloader:
     """Runs chunk downloads on a bounded thread pool and keeps the counts, ledgers and progress bar."""
 
@@ -314,6 +326,7 @@ def fetch(catalog: Catalog, dest: str | os.PathLike[str], *, crops: str | Sequen
         ValueError: unknown crops, datasets or classes; bad options; malformed metadata.
         OSError: the source server cannot be reached.
     """
+    check_options(padding_vox=padding_vox, workers=workers)  # before any request: bad arguments, not the network
     dest = Path(dest)
     targets = select_targets(catalog, crops=crops, datasets=datasets, classes=classes)
     probe(catalog.locate(targets[0].em_url))

@@ -76,7 +76,9 @@ class PaddingTally:
         if mostly:
             self.warned = True
             log.warning("%s: %d of %d tiles (%.0f%%) read EM mostly (> %.0f%%) at the padding value %d: outside the "
-                        "volume, its black border or chunks never downloaded; predictions there are guesses",
+                        "volume, its black border or chunks never downloaded. The model sees the padding, not EM: "
+                        "where it is only context (at a volume's edge) the voxels beside it are predicted with less "
+                        "context; voxels with no EM under them are predicted from nothing",
                         self.what, mostly, self.tiles, 100 * mostly / self.tiles, 100 * MOSTLY_PADDING, pad_value)
 
 

@@ -139,21 +139,42 @@ def ensemble_grid(stores: Sequence[PredictionStore], crop: str, choice: GridChoi
 def read_on_grid(store: PredictionStore, crop: str, channel: str, grid: Grid) -> np.ndarray:
     """One member channel on `grid` as float32 probabilities `(z, y, x)`, NaN outside the member's own grid.
 
+    NaN marks "not covered" only outside the member's grid: a NaN or infinite value stored inside it is refused.
+
     Raises:
-        ValueError: the stored array is neither float nor uint8-quantised.
+        ValueError: the stored array is neither float nor uint8-quantised, or holds a NaN or an infinity
+            (naming the member store, crop and channel).
     """
     if store.grid(crop) == grid:  # the member's own grid (the usual case): no resampling
-        return store.read(crop, channel)
+        return check_finite(store.read(crop, channel), store=store, crop=crop, channel=channel)
     image = store.image(crop, channel)
     level = image.levels[0]
     if level.dtype != np.uint8 and level.dtype.kind != "f":
         raise ValueError(f"{store.path}/{crop}/{channel}: dtype {level.dtype} is not a probability dtype "
                          "(float or uint8-quantised)")
+    if level.dtype.kind == "f":  # uint8 cannot hold a NaN; a float one is checked on its own grid, before padding
+        check_finite(store.read(crop, channel), store=store, crop=crop, channel=channel)
     probs_ZYX = image.read(**grid.read_kwargs(), interpolation=RESAMPLING, pad_value=np.nan, level=level.path,
                            dtype=np.float32)
     if level.dtype == np.uint8:
         probs_ZYX /= np.float32(QUANTUM)  # de-quantise: uint8 holds round(255 p)
     return probs_ZYX
+
+
+def check_finite(probs_ZYX: np.ndarray, *, store: PredictionStore, crop: str, channel: str) -> np.ndarray:
+    """`probs_ZYX` (one member channel on its own grid) when every value is finite.
+
+    Raises:
+        ValueError: naming the member store, crop and channel, the count of NaN and infinite voxels and the first.
+    """
+    finite = np.isfinite(probs_ZYX)
+    if finite.all():
+        return probs_ZYX
+    nan, inf = int(np.count_nonzero(np.isnan(probs_ZYX))), int(np.count_nonzero(np.isinf(probs_ZYX)))
+    first = tuple(int(i) for i in np.argwhere(~finite)[0])
+    raise ValueError(f"{store.path}/{crop}/{channel}: member store holds {nan} NaN and {inf} infinite probabilities "
+                     f"(first at voxel (z, y, x) = {first}); an ensemble refuses non-finite members: predict that "
+                     "member again")
 
 
 def weighted_mean(members: Iterable[tuple[np.ndarray, float]], *, where: str) -> np.ndarray:

@@ -21,6 +21,7 @@ Shapes: `K` output channels, `dz` planes, `Y, X` a column's grid.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -55,6 +56,8 @@ from cellseg.infer.run import (
 )
 from cellseg.infer.selection import CropTarget, select_targets
 from cellseg.infer.tiling import context_margin, count_tiles
+
+log = logging.getLogger(__name__)
 
 # Provenance entries that must agree for a re-run to add crops to an existing store.
 RESUME_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "weights", "tta_transforms", "overlap", "blend",
@@ -96,6 +99,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferCon
         precision = runtime.resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
         axes, tfms = slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)
+        tta_hint(len(tfms), d.device)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = run_provenance(run, opts, tfms, axes, precision)
         todo = pending_crops(lambda: open_store(out, run, provenance, overwrite=opts.overwrite), targets, out, d)
@@ -108,6 +112,14 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferCon
             desc="predict", opts=opts, d=d)
     finally:
         runtime.shutdown_distributed()
+
+
+def tta_hint(transforms: int, device: torch.device) -> None:
+    """On the CPU, say that test-time augmentation multiplies the work (each tile is predicted `transforms`
+    times) and how to turn it off; the default is kept (it is what scores best)."""
+    if device.type == "cpu" and transforms > 1:
+        log.info("predicting on the CPU with %dx test-time augmentation (every tile %d times, averaged): --tta 1 "
+                 "predicts each tile once, about %dx faster", transforms, transforms, transforms)
 
 
 def _predict_one(run: LoadedRun, window: Window, target: CropTarget, store: PredictionStore, opts: InferConfig, *,
@@ -139,8 +151,12 @@ def _predict_one(run: LoadedRun, window: Window, target: CropTarget, store: Pred
         return count_tiles(shape, patch, window.overlap, axes, start_plane=start if plan.streamed else 0,
                            batch_size=window.batch_size)
 
-    tiles = write_columns(writer, plan, slabs_of, tiles_of=tiles_of, progress=progress,
-                          encode=quantise if opts.uint8 else None)
+    try:
+        tiles = write_columns(writer, plan, slabs_of, tiles_of=tiles_of, progress=progress,
+                              encode=quantise if opts.uint8 else None)
+    except ValueError:  # refused (NaN probabilities): nothing of the crop is kept; a kill keeps it to resume
+        writer.discard()
+        raise
     return commit_crop(target, writer, plan, tiles=tiles, tta=len(window.transforms), started=started, rank=rank,
                        attrs={"context_vox": list(context_margin(patch, axes)), "checkpoint_step": run.step,
                               "tta": len(window.transforms)},

@@ -62,7 +62,8 @@ class ImportOptions:
         labels: (class, volume spec) per-class inputs.
         label_volume, class_map: one integer label volume and its value → class mapping.
         labels_voxel_size_nm: the labels' voxel size; default the EM's.
-        labels_offset_nm: the labels' lower corner relative to the EM's.
+        labels_offset_nm: the labels' lower corner relative to the EM's; None (not given): 0, and labels of
+            the EM's grid must have its shape.
         split_axis, val_fraction, val_side, gap_nm, crop_nm: the split (`cellseg.ingest.split`); `gap_nm`
             and `crop_nm` default to `DEFAULT_GAP_VOX` in-plane EM voxels.
         test_box: `Z0:Z1,Y0:Y1,X0:X1` in EM voxels: a region outside the labels to predict as a test crop.
@@ -80,7 +81,7 @@ class ImportOptions:
     label_volume: str | None = None
     class_map: Mapping[int, str] | None = None
     labels_voxel_size_nm: tuple[float, ...] | None = None
-    labels_offset_nm: tuple[float, ...] = (0.0, 0.0, 0.0)
+    labels_offset_nm: tuple[float, ...] | None = None
     split_axis: str = "z"
     val_fraction: float = 0.15
     val_side: Literal["start", "end"] = "end"

@@ -55,19 +55,20 @@ def em_geometry(shape_vox: Sequence[int], voxel_size_nm: Sequence[float]) -> Geo
 
 
 def label_geometry(em: Geometry, shape_vox: Sequence[int], *, voxel_size_nm: Sequence[float] | None,
-                   offset_nm: Sequence[float], source: str) -> Geometry:
-    """The labels' grid: `voxel_size_nm` (default the EM's), lower corner `offset_nm` from the EM's.
+                   offset_nm: Sequence[float] | None, source: str) -> Geometry:
+    """The labels' grid: `voxel_size_nm` (default the EM's), lower corner `offset_nm` from the EM's (None: not
+    given, 0; a given offset, 0 included, places labels of any shape).
 
     Raises:
-        ValueError: with the EM's grid, a shape other than the EM's; otherwise a box outside the EM.
+        ValueError: with neither given, a shape other than the EM's; otherwise a box outside the EM.
     """
     vs = tuple(float(v) for v in (voxel_size_nm or em.voxel_size_nm))
-    offset = tuple(float(o) for o in offset_nm)
+    offset = (0.0, 0.0, 0.0) if offset_nm is None else tuple(float(o) for o in offset_nm)
     if len(vs) != 3 or min(vs) <= 0 or len(offset) != 3:
         raise ValueError(f"--labels-voxel-size {vs} / --labels-offset {offset}: need 3 values each (z, y, x, nm), "
                          f"voxel sizes positive")
     shape = tuple(int(n) for n in shape_vox)
-    if voxel_size_nm is None and not any(offset) and shape != em.shape_vox:
+    if voxel_size_nm is None and offset_nm is None and shape != em.shape_vox:
         raise ValueError(f"{source}: label shape {shape} (z, y, x) differs from the EM's {em.shape_vox}; labels of "
                          f"a sub-region or another grid need --labels-offset and/or --labels-voxel-size")
     start = [s + o for s, o in zip(em.start_nm, offset, strict=True)]

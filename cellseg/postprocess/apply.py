@@ -274,8 +274,12 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     edits = any(params.get(c).hierarchy for c in classes)
     hierarchy = _Hierarchy(pred, crop, classes, params) if edits else None
     threads = workers or class_workers(math.prod(source.shape_vox), slab, whole, hierarchy=edits)
-    counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device,
-                                                   hierarchy=hierarchy), classes, threads)
+    try:
+        counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device,
+                                                       hierarchy=hierarchy), classes, threads)
+    except ValueError:  # refused input (NaN probabilities): nothing of the crop is kept; a kill keeps it to resume
+        writer.discard()
+        raise
     objects = {name: n for name, n in zip(classes, counts, strict=True) if n is not None}
     seconds = time.perf_counter() - start
     crop_attrs = {k: v for k, v in pred.crop_attrs(crop).items() if k not in ("grid", "channels", "channel_grids")}

@@ -200,3 +200,24 @@ def check_checkpoint_channels(ckpt: Mapping[str, Any], channels: Sequence[str], 
     if recorded != expected:
         raise ValueError(f"{source}: trained for channels {recorded}, but the run expects {expected}; "
                          "a checkpoint from another run (or class order) would put every class under another's name")
+
+
+MODEL_KEYS = ("name", "preset", "params", "spatial_dims", "in_channels", "out_channels")  # what the weights fit
+
+
+def check_checkpoint_model(ckpt: dict[str, Any], model: Mapping[str, Any], *, source: str) -> dict[str, Any]:
+    """`ckpt`, when it was written by the model `model` describes (`ModelSpec.to_dict()`), compared on
+    `MODEL_KEYS`; checkpoints that record no model pass (their weights are checked when loaded).
+
+    Raises:
+        ValueError: naming `source`, the checkpoint's architecture and the config's, and the keys that differ.
+    """
+    recorded = (ckpt.get("meta") or {}).get("model")
+    if not recorded:
+        return ckpt
+    differ = [k for k in MODEL_KEYS if recorded.get(k) != model.get(k)]
+    if differ:
+        raise ValueError(f"{source}: written by {recorded.get('name')} ({recorded.get('preset')}), but the config "
+                         f"builds {model.get('name')} ({model.get('preset')}); they differ in {', '.join(differ)}. "
+                         "Resume with the run's own config (run_dir/config.yaml) or train into another run_dir")
+    return ckpt

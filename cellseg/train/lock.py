@@ -9,7 +9,10 @@ SLURM job and restart count when there are any.
 A lock left by a process that no longer runs is taken over with a warning: a dead pid on this host, or an
 earlier attempt of this same job (a torchrun elastic restart or a SLURM requeue, which may land on another
 node, but always after the previous attempt ended). A holder on another host that is not an earlier attempt
-of this job cannot be checked from here: the message says which file to delete if it is gone.
+of this job cannot be checked from here: the message says which file to delete if it is gone. A lock file that
+is empty or not a lock record (a node that crashed while creating it, a truncated copy) cannot name its holder;
+no training leaves one so for longer than `WRITE_GRACE_S`, so an older one is taken over as stale, with a warning
+saying what it held.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "train.lock"
 # (job id variable, restart counter variable): an attempt with the same job id and a higher count is a later one.
 JOB_COUNTERS = (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"), ("SLURM_JOB_ID", "SLURM_RESTART_COUNT"))
+# A lock appears complete (hard-linked), or, without hard links, is written right after its exclusive creation:
+# an empty or unreadable one older than this is no lock being written.
+WRITE_GRACE_S = 5.0
 
 
 def _identity() -> dict[str, Any]:
@@ -47,6 +53,8 @@ def _earlier_attempt(holder: dict[str, Any], me: dict[str, Any]) -> bool:
 
 
 def _describe(holder: dict[str, Any]) -> str:
+    if "unreadable" in holder:
+        return f"the lock file is {holder['unreadable']}: it names no holder"
     return f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started {holder.get('started', '?')}"
 
 
@@ -71,6 +79,9 @@ class RunLock:
                 return self
             holder = self._read()
             if holder is None:
+                continue
+            if "unreadable" in holder and (wait := WRITE_GRACE_S - self._age()) > 0:
+                time.sleep(wait)  # perhaps a lock being written (exclusive creation): read it again
                 continue
             if not self._stale(holder):
                 raise FileExistsError(
@@ -110,15 +121,31 @@ class RunLock:
         return True
 
     def _read(self) -> dict[str, Any] | None:
+        """The holder's record; {"unreadable": why, "text": ...} for a file that is not one; None: no lock."""
         try:
-            data = json.loads(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
-            return {"host": "?", "pid": "?", "unreadable": True}
-        return data if isinstance(data, dict) else {"host": "?", "pid": "?"}
+        except OSError as err:
+            return {"unreadable": f"unreadable ({err.strerror})", "text": None}
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and "host" in data and "pid" in data:
+            return data
+        return {"unreadable": "empty" if not text.strip() else f"not a lock record ({text[:40]!r})", "text": text}
+
+    def _age(self) -> float:
+        """Seconds since the lock file was last written (0 if it is gone)."""
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return 0.0
 
     def _stale(self, holder: dict[str, Any]) -> bool:
+        if "unreadable" in holder:
+            return self._age() >= WRITE_GRACE_S  # `acquire` waited that long: no lock being written
         if _earlier_attempt(holder, self.me):
             return True
         pid = holder.get("pid")
@@ -132,17 +159,31 @@ class RunLock:
         except FileNotFoundError:
             return  # someone else moved it first: race for the new lock
         try:
-            moved = json.loads(aside.read_text())
-        except (OSError, ValueError):
-            moved = None
-        if moved != holder:  # a new lock appeared in between: give it back
+            text: str | None = aside.read_text()
+        except OSError:
+            text = None
+        if not _same_lock(text, holder):  # a new lock appeared in between: give it back
             with contextlib.suppress(OSError):
                 os.link(aside, self.path)
             aside.unlink(missing_ok=True)
             return
         aside.unlink(missing_ok=True)
-        log.warning("%s: taking over the lock of a training that no longer runs (%s)", self.path.parent,
-                    _describe(holder))
+        if "unreadable" in holder:
+            log.warning("%s: taking over %s as stale: %s, and no training leaves its lock so for %.0f s",
+                        self.path.parent, self.path, _describe(holder), WRITE_GRACE_S)
+        else:
+            log.warning("%s: taking over the lock of a training that no longer runs (%s)", self.path.parent,
+                        _describe(holder))
+
+
+def _same_lock(text: str | None, holder: dict[str, Any]) -> bool:
+    """Whether the lock file's `text` is the one `holder` was read from."""
+    if "unreadable" in holder:
+        return text == holder["text"]
+    try:
+        return json.loads(text or "") == holder
+    except ValueError:
+        return False
 
 
 def _remove_if_ours(path: Path, me: dict[str, Any]) -> None:

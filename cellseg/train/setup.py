@@ -5,9 +5,9 @@ resume → compile (or, for a cold one-GPU job, a compiling child process while 
 write and read a checkpoint of them. The GPU-memory rules (room for data, for a background compile) are
 `cellseg.runtime.gpu_memory`'s.
 
-The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming
-reads the newest intact checkpoint (`cellseg.train.run_checkpoints.load_latest`: a corrupt `last.pt` is named
-and skipped).
+The run directory is claimed first (`cellseg.train.lock`): a second training there fails at once. Resuming reads
+the newest intact checkpoint (`run_checkpoints.load_latest`: a corrupt `last.pt` is named and skipped) of the same
+model (`check_checkpoint_model`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import torch
 from cellseg import runtime
 from cellseg.config.load import dump, to_dict
 from cellseg.config.schema import RunConfig
-from cellseg.data.loader import TrainData, build_train_data, read_train_crops
+from cellseg.data.loader import TrainData, build_train_data, read_train_crops, skipped_record
 from cellseg.models import build_model
 from cellseg.runtime import gpu_memory
-from cellseg.runtime.checkpoint import git_commit, save_atomic_text, versions
+from cellseg.runtime.checkpoint import check_checkpoint_model, git_commit, save_atomic_text, versions
 from cellseg.train.background import LOG_FILE, BackgroundCompile
 from cellseg.train.batch import find_batch_size
 from cellseg.train.build import example_input, make_criterion, make_model, model_params
@@ -406,15 +406,15 @@ def _new_setup(cfg: RunConfig, d: runtime.Dist, precision: runtime.Precision, mo
     clock = TrainClock()
     budget_s = 60.0 * tc.time_budget_min if tc.time_budget_min is not None else None
     # The schedule reads the clock value every rank agrees on (`cellseg.train.clock`), so DDP ranks step alike.
-    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, budget_s=budget_s,
-                                clock_s=lambda: clock.shared_s)
+    scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps, budget_s=budget_s, clock_s=lambda: clock.shared_s)
     patch = cfg.data.patch_shape_vox
     meta = {"git_commit": git_commit(), "versions": versions(), "model": model.spec.to_dict(),
             "classes": list(cfg.data.classes), "boundary_classes": list(cfg.data.boundary_classes),
             "channels": list(cfg.data.classes) + [f"{c}_boundary" for c in cfg.data.boundary_classes],
             "voxel_size_nm": list(cfg.data.voxel_size_nm), "patch_shape_vox": list(patch), "batch_size": batch,
             "world_size": d.world_size, "precision": precision, "device": str(d.device), "resident_data": data.resident,
-            "gpu": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu"}
+            "gpu": torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else "cpu",
+            "skipped_crops": skipped_record(data.skipped)}
     return Setup(cfg=cfg, dist=d, precision=precision, run_dir=run_dir, model=model, net=model, memory_format=fmt,
                  batch_size=batch, data=data, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
                  scaler=runtime.make_scaler(precision, d.device),
@@ -430,7 +430,7 @@ def _resume(s: Setup, phase: Phases) -> None:
     """Continue from the run's newest intact checkpoint, at the smaller micro-batch an OOM left, if any."""
     with phase("resume"):
         ckpt, s.resumed_from = load_latest(s.keeper.directory, map_location=s.dist.device)
-        s.load_state(ckpt)
+        s.load_state(check_checkpoint_model(ckpt, s.meta["model"], source=str(s.resumed_from)))
     override = s.run_dir / MICRO_BATCH_FILE
     if override.is_file():
         s.state.micro_batch = min(s.state.micro_batch, json.loads(override.read_text())["micro_batch"])

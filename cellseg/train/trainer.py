@@ -281,6 +281,7 @@ def train(cfg: RunConfig, *, resume: bool | str = False, stop: StopRequest | Non
     try:
         trainer = Trainer(cfg, resume=resume, stop=stop)
         result = trainer.fit()
+        result.setdefault("skipped_crops", trainer.s.meta["skipped_crops"])  # the crops the set-up could not use
         if trainer.s.dist.is_main:
             save_atomic_text(json.dumps(result, indent=1, default=str), trainer.s.run_dir / "result.json")
         return result

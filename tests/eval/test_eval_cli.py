@@ -84,3 +84,19 @@ def test_submit_and_validate(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "warning crop7/mito: label absent; scored as missing (allowed by --allow-missing)" in text
     assert "0 error(s)" in text
+
+
+def test_the_same_evaluation_again_replaces_its_own_json_only(stores, three_balls, tmp_path, capsys):
+    """A re-run (the demo run again) refreshes the score file it wrote; another evaluation's file is kept."""
+    truth = stores.truth({"crop1": {"mito": three_balls}})
+    sub = stores.zip(stores.submission({"crop1": {"mito": three_balls}}))
+    out = tmp_path / "scores.json"
+    command = ["evaluate", str(sub), str(truth), "--metric", "2026", "--json", str(out)]
+    assert main(command) == 0
+    first = out.read_text()
+    assert json.loads(first)["inputs"] == {"submission": str(sub.resolve()), "truth": str(truth.resolve()),
+                                           "metric": "2026"}
+    assert main(command) == 0 and out.read_text() == first
+    capsys.readouterr()
+    assert main([*command[:4], "2025", *command[5:]]) == 2  # another metric's scores are not replaced silently
+    assert "is not this evaluation's score file" in capsys.readouterr().err and out.read_text() == first

@@ -36,10 +36,12 @@ def _test_crops(root: Path) -> dict:
     return Catalog.from_dir(root).test("2026")
 
 
-def test_predict_val_and_test_writes_the_store(tiny_run, tiny_synth_root, tmp_path, capsys):
+def test_predict_val_and_test_writes_the_store(tiny_run, tiny_synth_root, tmp_path, capsys, caplog):
     out = tmp_path / "pred.zarr"
     fast = ["--overlap", "0", "--batch-size", "8"]  # fewer tiles; TTA 8 as by default
+    caplog.set_level("INFO", logger="cellseg")
     assert cli(["predict", str(tiny_run), "--crops", "val", "--out", str(out), *fast]) == 0
+    assert "on the CPU with 8x test-time augmentation" in caplog.text and "--tta 1" in caplog.text  # the hint
     assert cli(["predict", str(tiny_run), "--crops", "test", "--out", str(out), *fast]) == 0
     printed = capsys.readouterr().out
     store = PredictionStore.open(out)
@@ -77,11 +79,13 @@ def test_predict_val_and_test_writes_the_store(tiny_run, tiny_synth_root, tmp_pa
     assert raw.dtype == np.float16
 
 
-def test_uint8_store_and_ids(tiny_run, tiny_synth_root, tmp_path):
+def test_uint8_store_and_ids(tiny_run, tiny_synth_root, tmp_path, caplog):
     test_ids = sorted(_test_crops(tiny_synth_root))
     out = tmp_path / "u8.zarr"
+    caplog.set_level("INFO", logger="cellseg")
     assert cli(["predict", str(tiny_run), "--crops", f"{test_ids[0]},crop1", "--out", str(out), "--tta", "1",
                 "--uint8", "--checkpoint", "last", "--overlap", "0"]) == 0
+    assert "test-time augmentation" not in caplog.text  # no hint without TTA
     store = PredictionStore.open(out)
     assert store.completed() == sorted([f"crop{test_ids[0]}", "crop1"])
     assert store.image("crop1", "er").read_level("s0").dtype == np.uint8

@@ -40,6 +40,19 @@ def test_label_shape_mismatch_names_the_file(tmp_path, inputs, arrays, capsys) -
     assert "lies (partly) outside the EM" in err and "short.npy" in err
 
 
+def test_a_zero_labels_offset_is_taken_as_given(tmp_path, inputs, arrays, capsys) -> None:
+    """`--labels-offset 0,0,0` places labels of a sub-region at the EM's corner (not "offset not given")."""
+    np.save(tmp_path / "corner.npy", arrays["er"][:, :, :48])
+    args = ["import", inputs["em"], "--voxel-size", "40,5,5", "--out", str(tmp_path / "root"),
+            "--label", f"er={tmp_path / 'corner.npy'}", "--gap-nm", "80", "--crop-nm", "200"]
+    assert "differs from the EM's" in _error(args, capsys)  # no offset given: the EM's shape is expected
+    assert main([*args, "--labels-offset", "0,0,0"]) == 0
+    for zattrs in (tmp_path / "root").rglob("groundtruth/crop*/er/.zattrs"):  # every crop at the EM's corner in y, x
+        transform = json.loads(zattrs.read_text())["multiscales"][0]["datasets"][0]["coordinateTransformations"]
+        assert transform[1]["translation"][1:] == [0.0, 0.0], zattrs  # the EM's voxel (0, 0, 0) is centred at 0
+        assert json.loads((zattrs.parent / "s0" / ".zarray").read_text())["shape"][1:] == [96, 48]
+
+
 def test_unknown_class_names(tmp_path, inputs, capsys) -> None:
     err = _error(["import", inputs["em"], "--voxel-size", "40,5,5", "--out", str(tmp_path / "root"),
                   "--label", f"mitox={inputs['mito']}"], capsys)

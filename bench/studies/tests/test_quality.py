@@ -361,9 +361,19 @@ def test_report_cost_table_spans_the_calls():
 
 
 # A stand-in for NVIDIA's MPS control program: `-d` creates the control pipe (as a file) and records a client
-# connection the way control.log does; "quit" on stdin removes the pipe; FAIL in the environment fails `-d`.
+# connection the way control.log does; "quit" on stdin removes the pipe; FAIL in the environment fails `-d`;
+# STUCK makes `-d` leave a daemon process behind that ignores "quit" (a server waiting for clients that are gone).
 FAKE_MPS_CONTROL = """#!/bin/sh
 pipe="$CUDA_MPS_PIPE_DIRECTORY/control"
+if [ "$1" = serve ]; then
+  while :; do sleep 0.2; done
+fi
+if [ -n "$STUCK" ] && [ "$1" != -d ]; then
+  read -r command; echo "$command" >> "$CUDA_MPS_LOG_DIRECTORY/calls"; exit 0
+fi
+if [ "$1" = -d ] && [ -n "$STUCK" ]; then
+  "$0" serve > /dev/null 2>&1 &
+fi
 if [ "$1" = -d ]; then
   [ -n "$FAIL" ] && { echo "cannot start daemon" >&2; exit 1; }
   [ -e "$pipe" ] && { echo "already running" >&2; exit 1; }
@@ -396,3 +406,67 @@ def test_mps_daemon_starts_quits_and_replaces_a_stale_one(tmp_path: Path, monkey
     monkeypatch.setenv("FAIL", "1")
     with pytest.raises(ValueError, match=r"-d failed \(exit 1\): cannot start daemon"), mps.mps_daemon(folder):
         pass
+
+
+def _fake_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mps) -> Path:
+    (tmp_path / "bin").mkdir()
+    control = tmp_path / "bin" / mps.CONTROL
+    control.write_text(FAKE_MPS_CONTROL)
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"), prepend=":")
+    return control
+
+
+def test_a_stuck_daemon_a_killed_step_left_is_ended_at_set_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+
+    mps = load("bench.studies.quality.mps")
+    control = _fake_control(tmp_path, monkeypatch, mps)
+    folder = tmp_path / "mps"
+    env = mps.client_env(folder)
+    for path in env.values():
+        Path(path).mkdir(parents=True)
+    # What a step killed outright (SIGKILL at its time limit) leaves: a daemon that no longer quits.
+    subprocess.run([str(control), "-d"], env={**os.environ, **env, "STUCK": "1"}, check=True)
+    stale = mps.owned_daemons(folder / "pipe")
+    assert stale and (folder / "pipe" / "control").exists()
+    other = subprocess.Popen([str(control), "serve"], env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    try:
+        with mps.mps_daemon(folder, quit_timeout_s=1.0) as client:
+            assert client == env and mps.owned_daemons(folder / "pipe") == []  # the stale one is gone
+            assert (folder / "pipe" / "control").exists()  # the new daemon's pipe
+        assert other.poll() is None  # a daemon of another pipe folder is not this step's: untouched
+    finally:
+        other.kill()
+        other.wait()
+    assert (folder / "log" / "calls").read_text().split() == ["start", "quit", "start", "quit"]
+    assert not (folder / "pipe" / "control").exists()
+
+
+MPS_STEP = """
+import sys, time
+from pathlib import Path
+from bench.studies.quality.mps import mps_daemon
+
+with mps_daemon(Path(sys.argv[1])):
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_sigterm_to_a_step_quits_its_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import subprocess
+
+    mps = load("bench.studies.quality.mps")
+    _fake_control(tmp_path, monkeypatch, mps)
+    folder = tmp_path / "mps"
+    with subprocess.Popen([sys.executable, "-c", MPS_STEP, str(folder)], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[3]) as step:
+        assert step.stdout is not None and step.stdout.readline().strip() == "ready"
+        assert (folder / "pipe" / "control").exists()
+        step.send_signal(signal.SIGTERM)  # the step's time limit
+        assert step.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not (folder / "pipe" / "control").exists()  # quit before the step ended: the next one can start
+    assert (folder / "log" / "calls").read_text().split() == ["start", "quit"]
