@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,15 @@ class Prepared:
     halo_vox: tuple[int, int, int]
 
 
-def _instance_halo(classes: list[str], source: str, voxel_size: tuple[float, float, float]) -> tuple[int, int, int]:
+def _instance_halo(classes: list[str], known: Sequence[str], source: str, voxel_size: tuple[float, float, float]
+                   ) -> tuple[int, int, int]:
+    """The halo decoding reads around a block: the largest of the classes' (`default_halo_vox`), after checking the
+    parameter file against the members' classes `known`."""
     from cellseg.postprocess.params import ParamSet
     from cellseg.volume.instances import default_halo_vox
 
     params = ParamSet() if source == "default" else ParamSet.load(source)
-    params.check_classes(classes, store="the predicted classes")
+    params.check_classes(known, store="the members")
     halos = [default_halo_vox(params.get(c), voxel_size) for c in classes]
     return tuple(max(h[d] for h in halos) for d in range(3))  # type: ignore[return-value]
 
@@ -66,7 +70,7 @@ def prepare(job: Any) -> Prepared:
     level = em_level(open_em(em_url, job.dataset), members.voxel_size_nm, job.dataset)
     grid = roi_of(level, parse_roi_nm(vol.roi_nm) if vol.roi_nm else None, job.dataset)
     instances = vol.instances is not None
-    halo = _instance_halo(classes, vol.instances, grid.voxel_size_nm) if instances else (0, 0, 0)
+    halo = _instance_halo(classes, members.plan.classes, vol.instances, grid.voxel_size_nm) if instances else (0, 0, 0)
     if not (vol.resume and VolumeStore.exists(job.out)):
         label_bytes = [8 if is_instance(c) else 1 for c in classes] if instances else []
         check_disk(job.out, estimate_bytes(grid, channels, label_bytes), compression=vol.disk_compression)

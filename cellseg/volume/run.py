@@ -86,7 +86,7 @@ class Launcher:
 
     def __call__(self, *, context: Any) -> None:
         env = dict(os.environ, DAISY_CONTEXT=context.to_env())
-        if self.task == PREDICT and self.workers.gpus:
+        if self.task == PREDICT and self.workers.gpus and not self.workers.launch:  # a launcher (srun) binds GPUs
             env["CUDA_VISIBLE_DEVICES"] = self.workers.gpus[int(context["worker_id"]) % len(self.workers.gpus)]
         done = subprocess.run(self.command(), env=env, check=False)
         if done.returncode:

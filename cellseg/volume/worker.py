@@ -42,6 +42,7 @@ def serve(store_path: str, task: str, device: str = "auto") -> int:
     handle = handler(store, task, device)
     done = 0
     while True:
+        box: Box | None = None
         try:
             with client.acquire_block() as block:
                 if block is None:
@@ -50,7 +51,7 @@ def serve(store_path: str, task: str, device: str = "auto") -> int:
                 handle(box)
                 done += 1
         except Exception as err:  # reported to the scheduler by acquire_block; go on with the next block
-            log.error("%s: block at %s vox failed: %s", task, list(box[0]), err)
+            log.error("%s: block at %s vox failed: %s", task, list(box[0]) if box else "?", err)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
