@@ -36,7 +36,7 @@ from bench.record import hardware, record_paths
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("unet_3d", "resnet_3d", "swin_3d", "vit_3d", "unet_2d", "resnet_2d", "swin_2d", "vit_2d")
-QUIET = ("train.val_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000")
+QUIET = ("train.val_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000", "val.max_crops=1")
 DATASET = "synth-iso8-1"
 QUICK_ROI_NM = "796:1052,396:780,1196:1708"  # tiny preset: 32 × 48 × 64 voxels from the volume's corner
 HELA = "jrc_hela-2"

@@ -131,7 +131,7 @@ def _job(run: Path, out: Path, *overrides: str) -> PredictVolumeJob:
 def test_errors_before_compute(volume_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.zarr"
     with pytest.raises(ValueError, match="reaches outside the volume"):
-        prepare(_job(volume_run, out, "volume.roi_nm='0:256,396:780,1196:1708'"))
+        prepare(_job(volume_run, out, "volume.roi_nm='4:260,396:780,1196:1708'"))
     with pytest.raises(ValueError, match="no EM level at the members' voxel size 8×8×8 nm"):
         prepare(_job(volume_run, out, "dataset=synth-aniso-1"))
     PredictionStore.create(out, kind="probabilities", channels=["mito"])
