@@ -28,6 +28,7 @@ from typing import Any
 
 from cellseg.volume.store import VolumeStore
 from cellseg.volume.tasks import DECODE, MERGE, PREDICT, RELABEL, pyramid_task
+from cellseg.volume.worker import RUN_ENV
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "cellseg.volume.worker"
@@ -78,6 +79,7 @@ class Launcher:
     store: str
     task: str
     workers: Workers
+    run: str = ""  # the driver's run id (workers record their timing under it)
 
     def command(self) -> list[str]:
         """The worker's command line."""
@@ -85,7 +87,7 @@ class Launcher:
                 "--device", self.workers.device if self.task == PREDICT else "cpu"]
 
     def __call__(self, *, context: Any) -> None:
-        env = dict(os.environ, DAISY_CONTEXT=context.to_env())
+        env = dict(os.environ, DAISY_CONTEXT=context.to_env(), **{RUN_ENV: self.run})
         if self.task == PREDICT and self.workers.gpus and not self.workers.launch:  # a launcher (srun) binds GPUs
             env["CUDA_VISIBLE_DEVICES"] = self.workers.gpus[int(context["worker_id"]) % len(self.workers.gpus)]
         done = subprocess.run(self.command(), env=env, check=False)
@@ -101,7 +103,7 @@ def _roi(offset: Sequence[int], shape: Sequence[int]) -> Any:
 
 
 def _task(store: VolumeStore, task_id: str, *, block: Sequence[int], context: Sequence[int], workers: int,
-          spec: Workers) -> Any:
+          spec: Workers, run: str) -> Any:
     """A daisy task over the ROI (s0 voxels) in blocks of `block`, each reading `context` more per side."""
     import daisy.v2 as daisy
 
@@ -109,33 +111,34 @@ def _task(store: VolumeStore, task_id: str, *, block: Sequence[int], context: Se
     neg = [-c for c in context]
     return daisy.Task(task_id, _roi(neg, [n + 2 * c for n, c in zip(shape, context, strict=True)]),
                       _roi(neg, [b + 2 * c for b, c in zip(block, context, strict=True)]), _roi((0, 0, 0), block),
-                      process_function=Launcher(str(store.path), task_id, spec), read_write_conflict=False,
+                      process_function=Launcher(str(store.path), task_id, spec, run), read_write_conflict=False,
                       fit="shrink", max_workers=workers, max_retries=spec.max_retries, timeout=spec.timeout_s,
                       tracking_path=str(store.tracking_dir(task_id)))
 
 
 def build_tasks(store: VolumeStore, spec: Workers, *, context_vox: Sequence[int],
-                halo_vox: Sequence[int] = (0, 0, 0)) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+                halo_vox: Sequence[int] = (0, 0, 0), run: str = "") -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The daisy tasks of the store (by id, in run order) and the edges (upstream id, downstream id)."""
     block = store.block_vox
     whole = store.grid.shape_vox
-    tasks = {PREDICT: _task(store, PREDICT, block=block, context=context_vox, workers=spec.predict, spec=spec)}
+    tasks = {PREDICT: _task(store, PREDICT, block=block, context=context_vox, workers=spec.predict, spec=spec,
+                            run=run)}
     edges: list[tuple[str, str]] = []
 
     def pyramid(group: str, after: str) -> None:
         for level in range(1, store.num_levels):
             name = pyramid_task(group, level)
             tasks[name] = _task(store, name, block=[b << level for b in block], context=(0, 0, 0),
-                                workers=spec.cpu, spec=spec)
+                                workers=spec.cpu, spec=spec, run=run)
             edges.append((after, name))
             after = name
 
     pyramid("probabilities", PREDICT)
     if store.has_labels:
-        tasks[DECODE] = _task(store, DECODE, block=block, context=halo_vox, workers=spec.cpu, spec=spec)
+        tasks[DECODE] = _task(store, DECODE, block=block, context=halo_vox, workers=spec.cpu, spec=spec, run=run)
         edges.append((PREDICT, DECODE))
-        tasks[MERGE] = _task(store, MERGE, block=whole, context=(0, 0, 0), workers=1, spec=spec)
-        tasks[RELABEL] = _task(store, RELABEL, block=block, context=(0, 0, 0), workers=spec.cpu, spec=spec)
+        tasks[MERGE] = _task(store, MERGE, block=whole, context=(0, 0, 0), workers=1, spec=spec, run=run)
+        tasks[RELABEL] = _task(store, RELABEL, block=block, context=(0, 0, 0), workers=spec.cpu, spec=spec, run=run)
         edges += [(DECODE, MERGE), (MERGE, RELABEL)]
         pyramid("labels", RELABEL)
     return tasks, edges
@@ -193,6 +196,7 @@ class RunResult:
     wall_s: float
     predict_mvox_s: float
     errors: dict[str, str] = field(default_factory=dict)
+    timing: dict[str, dict[str, float]] = field(default_factory=dict)  # per task, from its workers (`timings`)
 
     @property
     def ok(self) -> bool:
@@ -218,7 +222,8 @@ def run_tasks(store: VolumeStore, spec: Workers, *, context_vox: Sequence[int], 
     import daisy.v2 as daisy
     from daisy import logging as daisy_log
 
-    tasks, edges = build_tasks(store, spec, context_vox=context_vox, halo_vox=halo_vox)
+    run = f"{time.time():.3f}".replace(".", "")
+    tasks, edges = build_tasks(store, spec, context_vox=context_vox, halo_vox=halo_vox, run=run)
     daisy_log.set_log_basedir(str(store.path / ".blocks" / LOG_DIR))
     pipeline = daisy.Pipeline(list(tasks.values()), [(tasks[a], tasks[b]) for a, b in edges])
     observer = Progress(store, progress)
@@ -238,9 +243,31 @@ def run_tasks(store: VolumeStore, spec: Workers, *, context_vox: Sequence[int], 
             errors[t] = f"abandoned: {s.abandon_reason}; last worker error: {s.last_worker_error}"
     failed = [f for t, task in tasks.items() for f in _failed(store, t, task)]
     result = RunResult(tasks=counts, failed=failed, wall_s=wall, predict_mvox_s=observer.rate(states) if states
-                       else 0.0, errors=errors)
+                       else 0.0, errors=errors, timing=timings(store, run))
     write_summary(store, result, spec)
     return result
+
+
+def timings(store: VolumeStore, run: str) -> dict[str, dict[str, float]]:
+    """Per task of run `run`, from its workers' records: workers, blocks, the slowest start-up (process start to
+    first block possible: imports, models), busy seconds (inside blocks) and span (first block's start to last
+    block's end): the task's time without start-up."""
+    out: dict[str, dict[str, float]] = {}
+    for path in sorted((store.path / ".blocks" / LOG_DIR).glob(f"*/timing-{run}-*.json")):
+        t = json.loads(path.read_text())
+        row = out.setdefault(t["task"], {"workers": 0, "blocks": 0, "startup_s": 0.0, "busy_s": 0.0,
+                                         "first": math.inf, "last": 0.0})
+        row["workers"] += 1
+        row["blocks"] += t["blocks"]
+        row["startup_s"] = max(row["startup_s"], t["ready_s"])
+        row["busy_s"] += t["busy_s"]
+        if t["first"] is not None:
+            row["first"], row["last"] = min(row["first"], t["first"]), max(row["last"], t["last"])
+    for row in out.values():
+        row["span_s"] = max(0.0, row.pop("last") - row.pop("first")) if row["blocks"] else 0.0
+        for k in ("startup_s", "busy_s", "span_s"):
+            row[k] = round(row[k], 3)
+    return out
 
 
 def write_summary(store: VolumeStore, result: RunResult, spec: Workers) -> None:
@@ -249,6 +276,7 @@ def write_summary(store: VolumeStore, result: RunResult, spec: Workers) -> None:
            "voxel_size_nm": store.attrs["voxel_size_nm"], "block_vox": store.attrs["block_vox"], "ok": result.ok,
            "tasks": result.tasks, "failed_blocks": result.failed, "errors": result.errors,
            "wall_s": round(result.wall_s, 3), "predict_mvox_per_s": round(result.predict_mvox_s, 3),
+           "timing": result.timing,
            "workers": {"predict": spec.predict, "cpu": spec.cpu, "gpus": list(spec.gpus),
                        "launch": shlex.join(spec.launch)},
            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

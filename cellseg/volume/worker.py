@@ -12,14 +12,22 @@ goes on with the next one, so one bad block costs no model reload. Pick the GPU 
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
-from collections.abc import Sequence
+import time
 
-from cellseg.volume.plan import Box
+STARTED = time.time()  # the process's start: a worker's start-up (imports, models) counts from here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from cellseg.volume.plan import Box  # noqa: E402
 
 log = logging.getLogger("cellseg.volume.worker")
+RUN_ENV = "CELLSEG_VOLUME_RUN"  # the driver's run id: workers record their timing under it
 
 
 def box_of(block: object) -> Box:
@@ -29,7 +37,8 @@ def box_of(block: object) -> Box:
 
 
 def serve(store_path: str, task: str, device: str = "auto") -> int:
-    """Build the task's handler and process blocks until the scheduler has none left; returns the number done."""
+    """Build the task's handler and process blocks until the scheduler has none left; returns the number done.
+    With `RUN_ENV` set (the driver sets it), the worker's timing is written to `timing_file` at the end."""
     import daisy.v2 as daisy
 
     from cellseg.volume.store import VolumeStore
@@ -40,18 +49,35 @@ def serve(store_path: str, task: str, device: str = "auto") -> int:
     if not client.connected:
         return 0
     handle = handler(store, task, device)
-    done = 0
-    while True:
-        box: Box | None = None
-        try:
-            with client.acquire_block() as block:
-                if block is None:
-                    return done
-                box = box_of(block)
-                handle(box)
-                done += 1
-        except Exception as err:  # reported to the scheduler by acquire_block; go on with the next block
-            log.error("%s: block at %s vox failed: %s", task, list(box[0]) if box else "?", err)
+    timing = {"task": task, "blocks": 0, "ready_s": time.time() - STARTED, "busy_s": 0.0, "first": None, "last": None}
+    try:
+        while True:
+            box: Box | None = None
+            try:
+                with client.acquire_block() as block:
+                    if block is None:
+                        return int(timing["blocks"])  # type: ignore[arg-type]
+                    box = box_of(block)
+                    began = time.time()
+                    handle(box)
+                    timing["busy_s"] += time.time() - began  # type: ignore[operator]
+                    timing["first"] = timing["first"] or began
+                    timing["last"] = time.time()
+                    timing["blocks"] += 1  # type: ignore[operator]
+            except Exception as err:  # reported to the scheduler by acquire_block; go on with the next block
+                log.error("%s: block at %s vox failed: %s", task, list(box[0]) if box else "?", err)
+    finally:
+        run = os.environ.get(RUN_ENV)
+        if run:
+            path = timing_file(store.path, task, run)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(timing))
+
+
+def timing_file(store: Path, task: str, run: str) -> Path:
+    """Where a worker of `task` in run `run` records its timing (blocks, start-up, busy seconds, first and last
+    block in epoch seconds)."""
+    return store / ".blocks" / "logs" / task / f"timing-{run}-{os.getpid()}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
