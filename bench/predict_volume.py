@@ -10,13 +10,16 @@ weights: a few steps give real run directories whose models run as trained ones 
 - **Mvox/s** of one model (unet_3d) and of the 8-member ensemble (the eight architectures'
   `configs/experiments/<name>.yaml`; `--quick`: the unet_3d and unet_2d smoke models), at TTA 1 and 8: ROI voxels
   over the command's wall time, from the driver's start (workers' start-up and model loading included);
-- **daisy's overhead**: the same ROI predicted `cellseg predict`-style in one process, in one piece through the
-  same engine (models loaded, then the whole box), against the blockwise run with one worker: on wall time, and
-  on the time predicting (the workers' first block start to last block end, against the one process after
-  loading its models), which is what remains per block once a large volume has amortised the start-up;
-- **instance stitching**: the same single-model run with `--instances` (decode, merge, relabel, label pyramid),
-  minus the run without;
-- **projection** in GPU-hours on H200s at the measured ensemble rate, for jrc_hela-2 at 8 nm and for all 22 datasets:
+- **daisy's overhead**: the blockwise run with one worker against the same blocks predicted one after the other
+  `cellseg predict`-style in one process through the same engine (models loaded, then the blocks), on wall time
+  and on the time predicting (the workers' first block start to last block end, against the one process after
+  loading its models: what remains once a large volume has amortised the start-up); and the cost of blocking
+  itself: the same blocks against the whole ROI in one piece (tiles across block faces are predicted by both
+  neighbours, ((B + patch - step) / B)³ of the tiles for blocks of B);
+- **instance stitching**: the same single-model run with `--instances`: the worker-seconds inside the blocks of
+  decode, merge, relabel and the label pyramid (and the run's wall time against the one without);
+- **projection** in GPU-hours at the ensemble's rate while predicting (TTA 1, and 8 when measured), for jrc_hela-2
+  at 8 nm and for all 22 datasets:
   the catalogue has no whole-volume shapes, so each dataset's volume is bounded below by the box around its
   annotated crops (train and test manifests), and the hours are also given per 10¹⁰ voxels.
 
@@ -111,28 +114,31 @@ def blockwise(config: Any) -> dict[str, Any]:
         raise RuntimeError(f"{config.out}: the run failed: {result.failed} {result.errors}")
     timing = result.timing.get("predict", {})
     span = timing.get("span_s") or wall
-    return {"wall_s": round(wall, 2), "voxels": voxels, "mvox_s": round(voxels / wall / 1e6, 3),
+    return {"wall_s": round(wall, 2), "voxels": voxels, "mvox_s": sig(voxels / wall / 1e6),
             "predict_span_s": round(span, 2), "worker_startup_s": timing.get("startup_s"),
-            "steady_mvox_s": round(voxels / span / 1e6, 3), "blocks": result.tasks["predict"]["total"],
+            "steady_mvox_s": sig(voxels / span / 1e6), "blocks": result.tasks["predict"]["total"],
             "tasks": result.tasks, "timing": result.timing}
 
 
-def single_process(config: Any) -> dict[str, Any]:
-    """The same ROI `cellseg predict`-style: one process, models loaded, the whole box through the same engine."""
+def single_process(config: Any, *, blocks: bool = False) -> dict[str, Any]:
+    """The same ROI `cellseg predict`-style: one process, models loaded, then through the same engine the whole
+    box in one piece, or (`blocks`) the blockwise run's blocks one after the other (no scheduler)."""
     from cellseg.volume.driver import prepare
+    from cellseg.volume.plan import block_boxes
     from cellseg.volume.predict import BlockPredictor
 
     start = time.perf_counter()
     store = prepare(config).store  # the checks and an empty store, as the blockwise run pays them
     predictor = BlockPredictor.of(store, config.infer.device)
     loaded = time.perf_counter()
-    box = ((0, 0, 0), store.grid.shape_vox)
-    predictor.write(box)
+    whole = ((0, 0, 0), store.grid.shape_vox)
+    for box in block_boxes(store.grid.shape_vox, store.block_vox) if blocks else [whole]:
+        predictor.write(box)
     end = time.perf_counter()
     voxels = math.prod(store.grid.shape_vox)
     return {"wall_s": round(end - start, 2), "load_s": round(loaded - start, 2), "voxels": voxels,
-            "mvox_s": round(voxels / (end - start) / 1e6, 3), "predict_span_s": round(end - loaded, 2),
-            "steady_mvox_s": round(voxels / (end - loaded) / 1e6, 3)}
+            "mvox_s": sig(voxels / (end - start) / 1e6), "predict_span_s": round(end - loaded, 2),
+            "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
 
 
 def dataset_boxes() -> dict[str, float]:
@@ -154,15 +160,21 @@ def dataset_boxes() -> dict[str, float]:
     return {ds: math.prod((b - a) / TARGET_NM for a, b in zip(lo[ds], hi[ds], strict=True)) for ds in lo}
 
 
+def sig(x: float) -> float:
+    """Four significant digits (rates span 10⁻³ on a loaded CPU to 10² on a GPU)."""
+    return float(f"{x:.4g}")
+
+
 def projection(mvox_s: float) -> dict[str, Any]:
-    """GPU-hours at `mvox_s` per GPU for jrc_hela-2 and all datasets (crop-box lower bounds), and per 10¹⁰ voxels."""
+    """GPU-hours at `mvox_s` per GPU (the rate while predicting: start-up is negligible over hours) for jrc_hela-2
+    and all datasets (crop-box lower bounds, listed per dataset), and per 10¹⁰ voxels."""
     boxes = dataset_boxes()
     hours = {ds: v / (mvox_s * 1e6) / 3600 for ds, v in boxes.items()}
-    return {"mvox_s_per_gpu": mvox_s, "gpu_hours_per_1e10_vox": round(1e10 / (mvox_s * 1e6) / 3600, 2),
+    return {"mvox_s_per_gpu": mvox_s, "gpu_hours_per_1e10_vox": sig(1e10 / (mvox_s * 1e6) / 3600),
             "datasets": len(boxes), HELA: {"voxels_lower_bound": round(boxes.get(HELA, 0.0)),
-                                           "gpu_hours_lower_bound": round(hours.get(HELA, 0.0), 2)},
-            "all": {"voxels_lower_bound": round(sum(boxes.values())),
-                    "gpu_hours_lower_bound": round(sum(hours.values()), 2)}}
+                                           "gpu_hours_lower_bound": sig(hours.get(HELA, 0.0))},
+            "all": {"voxels_lower_bound": round(sum(boxes.values())), "gpu_hours_lower_bound": sig(sum(hours.values()))},
+            "per_dataset_voxels_lower_bound": {ds: round(v) for ds, v in sorted(boxes.items())}}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -179,12 +191,16 @@ def markdown(doc: dict[str, Any]) -> str:
         f"depend on the weights). Wall: from the driver's start (worker start-up and model loading included); "
         "predicting: from the first block's start to the last block's end in the workers (one process: after "
         "loading the models).", "", *rows, "",
-        f"daisy vs one process (1 worker, TTA 1), wall: single model {o['single']['wall']:+.1%}, ensemble "
-        f"{o['ensemble']['wall']:+.1%}; predicting only: single {o['single']['steady']:+.1%}, ensemble "
-        f"{o['ensemble']['steady']:+.1%}.", "",
-        f"Instance stitching (decode + merge + relabel + label pyramid): {doc['instances_s']:.1f} s extra, "
-        f"{doc['instances_s_per_mvox']:.2f} s per Mvoxel.", "",
-        f"Projection at the ensemble's {p['mvox_s_per_gpu']} Mvox/s per GPU (no TTA): {p['gpu_hours_per_1e10_vox']} "
+        f"daisy (1 worker) vs the same blocks predicted one after the other in one process, TTA 1: wall "
+        f"{o['single']['wall']:+.1%} (single model), {o['ensemble']['wall']:+.1%} (ensemble); predicting only "
+        f"{o['single']['steady']:+.1%}, {o['ensemble']['steady']:+.1%}. The blocks against one piece in one "
+        f"process (the tiles across block faces predicted by both neighbours): {o['single']['blocking']:+.1%}, "
+        f"{o['ensemble']['blocking']:+.1%}; larger `--block-vox` shrinks it.", "",
+        f"Instance stitching (decode + merge + relabel + label pyramid): {doc['instances_s']:.1f} worker-seconds "
+        f"inside blocks, {doc['instances_s_per_mvox']} s per Mvoxel (wall time of the run "
+        f"{doc['instances_wall_extra_s']:+.1f} s against the one without).", "",
+        f"Projection at the ensemble's {p['mvox_s_per_gpu']} Mvox/s per GPU while predicting (no TTA): "
+        f"{p['gpu_hours_per_1e10_vox']} "
         f"GPU-hours per 10¹⁰ voxels; {HELA} ≥ {p[HELA]['gpu_hours_lower_bound']} GPU-hours "
         f"(≥ {p[HELA]['voxels_lower_bound']:.3g} voxels at 8 nm); all {p['datasets']} datasets ≥ "
         f"{p['all']['gpu_hours_lower_bound']} GPU-hours (lower bounds: the box around each dataset's crops).", ""])
@@ -219,25 +235,33 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {row['mvox_s']} Mvox/s, {row['wall_s']} s")
     overhead: dict[str, dict[str, float]] = {}
     for name, members in (("single", runs[:1]), ("ensemble", runs)):
-        say(f"one process: {name}")
-        row = single_process(job(members, root, stores / f"{name}_one_process.zarr", tta=1, block=block,
-                                 quick=args.quick))
-        measured[f"{name} one process"] = {**row, "members": len(members), "tta": 1}
-        daisy_row = measured[name]
-        overhead[name] = {"wall": daisy_row["wall_s"] / row["wall_s"] - 1,
-                          "steady": daisy_row["predict_span_s"] / row["predict_span_s"] - 1}
-        say(f"  {row['mvox_s']} Mvox/s, {row['wall_s']} s; daisy: wall {overhead[name]['wall']:+.1%}, without "
-            f"start-up {overhead[name]['steady']:+.1%}")
+        rows = {}
+        for blocks in (False, True):
+            label = f"{name} one process{', same blocks' if blocks else ''}"
+            say(label)
+            rows[blocks] = single_process(job(members, root, stores / f"{label.replace(' ', '_').replace(',', '')}"
+                                              ".zarr", tta=1, block=block, quick=args.quick), blocks=blocks)
+            measured[label] = {**rows[blocks], "members": len(members), "tta": 1}
+        daisy_row, same, piece = measured[name], rows[True], rows[False]
+        overhead[name] = {"wall": daisy_row["wall_s"] / same["wall_s"] - 1,
+                          "steady": daisy_row["predict_span_s"] / same["predict_span_s"] - 1,
+                          "blocking": same["predict_span_s"] / piece["predict_span_s"] - 1}
+        say(f"  daisy vs the same blocks in one process: wall {overhead[name]['wall']:+.1%}, predicting "
+            f"{overhead[name]['steady']:+.1%}; blocks vs one piece {overhead[name]['blocking']:+.1%}")
     say("blockwise with --instances")
     inst = blockwise(job(runs[:1], root, stores / "instances.zarr", tta=1, block=block, quick=args.quick,
                          instances=True))
     measured["single + instances"] = {**inst, "members": 1, "tta": 1}
-    extra = inst["wall_s"] - measured["single"]["wall_s"]
+    stitching = ("decode", "merge", "relabel", *(t for t in inst["timing"] if t.startswith("pyramid-labels")))
+    extra = sum(inst["timing"].get(t, {}).get("busy_s", 0.0) for t in stitching)  # worker seconds inside blocks
     doc = {"bench": "predict_volume", "hardware": hardware(), "date": datetime.date.today().isoformat(),
            "quick": args.quick, "steps": args.steps, "block_vox": block, "roi_vox": measured["single"]["voxels"],
            "runs": measured, "overhead": overhead, "instances_s": round(extra, 2),
-           "instances_s_per_mvox": round(extra / (inst["voxels"] / 1e6), 3),
-           "projection": projection(measured["ensemble"]["mvox_s"]),
+           "instances_s_per_mvox": sig(extra / (inst["voxels"] / 1e6)),
+           "instances_wall_extra_s": round(inst["wall_s"] - measured["single"]["wall_s"], 2),
+           "projection": projection(measured["ensemble"]["steady_mvox_s"]),
+           **({"projection_tta8": projection(measured["ensemble tta8"]["steady_mvox_s"])}
+              if "ensemble tta8" in measured else {}),
            "total_s": round(time.perf_counter() - started, 1), "command": " ".join(sys.argv)}
     json_path, md_path = record_paths(args.out, "predict_volume")
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
