@@ -2,10 +2,11 @@
 whose docstring states the rule and why it matches decoding in one piece).
 
 A block's record (`OUT.zarr/.stitch/<class>/<iz>_<iy>_<ix>.npz`): `ids`, `counts`, `first` (its provisional ids,
-their voxel counts in the block and the volume raster index of their first voxel); `face{axis}{lo|hi}` (its own
-labels on its first/last plane along each axis); `shell{kz}{ky}{kx}` (the labels its halo decoding gave the voxels
-of the neighbour at offset `k - 1` that touch the block: a plane, a line or one voxel). The lookup
-(`lookup.npz`): sorted provisional `keys`, their final `values`, `objects`, `links`.
+their voxel counts in the block and the volume raster index of their first voxel); `faces` (its own local ids on
+its six face planes: axis z first plane, last plane, then y, then x, flattened one after the other); `shells`
+(the local ids its halo decoding gave the voxels of each existing neighbour that touch the block, a plane, a
+line or one voxel, neighbours in `DIRECTIONS` order, flattened). The plane and shell shapes follow from the grid.
+The lookup (`lookup.npz`): sorted provisional `keys`, their final `values`, `objects`, `links`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,65 +110,107 @@ def _shell_box(grid: BlockGrid, position: Sequence[int], d: Sequence[int]) -> Bo
                  for s, k in zip(own, d, strict=True))  # type: ignore[return-value]
 
 
+def _face_shapes(grid: BlockGrid, position: Sequence[int]) -> list[tuple[int, ...]]:
+    """Shapes of the six face planes (axis 0 lo, hi, axis 1 lo, hi, axis 2 lo, hi) of a block."""
+    shape = [s.stop - s.start for s in grid.box(position)]
+    return [tuple(n for i, n in enumerate(shape) if i != axis) for axis in range(3) for _ in range(2)]
+
+
+def _shell_boxes(grid: BlockGrid, position: Sequence[int]) -> dict[Vec3i, Box]:
+    """The block's shell boxes (`_shell_box`) of the neighbours that exist, in `DIRECTIONS` order."""
+    return {d: box for d in DIRECTIONS if (box := _shell_box(grid, position, d)) is not None}
+
+
 def write_record(records: Path, grid: BlockGrid, position: Sequence[int], ids: np.ndarray, outer: Box) -> None:
-    """Step 1's face record (module docstring), written to a temporary file and renamed into place."""
+    """Step 1's face record (module docstring), written to a temporary file and renamed into place. The planes
+    and shells are stored as the blocks' local uint32 ids, flattened one after the other (`_load` splits them:
+    their shapes follow from the grid)."""
     inner = grid.box(position)
 
     def local(box: Box) -> Box:
         return tuple(slice(b.start - o.start, b.stop - o.start) for b, o in zip(box, outer, strict=True))  # type: ignore[return-value]
 
-    own = ids[local(inner)]
+    low = (ids & np.uint64(2**LOCAL_BITS - 1)).astype(np.uint32)
+    own = low[local(inner)]
     values, first, counts = np.unique(own.ravel(), return_index=True, return_counts=True)
     zyx = np.unravel_index(first, own.shape)
     global_first = np.ravel_multi_index(tuple(z + s.start for z, s in zip(zyx, inner, strict=True)), grid.shape_vox)
     nz = values > 0
-    arrays: dict[str, np.ndarray] = {"ids": values[nz], "counts": counts[nz].astype(np.int64),
-                                     "first": np.asarray(global_first, np.int64)[nz]}
-    for axis in range(3):
-        arrays[f"face{axis}lo"] = np.take(own, 0, axis=axis)
-        arrays[f"face{axis}hi"] = np.take(own, -1, axis=axis)
-    for d in DIRECTIONS:
-        box = _shell_box(grid, position, d)
-        if box is not None:
-            arrays["shell" + "".join(map(str, d))] = ids[local(box)]
+    planes = [np.take(own, index, axis=axis).ravel() for axis in range(3) for index in (0, -1)]
+    shells = [low[local(box)].ravel() for box in _shell_boxes(grid, position).values()]
     records.mkdir(parents=True, exist_ok=True)
     path = record_path(records, position)
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp.npz")
-    np.savez_compressed(tmp, **arrays)
+    np.savez_compressed(tmp, ids=provisional(values[nz], grid.index(position)), counts=counts[nz].astype(np.int64),
+                        first=np.asarray(global_first, np.int64)[nz], faces=np.concatenate(planes),
+                        shells=np.concatenate(shells) if shells else np.zeros(0, np.uint32))
     tmp.replace(path)
 
 
-def _load(records: Path, position: Sequence[int], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+def _load(records: Path, grid: BlockGrid, position: Sequence[int], *, heads: bool = False) -> dict[str, Any]:
+    """A block's record: `ids`, `counts`, `first`; unless `heads`, also `faces` ((axis, 0 | -1) → plane) and
+    `shells` (direction → box), as provisional uint64 ids."""
     path = record_path(records, position)
     try:
         with np.load(path) as npz:
-            return {k: npz[k] for k in (keys if keys is not None else npz.files)}
+            record: dict[str, Any] = {k: npz[k] for k in (("ids", "counts", "first") if heads else npz.files)}
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{path}: no face record for block {list(position)} (its decode step did not "
                                 "finish; run it again)") from err
+    if heads:
+        return record
+    index = grid.index(position)
+    shapes = _face_shapes(grid, position)
+    parts = np.split(provisional(record["faces"], index), np.cumsum([math.prod(s) for s in shapes])[:-1])
+    record["faces"] = {(axis, side): parts[2 * axis + i].reshape(shapes[2 * axis + i])
+                       for axis in range(3) for i, side in enumerate((0, -1))}
+    boxes = _shell_boxes(grid, position)
+    sizes = [math.prod(s.stop - s.start for s in box) for box in boxes.values()]
+    shells = np.split(provisional(record["shells"], index), np.cumsum(sizes)[:-1]) if boxes else []
+    record["shells"] = {d: part.reshape([s.stop - s.start for s in box])
+                        for (d, box), part in zip(boxes.items(), shells, strict=True)}
+    return record
 
 
-def _neighbour_face(record: dict[str, np.ndarray], d: Sequence[int]) -> np.ndarray:
+def _neighbour_face(record: dict[str, Any], d: Sequence[int]) -> np.ndarray:
     """The labels of neighbour B (at `d - 1` from A) on its voxels adjacent to A, shaped as A's shell box."""
-    axes = [a for a in range(3) if d[a] != 1]
-    first = axes[0]
-    plane = record[f"face{first}{'lo' if d[first] == 2 else 'hi'}"]
+    first = next(a for a in range(3) if d[a] != 1)
+    plane = record["faces"][(first, 0 if d[first] == 2 else -1)]
     index = tuple(slice(None) if d[a] == 1 else slice(0, 1) if d[a] == 2 else slice(-1, None)
                   for a in range(3) if a != first)
     return np.expand_dims(plane[index], first)
 
 
-def face_links(shell: np.ndarray, face: np.ndarray, min_overlap: float = MIN_OVERLAP) -> np.ndarray:
-    """Pairs (a, b), shape (2, n) uint64, of ids that overlap on at least `min_overlap` of the smaller of their
-    areas, counted over the voxels both arrays label (`shell`: A's decoding, `face`: B's own labels)."""
+def face_links(shell: np.ndarray, face: np.ndarray, min_overlap: float = MIN_OVERLAP
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate links over one face: every pair (a, b) of ids that overlap, counted over the voxels both arrays
+    label (`shell`: A's decoding, `face`: B's own labels), whose overlap reaches `min_overlap` of the smaller
+    of their two areas there. Returns the pairs (2, n) uint64, their overlaps (n,) and whether each is strong:
+    the overlap also reaches `min_overlap` of the larger area (each is the other's majority)."""
     a, b = shell.ravel(), face.ravel()
     both = (a > 0) & (b > 0)
     ua, ia, area_a = np.unique(a[both], return_inverse=True, return_counts=True)
     ub, ib, area_b = np.unique(b[both], return_inverse=True, return_counts=True)
-    codes, overlap = np.unique(ia.astype(np.int64) * len(ub) + ib, return_counts=True)
-    pa, pb = codes // max(len(ub), 1), codes % max(len(ub), 1)
+    width = max(len(ub), 1)
+    codes, overlap = np.unique(ia.astype(np.int64) * width + ib, return_counts=True)
+    pa, pb = codes // width, codes % width
     keep = overlap >= min_overlap * np.minimum(area_a[pa], area_b[pb])
-    return np.stack([ua[pa[keep]], ub[pb[keep]]])
+    strong = overlap >= min_overlap * np.maximum(area_a[pa], area_b[pb])
+    return np.stack([ua[pa[keep]], ub[pb[keep]]]), overlap[keep], strong[keep]
+
+
+def chosen_links(pairs: np.ndarray, overlap: np.ndarray, strong: np.ndarray) -> np.ndarray:
+    """The links the merge makes (module docstring of `cellseg.volume.instances`): every strong link, and for each
+    id without any strong link, its candidate link of largest overlap."""
+    linked = np.unique(pairs[:, strong])
+    ends = np.concatenate([pairs[0], pairs[1]])
+    order = np.concatenate([overlap, overlap])
+    index = np.concatenate([np.arange(pairs.shape[1])] * 2)
+    weak = ~strong[index] & ~np.isin(ends, linked)
+    ends, order, index = ends[weak], order[weak], index[weak]
+    best = np.lexsort((-order, ends))  # by id, largest overlap first
+    first = best[np.r_[True, ends[best][1:] != ends[best][:-1]]] if best.size else best
+    return np.concatenate([pairs[:, strong], pairs[:, index[first]]], axis=1)
 
 
 @dataclass(frozen=True)
@@ -206,30 +250,45 @@ def merge_faces(records: str | os.PathLike[str], grid: BlockGrid, *, min_size_vo
         FileNotFoundError: a block without a face record (its decode step did not finish).
         ValueError: more than 2³² - 1 objects.
     """
-    from functools import lru_cache
-
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     records = Path(records)
     _, gy, gx = grid.grid_shape
-    heads = [_load(records, p, ("ids", "counts", "first")) for p in grid.positions()]
+    heads = [_load(records, grid, p, heads=True) for p in grid.positions()]
     ids = np.concatenate([h["ids"] for h in heads]) if heads else np.zeros(0, np.uint64)
     counts = np.concatenate([h["counts"] for h in heads]).astype(np.int64)
     first = np.concatenate([h["first"] for h in heads]).astype(np.int64)
     del heads
     order = np.argsort(ids, kind="stable")
     ids, counts, first = ids[order], counts[order], first[order]
-    load = lru_cache(maxsize=2 * (gy * gx + gx + 1) + 2)(lambda p: _load(records, p))
+    window = gy * gx + gx + 1  # a block's neighbours lie within this many raster indices of it
+    loaded: dict[int, dict[str, Any]] = {}
+
+    def load(position: Sequence[int]) -> dict[str, Any]:
+        index = grid.index(position)
+        if index not in loaded:
+            loaded[index] = _load(records, grid, position)
+        return loaded[index]
+
     edges = []
     for pos in grid.positions():
-        rec = load(pos)
-        for d in DIRECTIONS:
-            key = "shell" + "".join(map(str, d))
-            if key in rec:
+        for old in [i for i in loaded if i < grid.index(pos) - window]:
+            del loaded[old]
+        for d, shell in load(pos)["shells"].items():
+            if shell.any():
                 neighbour = load(tuple(p + k - 1 for p, k in zip(pos, d, strict=True)))
-                edges.append(face_links(rec[key], _neighbour_face(neighbour, d), min_overlap))
-    pairs = np.concatenate(edges, axis=1) if edges else np.zeros((2, 0), np.uint64)
+                pairs, overlap, strong = face_links(shell, _neighbour_face(neighbour, d), min_overlap)
+                plane = sum(k != 1 for k in d) == 1  # an edge's line or a corner's voxel: too few voxels to be sure
+                edges.append((pairs, overlap, strong & plane))
+    pairs = chosen_links(*(np.concatenate(e, axis=-1) for e in zip(*edges, strict=True))) if edges else np.zeros((2, 0), np.uint64)
+    extra = np.setdiff1d(pairs, ids)  # ids a halo decoded that the block itself does not hold: no voxels
+    if extra.size:
+        ids = np.concatenate([ids, extra])
+        counts = np.concatenate([counts, np.zeros(extra.size, np.int64)])
+        first = np.concatenate([first, np.full(extra.size, np.iinfo(np.int64).max, np.int64)])
+        order = np.argsort(ids, kind="stable")
+        ids, counts, first = ids[order], counts[order], first[order]
     at = np.searchsorted(ids, pairs)
     n = len(ids)
     graph = coo_matrix((np.ones(at.shape[1], np.int8), (at[0], at[1])), shape=(n, n))
