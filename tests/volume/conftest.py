@@ -1,5 +1,4 @@
-"""Fixtures of the whole-volume tests: the tiny unet_3d smoke run (4 CPU steps on `tiny_synth_root`), and the
-world ROI of the 8 nm synthetic dataset they predict (32 × 48 × 64 voxels: y not a whole number of blocks)."""
+"""Fixtures of the whole-volume tests: the tiny unet_3d smoke run (4 CPU steps on `tiny_synth_root`)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from pathlib import Path
 import pytest
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "smoke"
-DATASET = "synth-iso8-1"
-ROI_NM = "796:1052,396:780,1196:1708"  # from the volume's corner (796, 396, 1196) nm, 8 nm voxels
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import DATASET, ROI_NM
 
 from cellseg.cli import main as cli
 from cellseg.config.jobs import PredictVolumeJob, load_job
@@ -28,6 +27,8 @@ from cellseg.volume.predict import BlockPredictor
 from cellseg.volume.store import VolumeStore
 
 REPO = Path(__file__).resolve().parents[2]
+DATASET = "synth-iso8-1"  # the 8 nm dataset of the tiny synthetic root (80³ voxels), as the smoke run
+ROI_NM = "796:1052,396:780,1196:1708"  # 32 × 48 × 64 voxels from the volume's corner (796, 396, 1196) nm
 
 
 def _args(run: Path, out: Path, *extra: str, workers: int = 2) -> list[str]:
