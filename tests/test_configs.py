@@ -12,6 +12,7 @@ from cellseg.config.jobs import (
     PostprocessJob,
     PredictEnsembleJob,
     PredictJob,
+    PredictVolumeJob,
     load_job,
 )
 from cellseg.config.load import from_dict, read_yaml
@@ -42,6 +43,7 @@ JOBS = {  # the section that makes a recipe one for the command, and the keys a 
     PredictEnsembleJob: ("ensemble", ["crops=test", "out=e.zarr"]),
     EnsembleJob: ("ensemble", ["out=e.zarr", "ensemble.members=[a.zarr, b.zarr]"]),  # stores, not run directories
     PostprocessJob: ("postprocess", ["predictions=e.zarr", "out=s.zarr"]),
+    PredictVolumeJob: ("volume", ["dataset=jrc_hela-2", "out=v.zarr", "ensemble.members=[runs/unet_3d]"]),
 }
 
 

@@ -25,11 +25,12 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cellseg.data.arrays import Level, MultiscaleImage
 from cellseg.data.grid import Grid, shape3
-from cellseg.data.inspect import human_bytes
-from cellseg.infer.tiling import context_margin
+
+if TYPE_CHECKING:  # the workers of CPU tasks import this module: no torch or tensorstore at import
+    from cellseg.data.arrays import Level, MultiscaleImage
 
 log = logging.getLogger(__name__)
 VOXEL_RTOL = 1e-3  # a level's voxel size within 0.1 % of the members' counts as theirs
@@ -79,6 +80,8 @@ def open_em(url: str, dataset: str) -> MultiscaleImage:
     Raises:
         FileNotFoundError: naming the dataset and the location.
     """
+    from cellseg.data.arrays import MultiscaleImage
+
     try:
         return MultiscaleImage(url, expected_dtype="uint8")
     except (FileNotFoundError, OSError) as err:
@@ -136,6 +139,8 @@ def lattice_box(write: Box, patch_vox: Sequence[int], overlap: float) -> Box:
     docstring): from the lattice point at or below the write box's start to the first span that
     `tile_starts` tiles exactly at the lattice step (context `context_margin` on each side) and that covers
     the write box."""
+    from cellseg.infer.tiling import context_margin
+
     margin = context_margin(patch_vox)
     step = lattice_step(patch_vox, overlap)
     offset, shape = [], []
@@ -165,6 +170,8 @@ def sub_grid(grid: Grid, box: Box) -> Grid:
 
 def context_vox(patches: Sequence[Sequence[int]], overlap: float) -> tuple[int, int, int]:
     """Voxels a block reads around its write box: the largest member's context plus a lattice step."""
+    from cellseg.infer.tiling import context_margin
+
     out = [0, 0, 0]
     for p in patches:
         for d, (m, s) in enumerate(zip(context_margin(p), lattice_step(p, overlap), strict=True)):
@@ -204,6 +211,8 @@ def check_disk(out: str | os.PathLike[str], estimate: DiskEstimate, *, compressi
     where = Path(out).resolve()
     while not where.exists():
         where = where.parent
+    from cellseg.data.inspect import human_bytes
+
     free = shutil.disk_usage(where).free
     need = estimate.total / max(compression, 1.0)
     if need > free:

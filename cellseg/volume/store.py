@@ -204,6 +204,15 @@ class VolumeStore:
                                 num_levels=levels, chunk_vox=chunk_vox, label=True)
         return cls(path, attrs)
 
+    @staticmethod
+    def exists(path: str | os.PathLike[str]) -> bool:
+        """Whether `path` holds a volume store (of any settings)."""
+        try:
+            entry = json.loads((Path(path) / ".zattrs").read_text()).get("cellseg")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return isinstance(entry, dict) and entry.get("kind") == KIND
+
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> VolumeStore:
         """Open an existing store.

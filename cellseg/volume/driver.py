@@ -1,0 +1,104 @@
+"""`cellseg predict-volume` from its resolved config: every check first (members, EM level, ROI, parameters,
+output store, disk), then the store, then the run on daisy (`cellseg.volume.run`)."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cellseg.classes import is_instance
+from cellseg.volume.plan import (
+    context_vox,
+    dataset_em,
+    em_level,
+    estimate_bytes,
+    open_em,
+    parse_roi_nm,
+    roi_of,
+)
+from cellseg.volume.predict import resolve_members, route_members, settings_of, volume_channels
+from cellseg.volume.run import RunResult, Workers, run_tasks, visible_gpus
+from cellseg.volume.store import VolumeStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked run: its store (created or reopened), workers, and the context and halo blocks read."""
+
+    store: VolumeStore
+    workers: Workers
+    context_vox: tuple[int, int, int]
+    halo_vox: tuple[int, int, int]
+
+
+def _instance_halo(classes: list[str], known: Sequence[str], source: str, voxel_size: tuple[float, float, float]
+                   ) -> tuple[int, int, int]:
+    """The halo decoding reads around a block: the largest of the classes' (`default_halo_vox`), after checking the
+    parameter file against the members' classes `known`."""
+    from cellseg.postprocess.params import ParamSet
+    from cellseg.volume.instances import default_halo_vox
+
+    params = ParamSet() if source == "default" else ParamSet.load(source)
+    params.check_classes(known, store="the members")
+    halos = [default_halo_vox(params.get(c), voxel_size) for c in classes]
+    return tuple(max(h[d] for h in halos) for d in range(3))  # type: ignore[return-value]
+
+
+def prepare(job: Any) -> Prepared:
+    """Check everything a `PredictVolumeJob` needs and create (or, with `volume.resume`, reopen) its store.
+
+    Raises:
+        ValueError, FileNotFoundError, FileExistsError, OSError: bad input, named, before any block is predicted.
+    """
+    from cellseg.volume.plan import check_disk
+
+    opts, vol, ens = job.infer, job.volume, job.ensemble
+    if ens.routes:
+        band = route_members(ens.routes, float(vol.scale_nm))
+        run_dirs, weights = list(band.members), band.weights
+    else:
+        run_dirs, weights = list(ens.members), ens.library_weights()
+    members = resolve_members(run_dirs, weights, allow_partial=ens.allow_partial, opts=opts)
+    classes, channels = volume_channels(members.plan, vol.classes)
+    root = opts.data_root or members.runs[0].cfg.data.root
+    em_url = dataset_em(root, job.dataset)
+    level = em_level(open_em(em_url, job.dataset), members.voxel_size_nm, job.dataset)
+    grid = roi_of(level, parse_roi_nm(vol.roi_nm) if vol.roi_nm else None, job.dataset)
+    instances = vol.instances is not None
+    halo = _instance_halo(classes, members.plan.classes, vol.instances, grid.voxel_size_nm) if instances else (0, 0, 0)
+    if not (vol.resume and VolumeStore.exists(job.out)):
+        label_bytes = [8 if is_instance(c) else 1 for c in classes] if instances else []
+        check_disk(job.out, estimate_bytes(grid, channels, label_bytes), compression=vol.disk_compression)
+    settings = settings_of(opts, em_url=em_url, allow_partial=ens.allow_partial,
+                           extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm})
+    store = VolumeStore.create(job.out, dataset=job.dataset, data_root=str(root), grid=grid,
+                               block_vox=(vol.block_vox,) * 3, chunk_vox=(vol.chunk_vox,) * 3, classes=classes,
+                               channels=channels, instance_classes=[c for c in classes if is_instance(c)],
+                               instances=instances, members=members.summary(opts), tta=opts.tta, settings=settings,
+                               resume=vol.resume)
+    gpus = visible_gpus(opts.device)
+    if opts.device == "cuda" and not gpus:
+        raise ValueError("--device cuda: no CUDA device is visible")
+    predict_workers = vol.workers or (len(gpus) * vol.workers_per_gpu if gpus else 1)
+    workers = Workers(predict=predict_workers, cpu=vol.cpu_workers, gpus=gpus, device=opts.device,
+                      launch=tuple(shlex.split(vol.launch)), max_retries=vol.max_retries,
+                      timeout_s=vol.block_timeout_s, host=vol.host)
+    patches = [r.cfg.data.patch_shape_vox for r in members.runs]
+    return Prepared(store, workers, context_vox(patches, opts.overlap), halo)
+
+
+def predict_volume(job: Any, *, progress: bool = True) -> RunResult:
+    """Check, create the store and run every task; the result says which blocks failed (`summary.json` too)."""
+    prepared = prepare(job)
+    store = prepared.store
+    log.info("%s: %s voxels at %s nm in blocks of %s, %d prediction workers%s", store.path,
+             "×".join(map(str, store.grid.shape_vox)), "×".join(f"{v:g}" for v in store.grid.voxel_size_nm),
+             store.block_vox[0], prepared.workers.predict,
+             f" on GPUs {','.join(prepared.workers.gpus)}" if prepared.workers.gpus else " on CPU")
+    return run_tasks(store, prepared.workers, context_vox=prepared.context_vox, halo_vox=prepared.halo_vox,
+                     progress=progress)
