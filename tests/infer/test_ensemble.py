@@ -432,8 +432,9 @@ def test_semantic_scores_from_counts_equal_the_official_scorers():
         pred, truth = rng.random(1000) < density, rng.random(1000) < density / 2
         tp = int(np.count_nonzero(pred & truth))
         fp, fn = int(np.count_nonzero(pred)) - tp, int(np.count_nonzero(truth)) - tp
-        assert semantic_from_counts(tp, fp, fn, "2025") == score_semantic_2025(pred, truth)
-        assert semantic_from_counts(tp, fp, fn, "2026") == score_semantic_2026(pred, truth)
+        present = {"truth_voxels": tp + fn}  # the truth's foreground, which decisions read (`cellseg.eval.presence`)
+        assert semantic_from_counts(tp, fp, fn, "2025") == {**score_semantic_2025(pred, truth), **present}
+        assert semantic_from_counts(tp, fp, fn, "2026") == {**score_semantic_2026(pred, truth), **present}
 
 
 def test_candidates_and_shrinkage_follow_the_documented_rules():
