@@ -13,11 +13,8 @@ nine others): split crop by crop, validation would score voxels the model traine
 Stratification rule (`split_catalog`): groups are shuffled with the seed; then, rarest class first, a class
 annotated in ≥ 2 eligible groups but in no validation group yet moves one of its groups (the one annotating the
 fewest classes, to keep training rich) to validation; finally random groups are added until `validation_fraction`
-of the crops is reached. "Annotated" means *with foreground*: the manifests list classes that are annotated even
-where absent (a crop listing `ecs` may hold none), and a validation crop without a class's foreground tells no
-decision anything about it (`cellseg.eval.presence`). So a listed class counts for a crop only when its `s0`
-holds positive voxels by the annotation metadata's complement counts (`foreground_classes`); a class without
-counts, or a crop whose labels are not on disk (an unfetched catalogue), counts as listed.
+of the crops is reached. "Annotated" means listed for the crop in the manifest: the manifests list classes that
+are annotated even where absent, so presence of foreground is not checked here.
 
 A given split (the data root's `datasplit.csv` or `data.datasplit`) is checked (`straddling_pairs`): training
 and validation crops whose boxes overlap are named in a warning, and `regroup` moves each spatial group that
@@ -45,7 +42,6 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.classes import get_class
-from cellseg.data.annotation import parse_annotation
 from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.inspect import EM_PATH, GT_PATH
 
@@ -168,31 +164,8 @@ def outside_root(entries: Sequence[SplitEntry], root: str | os.PathLike[str]) ->
     return [e.crop_name for e in entries if outside(e.em_url) or outside(e.crop_url)]
 
 
-def foreground_classes(crop: Crop, catalog: Catalog) -> tuple[str, ...]:
-    """The classes listed for `crop` whose `s0` has foreground by its annotation metadata (module docstring);
-    listed classes without the metadata, or with the crop's labels not on disk, are kept."""
-    try:
-        where = catalog.locate(crop.crop_url) if crop.crop_url else None
-    except ValueError:
-        where = None
-    if where is None or where.kind != "file" or not Path(where.url).is_dir():
-        return crop.classes
-    kept = []
-    for name in crop.classes:
-        level = where.join(name, "s0")
-        meta = level.read_json(".zarray")
-        if meta is None:
-            kept.append(name)
-            continue
-        note = parse_annotation(where.join(name).read_json(".zattrs"), level.read_json(".zattrs"),
-                                num_voxels=int(np.prod(meta["shape"])), source=where.join(name).url)
-        if note.positives is None or note.positives > 0:
-            kept.append(name)
-    return tuple(kept)
-
-
-def _annotates(group: Sequence[Crop], name: str, present: dict[int, tuple[str, ...]]) -> bool:
-    return any(derivable(name, present[c.id]) for c in group)
+def _annotates(group: Sequence[Crop], name: str) -> bool:
+    return any(derivable(name, c.labels) for c in group)
 
 
 def _size(groups: Iterable[Sequence[object]]) -> int:
@@ -213,12 +186,11 @@ def split_catalog(catalog: Catalog, classes: Sequence[str], *, validation_fracti
                          f"(catalogue {catalog.base or 'official'})")
     groups = spatial_groups(crops, margin_nm)
     random.Random(seed).shuffle(groups)
-    present = {c.id: foreground_classes(c, catalog) for c in crops}
     validation: list[tuple[Crop, ...]] = []
-    rarity = sorted(classes, key=lambda c: sum(_annotates(g, c, present) for g in groups))
+    rarity = sorted(classes, key=lambda c: sum(_annotates(g, c) for g in groups))
     for name in rarity:
-        having = [g for g in groups if _annotates(g, name, present)]
-        if len(having) >= 2 and not any(_annotates(g, name, present) for g in validation):
+        having = [g for g in groups if _annotates(g, name)]
+        if len(having) >= 2 and not any(_annotates(g, name) for g in validation):
             pick = min((g for g in having if g not in validation), key=lambda g: (sum(len(c.labels) for c in g)),
                        default=None)
             if pick is not None and _size(validation) + len(pick) < len(crops):
@@ -229,7 +201,7 @@ def split_catalog(catalog: Catalog, classes: Sequence[str], *, validation_fracti
             break
         if g not in validation and _size(validation) + len(g) < len(crops):
             validation.append(g)
-    roles = assign_roles([[(c.id, present[c.id]) for c in g] for g in validation], classes,
+    roles = assign_roles([[(c.id, c.classes) for c in g] for g in validation], classes,
                          report_fraction=report_fraction)
     return [SplitEntry(split="validate" if k.id in roles else "train", em_url=str(catalog.locate(k.em_url)),
                        crop_url=str(catalog.locate(k.crop_url)), classes=k.classes, role=roles.get(k.id, ""))
@@ -339,8 +311,7 @@ def with_roles(entries: Sequence[SplitEntry], catalog: Catalog, classes: Sequenc
     known = {c.name: c for c in catalog.train.values()}
     val = {e.crop_name: e for e in entries if e.split == "validate"}
     located = spatial_groups([known[name] for name in val if name in known], margin_nm)
-    groups = [[(c.id, tuple(n for n in val[c.name].classes if n in foreground_classes(c, catalog))) for c in g]
-              for g in located]
+    groups = [[(c.id, val[c.name].classes) for c in g] for g in located]
     groups += [[(crop_id(name), e.classes)] for name, e in val.items() if name not in known]
     roles = assign_roles(groups, classes, report_fraction=report_fraction)
     return [dataclasses.replace(e, role=roles[crop_id(e.crop_name)]) if e.split == "validate" and not e.role else e
