@@ -14,7 +14,7 @@ it); scores without it (written by older versions) count as positive, as before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 TRUTH_KEY = "truth_voxels"  # foreground voxels of the class's truth on the crop (annotated voxels only)
@@ -51,23 +51,3 @@ def informative(crop_scores: CropScores, min_positive: int = MIN_POSITIVE_CROPS)
         if use:
             out[crop] = use
     return out
-
-
-def uninformed(crop_scores: CropScores, min_positive: int = MIN_POSITIVE_CROPS) -> list[str]:
-    """Labels with fewer than `min_positive` positive crops: no decision can be made for them."""
-    return [label for label, (positive, _) in positive_counts(crop_scores).items() if positive < min_positive]
-
-
-def describe(counts: Mapping[str, tuple[int, int]], min_positive: int = MIN_POSITIVE_CROPS) -> str:
-    """One log line: "positive crops per class: ecs 0/3 (defaults kept), mito 3/3, ..."."""
-    parts = [f"{label} {p}/{n}" + (" (defaults kept)" if p < min_positive else "") for label, (p, n) in counts.items()]
-    return "positive crops per class: " + ", ".join(parts)
-
-
-def absent_summary(classes: Sequence[str], counts: Mapping[str, tuple[int, int]]) -> str | None:
-    """A warning naming the classes without a positive crop, or None when every class has one."""
-    missing = [c for c in classes if counts.get(c, (0, 0))[0] < MIN_POSITIVE_CROPS]
-    if not missing:
-        return None
-    return (f"{len(missing)} of {len(classes)} classes have no foreground in any tuning crop, so no decision is made "
-            f"for them and their defaults are kept: {', '.join(missing)}")

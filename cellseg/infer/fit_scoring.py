@@ -206,7 +206,7 @@ def _score_class(stores: Sequence[PredictionStore], plan: ChannelPlan, crop: str
     """Score every candidate of `tally` on one crop: `truth` as `read_class_truth` gives it, 0 outside `known`.
     A crop without the class's foreground is only counted (`Tally.absent_crops`): on it, predicting less always
     scores higher, so it would reward suppression (`cellseg.eval.presence`)."""
-    if not np.any(truth[known]):
+    if not np.any(truth):  # 0 outside `known` already: no masked copy
         tally.absent_crops += 1
         return
     probs_MZYX = np.stack([read_on_grid(stores[i], crop, name, grid) for i in plan.members_of[name]])
