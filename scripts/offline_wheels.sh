@@ -2,7 +2,7 @@
 # Download every wheel cellseg needs into one folder, for GPU nodes with no internet access.
 #
 #   bash scripts/offline_wheels.sh [--dest DIR] [--python 3.12] [--platform manylinux_2_28_x86_64 (default: every manylinux x86_64 tag)]
-#                                  [--exclude 'torch,torchvision,triton,nvidia-*'] [--only 'monai,zarr']
+#                                  [--exclude 'torch,torchvision,triton,nvidia-*'] [--only 'monai,zarr'] [--peer nnunet]
 #
 # On the cluster:   python -m pip install --no-index --find-links DIR cellseg
 # or, for a source checkout:  python -m pip install --no-index --find-links DIR --no-deps -e .  (after the deps)
@@ -10,10 +10,12 @@
 # It resolves the full dependency set for the *target* interpreter and platform (not this machine's) with
 # `pip install --dry-run --report`, then downloads each pinned wheel. --exclude drops packages the cluster
 # already provides (site CUDA torch, for example); patterns are shell globs. --only keeps just the listed
-# packages (plus nothing else), handy for topping up an existing environment.
+# packages (plus nothing else), handy for topping up an existing environment. --peer nnunet resolves nnU-Net v2's
+# environment instead of cellseg's (bench/peers/nnunet: `python -m bench.peers.nnunet env --wheels DIR`), its one
+# source-only dependency (acvl-utils) built into a wheel here.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DEST="$ROOT/wheels"; PYVER="3.12"; EXCLUDE=""; ONLY=""
+DEST="$ROOT/wheels"; PYVER="3.12"; EXCLUDE=""; ONLY=""; PEER=""
 # pip matches platform tags exactly: list every glibc 2.5 ... 2.39 manylinux tag.
 PLATFORMS=(manylinux2014_x86_64 manylinux1_x86_64); for n in $(seq 39 -1 5); do PLATFORMS+=("manylinux_2_${n}_x86_64"); done
 while [ $# -gt 0 ]; do
@@ -23,7 +25,8 @@ while [ $# -gt 0 ]; do
     --platform) PLATFORMS=("$2"); shift 2 ;;
     --exclude) EXCLUDE="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --peer) PEER="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -32,10 +35,20 @@ mkdir -p "$DEST"
 target=(--python-version "$PYVER" --implementation cp --only-binary=:all:)
 for p in "${PLATFORMS[@]}"; do target+=(--platform "$p"); done
 
-echo "==> resolving cellseg's dependencies for CPython $PYVER (${PLATFORMS[0]} ... ${PLATFORMS[-1]})"
 report="$(mktemp)"; trap 'rm -f "$report"' EXIT
-"$PY" -m pip install --quiet --dry-run --ignore-installed --report "$report" --target "$(mktemp -d)" \
-  "${target[@]}" -c "$ROOT/constraints.txt" "$ROOT" >/dev/null
+case "$PEER" in
+  "")
+    echo "==> resolving cellseg's dependencies for CPython $PYVER (${PLATFORMS[0]} ... ${PLATFORMS[-1]})"
+    "$PY" -m pip install --quiet --dry-run --ignore-installed --report "$report" --target "$(mktemp -d)" \
+      "${target[@]}" -c "$ROOT/constraints.txt" "$ROOT" >/dev/null ;;
+  nnunet)  # the version bench/peers/nnunet/env.py pins; acvl-utils ships only as source: built here (pure Python)
+    requirement="$(sed -n 's/^VERSION = "\(.*\)"$/nnunetv2==\1/p' "$ROOT/bench/peers/nnunet/env.py")"
+    echo "==> resolving $requirement for CPython $PYVER (${PLATFORMS[0]} ... ${PLATFORMS[-1]})"
+    "$PY" -m pip wheel --quiet --no-deps -w "$DEST" "acvl-utils>=0.2.6,<0.3"
+    "$PY" -m pip install --quiet --dry-run --ignore-installed --report "$report" --target "$(mktemp -d)" \
+      "${target[@]}" --find-links "$DEST" "$requirement" >/dev/null ;;
+  *) echo "unknown --peer $PEER (known: nnunet)" >&2; exit 2 ;;
+esac
 
 # name==version for everything resolved except cellseg itself, filtered by --only / --exclude.
 mapfile -t pins < <("$PY" - "$report" "$EXCLUDE" "$ONLY" <<'PY'
@@ -53,8 +66,8 @@ for item in json.load(open(report))["install"]:
 PY
 )
 echo "==> downloading ${#pins[@]} wheels into $DEST"
-"$PY" -m pip download --quiet --no-deps "${target[@]}" -d "$DEST" "${pins[@]}"
-if [ -z "$ONLY" ]; then  # --only tops up an environment: the listed packages alone
+"$PY" -m pip download --quiet --no-deps "${target[@]}" --find-links "$DEST" -d "$DEST" "${pins[@]}"
+if [ -z "$ONLY" ] && [ -z "$PEER" ]; then  # --only tops up an environment: the listed packages alone
   echo "==> building the cellseg wheel"
   "$PY" -m pip wheel --quiet --no-deps -w "$DEST" "$ROOT"
 fi

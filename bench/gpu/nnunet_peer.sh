@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# nnU-Net v2 beside cellseg on the quality benchmark's data (bench/peers/nnunet, docs/quality.md "Against nnU-Net"),
+# as steps that each fit a 10-minute job; WORK (default /tmp/peer) keeps everything between them, OUT gets the
+# result files (scores.md, scores.json, the step records).
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh data           # the `quality` data root and its nnU-Net raw dataset
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh nnunet 5       # plan, preprocess, train 5 minutes (alone on the GPU)
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh predict        # nnU-Net's predictor on the tuning and test crops
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh cellseg 5      # configs/quality/unet_3d.yaml for 5 minutes, predicted
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh score          # both arms, both decodings, every era
+# Wheels the GPU image lacks: cellseg's in .whl (scripts/offline_wheels.sh --only ...), nnU-Net's in .nnw and .nnw2
+# (scripts/offline_wheels.sh --peer nnunet; SimpleITK alone in .nnw2 keeps each folder small), installed once into
+# /tmp/site (cellseg's) and /tmp/nnsite (nnU-Net's own environment, ahead of the image's packages when nnU-Net runs).
+set -uo pipefail
+STEP="${1:?usage: bash bench/gpu/nnunet_peer.sh data|nnunet MIN|predict|cellseg MIN|score}"; shift
+OUT="${OUT:-bench_out}"; WORK="${WORK:-/tmp/peer}"
+export CELLSEG_CACHE="${CELLSEG_CACHE:-/tmp/cellseg_cache}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+install() {  # install() FOLDER TARGET: the wheels of FOLDER into TARGET, once
+  [ -d "$1" ] || return 0
+  [ -f "$2/.$1.installed" ] && return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl \
+    && touch "$2/.$1.installed" || exit 1
+}
+install .whl /tmp/site; install .nnw /tmp/nnsite; install .nnw2 /tmp/nnsite
+export PYTHONPATH="$PYTHONPATH:/tmp/site"
+mkdir -p "$OUT" "$WORK"
+peer=(python3 -m bench.peers.nnunet --out "$WORK" --env /tmp/nnsite --processes "$(nproc)" --quiet)
+case "$STEP" in
+  data)
+    [ -f "$WORK/data/datasplit.csv" ] || python3 -m cellseg synth --out "$WORK/data" --preset quality --workers "$(nproc)"
+    "${peer[@]}" data --root "$WORK/data" "$@" ;;
+  nnunet) "${peer[@]}" train --budget-min "${1:?minutes}" ;;
+  predict) "${peer[@]}" predict ;;
+  cellseg) "${peer[@]}" cellseg --budget-min "${1:?minutes}" --set loader.num_workers=$(( $(nproc) - 2 )) ;;
+  score) "${peer[@]}" score --arm "unet_3d=$WORK/stores/unet_3d_test.zarr,$WORK/stores/unet_3d_tune.zarr" ;;
+  *) echo "unknown step $STEP" >&2; exit 2 ;;
+esac
+code=$?
+cp "$WORK"/*.json "$OUT"/ 2>/dev/null; cp "$WORK"/scores/scores.md "$WORK"/scores/scores.json "$OUT"/ 2>/dev/null
+tail -n 30 "$WORK"/logs/train.log > "$OUT/nnunet_train_tail.log" 2>/dev/null
+exit "$code"

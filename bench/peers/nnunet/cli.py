@@ -1,0 +1,302 @@
+"""`python -m bench.peers.nnunet STEP ... --out DIR`: nnU-Net v2 on a cellseg data root, for a stated GPU-time budget,
+and cellseg beside it, scored by cellseg's evaluator.
+
+    env      create (or reuse) nnU-Net's own environment                         (env.py)
+    data     the data root as an nnU-Net raw dataset: the crops of a cellseg run  (cases.py)
+    train    nnU-Net's planner and preprocessing (timed apart), then its trainer for --budget-min training minutes
+    predict  nnU-Net's predictor (sliding window, mirroring) on the tuning and test crops → two cellseg stores
+    cellseg  a cellseg config trained for the same budget and predicted the same way → two stores (an arm)
+    score    every arm decoded plainly (nnU-Net's way) and with cellseg's tuned post-processing, every era, with
+             crop-bootstrap intervals and paired differences from the first arm               (scoring.py)
+    all      data, train, predict, score in turn
+
+`--quick`: everything on the CPU in a few minutes (a tiny synthetic root, the smoke classes, nnU-Net's real trainer
+for a handful of iterations): the end-to-end check of the conversions both ways and of the scoring.
+
+Budget rule: minutes of the training clock — training iterations only, the first (autotuning, compilation),
+validation, checkpoints, planning and preprocessing not charged (`trainers/nnUNetTrainerBudget.py`), as
+`train.time_budget_min` charges cellseg's; every other time is recorded beside it in DIR/<step>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.peers.nnunet import cases as case_io
+from bench.peers.nnunet import env as nnenv
+from bench.peers.nnunet.scoring import Arm, score_arms
+from bench.peers.nnunet.tables import markdown
+
+log = logging.getLogger("bench.peers.nnunet")
+
+REPO = Path(__file__).resolve().parents[3]
+TRAINERS = Path(__file__).resolve().parent / "trainers"
+TRAINER = "nnUNetTrainerBudget"
+CONFIGURATION = "3d_fullres"
+QUALITY_CONFIG = REPO / "configs" / "quality" / "unet_3d.yaml"
+QUICK_CONFIG = REPO / "configs" / "smoke" / "unet_3d.yaml"
+QUICK = {"budget_min": 0.1, "iterations": 2, "val_iterations": 1}  # seconds of CPU training: a check, not a result
+MIN_BUDGET_MIN = 0.05  # below this not one iteration of a 3D nnU-Net is charged on any machine (the quick mode's 0.1)
+SETTINGS_FILE = "peer.json"
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _settings(out: Path) -> dict[str, Any]:
+    path = out / SETTINGS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no converted data here (run the `data` step with this --out first)")
+    return json.loads(path.read_text())
+
+
+def _config(settings: dict[str, Any]) -> Any:
+    from cellseg.config import load_run_config
+
+    return load_run_config(settings["config"], [f"data.root={settings['root']}", *settings["sets"]])
+
+
+def _nnunet_environ(out: Path, *, budget_min: float | None = None, iterations: int | None = None,
+                    val_iterations: int | None = None, compile_: bool = True) -> dict[str, str]:
+    extra = {"nnUNet_raw": str(out / "raw"), "nnUNet_preprocessed": str(out / "preprocessed"),
+             "nnUNet_results": str(out / "results"), "nnUNet_extTrainer": str(TRAINERS),
+             "nnUNet_compile": "t" if compile_ else "f", "PYTHONUNBUFFERED": "1"}
+    if budget_min is not None:
+        extra["CELLSEG_NNUNET_BUDGET_MIN"] = str(budget_min)
+    if iterations is not None:
+        extra["CELLSEG_NNUNET_ITERATIONS"] = str(iterations)
+    if val_iterations is not None:
+        extra["CELLSEG_NNUNET_VAL_ITERATIONS"] = str(val_iterations)
+    return extra
+
+
+def step_data(args: argparse.Namespace) -> dict[str, Any]:
+    """Convert the data root (refuses to convert over an existing dataset; reuses it)."""
+    out: Path = args.out
+    settings = {"root": str(Path(args.root).resolve()), "config": str(Path(args.config).resolve()),
+                "sets": list(args.set)}
+    dataset = out / "raw" / case_io.DATASET_NAME
+    if dataset.exists():
+        previous = _settings(out)
+        if previous != settings:
+            raise ValueError(f"{out}: converted from {previous}, not {settings}: use another --out")
+        log.info("%s: converted before, reused", dataset)
+        return case_io.read_cases(dataset)
+    from cellseg.data.loader import make_split  # noqa: F401  (fail early on a broken cellseg install)
+
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    doc = case_io.convert(_config(settings), out / "raw", progress=not args.quiet)
+    _write_json(out / SETTINGS_FILE, settings)
+    _write_json(out / "nnunet_data.json", {"seconds": time.perf_counter() - started, "kept_share": doc["kept_share"],
+                                           "cases": {r: sum(c["role"] == r for c in doc["cases"])
+                                                     for r in ("train", "tune", "test")}})
+    return doc
+
+
+def _plan(out: Path) -> dict[str, Any]:
+    plans = json.loads((out / "preprocessed" / case_io.DATASET_NAME / "nnUNetPlans.json").read_text())
+    conf = plans["configurations"][CONFIGURATION]
+    return {"spacing_nm": conf["spacing"], "patch_size_vox": conf["patch_size"], "batch_size": conf["batch_size"],
+            "median_image_size_vox": conf.get("median_image_size_in_voxels"),
+            "features_per_stage": conf.get("architecture", {}).get("arch_kwargs", {}).get("features_per_stage")}
+
+
+def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
+    """Plan and preprocess (timed), then train for the budget; a finished training is reused."""
+    out: Path = args.out
+    _settings(out)
+    if args.budget_min < MIN_BUDGET_MIN:
+        raise ValueError(f"--budget-min {args.budget_min}: shorter than one nnU-Net iteration ({MIN_BUDGET_MIN})")
+    record_path = out / "nnunet_train.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record["budget_min"] == args.budget_min:
+            log.info("%s: trained before for %g minutes, reused", record_path, args.budget_min)
+            return record
+        raise ValueError(f"{out}: trained before for {record['budget_min']} minutes, not {args.budget_min}: "
+                         "use another --out (the converted data can be copied)")
+    quick = QUICK if args.quick else {}
+    extra = _nnunet_environ(out, budget_min=args.budget_min, iterations=quick.get("iterations"),
+                            val_iterations=quick.get("val_iterations"), compile_=not args.no_compile)
+    if args.quick:
+        extra["nnUNet_n_proc_DA"] = "0"  # augmentation in the training process: no worker pool on a small CPU
+    started = time.perf_counter()
+    if not (out / "preprocessed" / case_io.DATASET_NAME / "nnUNetPlans.json").is_file():
+        env.run("plan_and_preprocess", ["-d", str(case_io.DATASET_ID), "-c", CONFIGURATION, "-np",
+                                        str(args.processes), "--verify_dataset_integrity"], extra,
+                log_file=out / "logs" / "plan_and_preprocess.log")
+    preprocess_s = time.perf_counter() - started
+    plan = _plan(out)
+    log.info("nnU-Net's plan (%s): spacing %s nm, patch %s, batch %d; planned and preprocessed in %.1f s",
+             CONFIGURATION, plan["spacing_nm"], plan["patch_size_vox"], plan["batch_size"], preprocess_s)
+    started = time.perf_counter()
+    env.run("train", [str(case_io.DATASET_ID), CONFIGURATION, "all", "-tr", TRAINER, "-device", args.device], extra,
+            log_file=out / "logs" / "train.log")
+    folder = out / "results" / case_io.DATASET_NAME / f"{TRAINER}__nnUNetPlans__{CONFIGURATION}" / "fold_all"
+    clock = json.loads((folder / "budget.json").read_text())
+    if clock["epochs"] < 1 or clock["iterations"] < 2:
+        raise ValueError(f"--budget-min {args.budget_min}: training ended before one charged iteration "
+                         f"({clock['iterations']} run); give a longer budget")
+    record = {"budget_min": args.budget_min, "device": args.device, "compile": not args.no_compile, "plan": plan,
+              "preprocess_s": preprocess_s, "train_wall_s": time.perf_counter() - started, "clock": clock,
+              "nnunetv2": nnenv.VERSION}
+    _write_json(record_path, record)
+    log.info("nnU-Net trained %d epochs (%d iterations) in %.1f charged s (%.1f s wall with start-up)",
+             clock["epochs"], clock["iterations"], clock["charged_s"], record["train_wall_s"])
+    return record
+
+
+def step_predict(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
+    """nnU-Net's predictor on every prediction case, then the probabilities as two cellseg stores."""
+    from bench.peers.nnunet.probabilities import write_store
+
+    out: Path = args.out
+    dataset = out / "raw" / case_io.DATASET_NAME
+    doc = case_io.read_cases(dataset)
+    cases = [case_io.Case.from_json(c) for c in doc["cases"] if c["role"] != "train"]
+    predictions = out / "predictions"
+    started = time.perf_counter()
+    if not all((predictions / f"{c.name}.npz").is_file() for c in cases):
+        env.run("predict", ["-i", str(dataset / "imagesTs"), "-o", str(predictions), "-d", str(case_io.DATASET_ID),
+                            "-c", CONFIGURATION, "-f", "all", "-tr", TRAINER, "--save_probabilities", "-device",
+                            args.device, "-npp", str(args.processes), "-nps", str(args.processes)],
+                _nnunet_environ(out, compile_=False), log_file=out / "logs" / "predict.log")
+    predict_s = time.perf_counter() - started
+    started = time.perf_counter()
+    classes = doc["scheme"]["classes"]
+    provenance = {"source": "nnunetv2", "nnunetv2": nnenv.VERSION, "trainer": TRAINER, "configuration": CONFIGURATION,
+                  "fold": "all", "tta": "mirroring (nnU-Net's default)", "data_root": doc["data_root"],
+                  "voxel_size_nm": doc["voxel_size_nm"]}
+    for role in ("test", "tune"):
+        write_store(predictions, [c for c in cases if c.role == role], classes, out / "stores" / f"nnunet_{role}.zarr",
+                    provenance=provenance)
+    record = {"predict_s": predict_s, "store_s": time.perf_counter() - started, "cases": len(cases)}
+    _write_json(out / "nnunet_predict.json", record)
+    return record
+
+
+def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
+    """A cellseg arm: `args.config` trained for the budget (validations at a third of it), predicted on the tuning
+    and test crops as the nnU-Net arm is (8x TTA, cellseg's default)."""
+    out: Path = args.out
+    settings = _settings(out)
+    name = Path(args.config).stem
+    run_dir = out / "cellseg" / name
+    third = args.budget_min / 3
+    cli = [sys.executable, "-m", "cellseg"]
+    started = time.perf_counter()
+    if not (run_dir / "result.json").is_file():
+        subprocess.run([*cli, "train", str(args.config), f"data.root={settings['root']}", f"run_dir={run_dir}",
+                        f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
+                        *(["train.device=cpu"] if args.device == "cpu" else []), *args.set], check=True)
+    train_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for role, crops in (("test", "test"), ("tune", "val")):
+        store = out / "stores" / f"{name}_{role}.zarr"
+        subprocess.run([*cli, "predict", str(run_dir), "--crops", crops, "--out", str(store), "--tta", str(args.tta),
+                        "--device", args.device], check=True)
+    record = {"config": str(args.config), "budget_min": args.budget_min, "train_wall_s": train_s,
+              "predict_s": time.perf_counter() - started, "result": json.loads((run_dir / "result.json").read_text())}
+    _write_json(out / f"cellseg_{name}.json", record)
+    return record
+
+
+def step_score(args: argparse.Namespace) -> dict[str, Any]:
+    """Score the arms (default: nnU-Net's) and write `scores.json` and `scores.md` in DIR/scores."""
+    out: Path = args.out
+    settings = _settings(out)
+    stores = out / "stores"
+    arms = [Arm.parse(a) for a in args.arm] or []
+    if not any(a.name == "nnunet" for a in arms):
+        arms.insert(0, Arm("nnunet", stores / "nnunet_test.zarr", stores / "nnunet_tune.zarr"))
+    doc = score_arms(arms, Path(settings["root"]), out / "scores", device=args.device, workers=args.processes)
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != SETTINGS_FILE}
+    (out / "scores" / "scores.md").write_text(markdown(doc, records))
+    print(markdown(doc, records))
+    return doc
+
+
+def _quick_root(out: Path) -> Path:
+    root = out / "data"
+    if not (root / "datasplit.csv").is_file():
+        subprocess.run([sys.executable, "-m", "cellseg", "synth", "--out", str(root), "--preset", "tiny",
+                        "--workers", "2"], check=True)
+    return root
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.nnunet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", nargs="?", choices=("env", "data", "train", "predict", "cellseg", "score", "all"),
+                        default="all", help="what to do (default all: data, train, predict, score)")
+    parser.add_argument("--out", type=Path, required=True, help="work folder (data, nnU-Net folders, stores, scores)")
+    parser.add_argument("--quick", action="store_true", help="the CPU check: tiny synthetic root, a few iterations")
+    parser.add_argument("--root", help="data root (data step; default with --quick: a tiny synthetic one in OUT/data)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"cellseg config whose split and classes the data step takes, or the arm the cellseg "
+                             f"step trains (default {QUALITY_CONFIG.relative_to(REPO)}; --quick: the smoke unet_3d)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="cellseg config overrides (data step: must not change the split or the classes)")
+    parser.add_argument("--budget-min", type=float, default=3.0, help="training minutes (train, cellseg; default 3)")
+    parser.add_argument("--device", default="cuda", help="cuda or cpu (default cuda; --quick: cpu)")
+    parser.add_argument("--no-compile", action="store_true", help="train nnU-Net without torch.compile")
+    parser.add_argument("--tta", type=int, default=8, choices=(1, 8), help="cellseg arm's test-time augmentation")
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME=TEST.zarr,TUNE.zarr",
+                        help="score: another arm's probability stores of the test and tuning crops (repeatable)")
+    parser.add_argument("--processes", type=int, default=max(1, min(8, (os.cpu_count() or 2))),
+                        help="nnU-Net's preprocessing/export processes and cellseg's scoring processes")
+    parser.add_argument("--env", type=Path, default=None, help=f"nnU-Net's environment (default {nnenv.default_env()})")
+    parser.add_argument("--wheels", type=Path, default=None, help="env: install from this folder of wheels, offline")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device, args.no_compile = "cpu", True
+        args.budget_min = QUICK["budget_min"] if args.budget_min == 3.0 else args.budget_min
+        args.config = args.config or QUICK_CONFIG
+    args.config = args.config or QUALITY_CONFIG
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cellseg import logs
+
+    args = parse_args(argv)
+    logs.configure(logging.INFO)
+    logging.getLogger("bench").setLevel(logging.INFO)
+    env_dir = args.env or nnenv.default_env()
+    try:
+        if args.step == "env":
+            nnenv.create_env(env_dir, wheels=args.wheels)
+            return 0
+        if args.step == "cellseg":
+            step_cellseg(args)
+            return 0
+        # nnU-Net's environment is checked before anything is converted or trained
+        env = nnenv.find_env(env_dir) if args.step in ("train", "predict", "all") else None
+        if args.step in ("data", "all"):
+            if args.root is None and not args.quick:
+                raise ValueError("the data step needs --root DATA_ROOT (or --quick)")
+            args.root = args.root or str(_quick_root(args.out))
+            step_data(args)
+        if args.step in ("train", "all"):
+            step_train(args, env)  # type: ignore[arg-type]
+        if args.step in ("predict", "all"):
+            step_predict(args, env)  # type: ignore[arg-type]
+        if args.step in ("score", "all"):
+            step_score(args)
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

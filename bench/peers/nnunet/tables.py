@@ -1,0 +1,80 @@
+"""The peer's scores as markdown: one table of arms × decodings × eras, the records of each step (budget, plan,
+times), and a per-class table of the tuned decoding in the tuning era."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.peers.nnunet.scoring import DECODINGS, TUNE_ERA
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def _with_interval(entry: Mapping[str, Any]) -> str:
+    low, high = entry["interval"]
+    return f"{_num(entry['overall'])} [{_num(low)}, {_num(high)}]"
+
+
+def _change(entry: Mapping[str, Any]) -> str:
+    vs = entry.get("vs_first")
+    if not vs:
+        return "–"
+    low, high = vs["interval"]
+    rel = "" if vs["relative"] is None else f" ({100 * vs['relative']:+.1f} %)"
+    noise = ", within noise" if vs["within_noise"] else ""
+    return f"{vs['change']:+.4f}{rel} [{_num(low)}, {_num(high)}]{noise}"
+
+
+def _rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    lines = []
+    train = records.get("nnunet_train")
+    if train:
+        plan, clock = train["plan"], train["clock"]
+        lines.append(f"- nnU-Net {train['nnunetv2']} `3d_fullres` plan: spacing {plan['spacing_nm']} nm, patch "
+                     f"{plan['patch_size_vox']}, batch {plan['batch_size']}; planned and preprocessed in "
+                     f"{train['preprocess_s']:.0f} s.")
+        lines.append(f"- nnU-Net training: {clock['charged_s']:.0f} s charged of a {train['budget_min']:g}-minute "
+                     f"budget ({clock['epochs']} epochs, {clock['iterations']} iterations, median epoch "
+                     f"{_num(clock['median_epoch_s'])} s of training; first iteration {clock['first_iteration_s']:.1f} s "
+                     f"uncharged), {train['train_wall_s']:.0f} s wall with start-up and validation, on {train['device']}"
+                     f"{'' if train['compile'] else ' (eager)'}.")
+    predict = records.get("nnunet_predict")
+    if predict:
+        lines.append(f"- nnU-Net prediction of {predict['cases']} cases (mirroring): {predict['predict_s']:.0f} s; "
+                     f"into cellseg stores: {predict['store_s']:.0f} s.")
+    data = records.get("nnunet_data")
+    if data and data.get("kept_share") is not None:
+        lines.append(f"- Supervision: {100 * data['kept_share']:.1f} % of the (class, voxel) pairs cellseg's loss "
+                     "sees are labelled for nnU-Net (the rest fall under its single ignore label).")
+    for name, rec in records.items():
+        if name.startswith("cellseg_"):
+            lines.append(f"- {name.removeprefix('cellseg_')}: trained {rec['budget_min']:g} minutes "
+                         f"({rec['train_wall_s']:.0f} s wall), predicted in {rec['predict_s']:.0f} s.")
+    return lines
+
+
+def markdown(doc: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]]) -> str:
+    """The scores document of `score_arms` (and the step records) as markdown."""
+    arms, eras = list(doc["scores"]), doc["eras"]
+    header = ["arm", "decoding", *(f"{era} [95 % CI]" for era in eras), *(f"{era} vs {arms[0]}" for era in eras)]
+    rows = []
+    for arm in arms:
+        for decoding in DECODINGS:
+            by_era = doc["scores"][arm][decoding]
+            rows.append([arm, decoding, *(_with_interval(by_era[e]) for e in eras), *(_change(by_era[e]) for e in eras)])
+    lines = [f"Test crops: {len(doc['crops'])}; classes: {len(doc['classes'])}; tuned decoding tuned for "
+             f"{doc['tune_era']} on each arm's own tuning-crop predictions.", "", *_rows(header, rows), "",
+             *_records(records), ""]
+    classes = doc["classes"]
+    tuned = {arm: doc["scores"][arm]["tuned"][TUNE_ERA]["classes"] for arm in arms}
+    lines += [f"Per class, tuned decoding, {TUNE_ERA}:", "",
+              *_rows(["class", *arms], [[c, *(_num(tuned[a].get(c)) for a in arms)] for c in classes]), ""]
+    return "\n".join(lines)
