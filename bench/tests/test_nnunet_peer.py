@@ -150,7 +150,7 @@ def test_bad_probabilities_are_refused_with_the_file(converted: tuple[Path, dict
     made = _fake_nnunet_output(dataset, doc, tmp_path / "pred", classes)
     case = case_io.Case.from_json(next(c for c in doc["cases"] if c["role"] == "tune"))
     bad = made[case.name].copy()
-    bad[0, 0, 0, 0] = np.nan
+    bad[(0, *case.offset_vox)] = np.nan  # the crop box's first voxel (the context around it is never stored)
     np.savez_compressed(tmp_path / "pred" / f"{case.name}.npz", probabilities=bad)
     with pytest.raises(ValueError, match=rf"{case.name}\.npz: 1 non-finite"):
         write_store(tmp_path / "pred", [case], classes, tmp_path / "tune.zarr", provenance={})

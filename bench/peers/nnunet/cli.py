@@ -34,6 +34,7 @@ from bench.peers.nnunet import cases as case_io
 from bench.peers.nnunet import env as nnenv
 from bench.peers.nnunet.scoring import Arm, score_arms
 from bench.peers.nnunet.tables import markdown
+from bench.studies.quality.plan import QUICK_OVERRIDES  # the smoke configs stop at a few steps: a budget instead
 
 log = logging.getLogger("bench.peers.nnunet")
 
@@ -200,7 +201,8 @@ def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
     if not (run_dir / "result.json").is_file():
         subprocess.run([*cli, "train", str(args.config), f"data.root={settings['root']}", f"run_dir={run_dir}",
                         f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
-                        *(["train.device=cpu"] if args.device == "cpu" else []), *args.set], check=True)
+                        *(["train.device=cpu"] if args.device == "cpu" else []), *(QUICK_OVERRIDES if args.quick else ()),
+                        *args.set], check=True)
     train_s = time.perf_counter() - started
     started = time.perf_counter()
     for role, crops in (("test", "test"), ("tune", "val")):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from cellseg.classes import is_instance
 from cellseg.data.prediction_store import PredictionStore
 
 PROBABILITIES_KEY = "probabilities"  # the array nnU-Net's npz holds
+CASES_AT_ONCE = 4  # cases converted at a time: each holds its whole (regions, z, y, x) array in memory
 
 
 def crop_probabilities(probabilities: np.ndarray, case: Case, *, where: str) -> np.ndarray:
@@ -34,18 +36,19 @@ def crop_probabilities(probabilities: np.ndarray, case: Case, *, where: str) -> 
     if probabilities.ndim != 4 or tuple(probabilities.shape[1:]) != expected:
         raise ValueError(f"{where}: probabilities of shape {probabilities.shape}, expected (regions, *{expected}) "
                          f"(the case grid of {case.name})")
-    if not np.isfinite(probabilities).all():
-        raise ValueError(f"{where}: {int((~np.isfinite(probabilities)).sum())} non-finite probabilities")
-    low, high = float(probabilities.min()), float(probabilities.max())
-    if low < 0 or high > 1:
-        raise ValueError(f"{where}: probabilities in [{low:g}, {high:g}], outside [0, 1]")
     z, y, x = case.offset_vox
     dz, dy, dx = case.crop_grid.shape_vox
-    return probabilities[:, z:z + dz, y:y + dy, x:x + dx]
+    box = probabilities[:, z:z + dz, y:y + dy, x:x + dx]  # checked and converted: the context is never stored
+    if not np.isfinite(box).all():
+        raise ValueError(f"{where}: {int((~np.isfinite(box)).sum())} non-finite probabilities in the crop box")
+    low, high = float(box.min()), float(box.max())
+    if low < 0 or high > 1:
+        raise ValueError(f"{where}: probabilities in [{low:g}, {high:g}], outside [0, 1]")
+    return box
 
 
 def read_npz(path: Path, classes: Sequence[str]) -> np.ndarray:
-    """`(R, z, y, x)` float32 probabilities of one nnU-Net output file.
+    """`(R, z, y, x)` probabilities of one nnU-Net output file, in the dtype it holds (float16 or float32).
 
     Raises:
         FileNotFoundError, ValueError: a missing file, no `probabilities` array, or another number of regions.
@@ -55,7 +58,9 @@ def read_npz(path: Path, classes: Sequence[str]) -> np.ndarray:
     with np.load(path) as npz:
         if PROBABILITIES_KEY not in npz:
             raise ValueError(f"{path}: no {PROBABILITIES_KEY!r} array (holds {sorted(npz.files)})")
-        probabilities = npz[PROBABILITIES_KEY].astype(np.float32, copy=False)
+        probabilities = npz[PROBABILITIES_KEY]
+    if probabilities.dtype not in (np.float16, np.float32, np.float64):
+        raise ValueError(f"{path}: probabilities of dtype {probabilities.dtype}, expected floating point")
     if probabilities.shape[0] != len(classes):
         raise ValueError(f"{path}: {probabilities.shape[0]} regions, the dataset has {len(classes)} classes")
     return probabilities
@@ -72,9 +77,7 @@ def write_store(predictions: Path, cases: Sequence[Case], classes: Sequence[str]
                                    instance_channels=[c for c in classes if is_instance(c)],
                                    provenance={**provenance, "date": datetime.datetime.now(datetime.UTC).isoformat(
                                        timespec="seconds")}, overwrite=overwrite, resume=not overwrite and out.exists())
-    for case in cases:
-        if case.name in store:
-            continue
+    def convert(case: Case) -> None:
         where = predictions / f"{case.name}.npz"
         probabilities = crop_probabilities(read_npz(where, classes), case, where=str(where))
         channels = [c for c in classes if not case.labels or c in case.labels]
@@ -83,4 +86,9 @@ def write_store(predictions: Path, cases: Sequence[Case], classes: Sequence[str]
             writer.write(name, probabilities[list(classes).index(name)].astype(np.float16))
         writer.commit({"dataset": case.dataset, "split": "test" if case.role == "test" else "validate",
                        "source": "nnunet", "case": case.name})
+
+    todo = [c for c in cases if c.name not in store]
+    with ThreadPoolExecutor(max(1, min(CASES_AT_ONCE, len(todo)))) as pool:  # decompression releases the GIL
+        for future in [pool.submit(convert, c) for c in todo]:
+            future.result()
     return store
