@@ -34,7 +34,9 @@ from bench.peers.nnunet import cases as case_io
 from bench.peers.nnunet import env as nnenv
 from bench.peers.nnunet.scoring import Arm, score_arms
 from bench.peers.nnunet.tables import markdown
-from bench.studies.quality.plan import QUICK_OVERRIDES  # the smoke configs stop at a few steps: a budget instead
+from bench.studies.quality.plan import (
+    QUICK_OVERRIDES,  # the smoke configs stop at a few steps: a budget instead
+)
 
 log = logging.getLogger("bench.peers.nnunet")
 
