@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the environment with the dev extras (pytest, ruff, nbmake, hypothesis) and run the test suite.
 #   bash scripts/test.sh [PYTEST_ARGS...]     e.g. bash scripts/test.sh -k arrays -x
-# GPU tests (marked `gpu`) skip themselves without CUDA; `slow` tests are deselected unless `-m slow`.
+# GPU tests (marked `gpu`) skip themselves without CUDA; `slow` tests are deselected unless `-m slow`. Last, the
+# nnU-Net peer's CPU quick mode runs end to end (CELLSEG_PEER_QUICK=0 skips it).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh" dev
 cd "$CELLSEG_ROOT"
@@ -12,4 +13,10 @@ start=$(date +%s)
 python -m pytest "$@"
 echo "==> notebooks (nbmake: each runs top to bottom in a fresh kernel)"
 python -m pytest --nbmake notebooks -p no:cacheprovider -q
+if [ "${CELLSEG_PEER_QUICK:-1}" != 0 ]; then  # CELLSEG_PEER_QUICK=0 skips it (it downloads nnU-Net the first time)
+  echo "==> the nnU-Net peer end to end on the CPU (bench/peers/nnunet --quick; nnU-Net in its own .venv-nnunet)"
+  python -m bench.peers.nnunet env --env "$CELLSEG_ROOT/.venv-nnunet"
+  python -m bench.peers.nnunet --quick --quiet --processes 2 --env "$CELLSEG_ROOT/.venv-nnunet" \
+    --out "$(mktemp -d)/nnunet_peer"
+fi
 echo "==> test suite finished in $(( $(date +%s) - start )) s"
