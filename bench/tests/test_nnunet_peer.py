@@ -165,3 +165,11 @@ def test_bad_probabilities_are_refused_with_the_file(converted: tuple[Path, dict
 def test_missing_environment_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"python -m bench\.peers\.nnunet env --env"):
         find_env(tmp_path / "nowhere")
+
+
+def test_too_short_a_budget_is_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from bench.peers.nnunet.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "peer"), "--budget-min", "0.5", "--env", str(tmp_path)]) == 2
+    assert "shorter than one nnU-Net epoch" in capsys.readouterr().err
+    assert not (tmp_path / "peer").exists()
