@@ -260,7 +260,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", nargs="?", choices=("env", "data", "train", "predict", "cellseg", "score", "all"),
                         default="all", help="what to do (default all: data, train, predict, score)")
-    parser.add_argument("--out", type=Path, required=True, help="work folder (data, nnU-Net folders, stores, scores)")
+    parser.add_argument("--out", type=Path, help="work folder (data, nnU-Net folders, stores, scores); every step but env")
     parser.add_argument("--quick", action="store_true", help="the CPU check: tiny synthetic root, a few iterations")
     parser.add_argument("--root", help="data root (data step; default with --quick: a tiny synthetic one in OUT/data)")
     parser.add_argument("--config", type=Path, default=None,
@@ -280,6 +280,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--wheels", type=Path, default=None, help="env: install from this folder of wheels, offline")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    if args.out is None and args.step != "env":
+        parser.error(f"{args.step} needs --out DIR")
     if args.quick:
         args.device, args.no_compile = "cpu", True
         args.budget_min = QUICK["budget_min"] if args.budget_min == 3.0 else args.budget_min
