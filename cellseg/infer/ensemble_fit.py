@@ -304,5 +304,12 @@ def _channel_weights(plan: ChannelPlan, num_members: int, fitted: Mapping[str, n
             full[list(plan.members_of[cls])] = fitted[cls]
         else:
             full[list(plan.members_of[cls])] = 1.0
-        out[channel] = normalised(full.tolist(), plan.members_of[channel], num_members, what=f"channel {channel}")
+        having = list(plan.members_of[channel])
+        if channel != cls and full[having].sum() <= 0:
+            # a boundary channel whose members (not every member has one: `allow_partial`) carry no weight for the
+            # class: the class comes from the others, its boundaries are still needed to split touching objects
+            log.info("%s: the members that have it (%s) have weight 0 for %s; it is averaged uniformly over them",
+                     channel, having, cls)
+            full[having] = 1.0
+        out[channel] = normalised(full.tolist(), having, num_members, what=f"channel {channel}")
     return out

@@ -6,6 +6,7 @@ and cellseg beside it, scored by cellseg's evaluator.
     train    nnU-Net's planner and preprocessing (timed apart), then its trainer for --budget-min training minutes
     predict  nnU-Net's predictor (sliding window, mirroring) on the tuning and test crops → two cellseg stores
     cellseg  a cellseg config trained for the same budget and predicted the same way → two stores (an arm)
+    ensemble an arm of arms: `cellseg ensemble` weights fitted on the tuning crops (nnU-Net as one more member)
     score    every arm decoded plainly (nnU-Net's way) and with cellseg's tuned post-processing, every era, with
              crop-bootstrap intervals and paired differences from the first arm               (scoring.py)
     all      data, train, predict, score in turn
@@ -148,8 +149,6 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
     quick = QUICK if args.quick else {}
     extra = _nnunet_environ(out, budget_min=args.budget_min, iterations=quick.get("iterations"),
                             val_iterations=quick.get("val_iterations"), compile_=not args.no_compile)
-    if args.quick:
-        extra["nnUNet_n_proc_DA"] = "0"  # augmentation in the training process: no worker pool on a small CPU
     started = time.perf_counter()
     if not (out / "preprocessed" / case_io.DATASET_NAME / "nnUNetPlans.json").is_file():
         env.run("plan_and_preprocess", ["-d", str(case_io.DATASET_ID), "-c", CONFIGURATION, "-np",
@@ -160,7 +159,10 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
     log.info("nnU-Net's plan (%s): spacing %s nm, patch %s, batch %d; planned and preprocessed in %.1f s",
              CONFIGURATION, plan["spacing_nm"], plan["patch_size_vox"], plan["batch_size"], preprocess_s)
     started = time.perf_counter()
-    env.run("train", [str(case_io.DATASET_ID), CONFIGURATION, "all", "-tr", TRAINER, "-device", args.device], extra,
+    # --quick: augmentation in the training process, no worker pool on a small CPU (only for training: the planner
+    # sets torch's threads from the same variable and refuses 0)
+    training = {**extra, "nnUNet_n_proc_DA": "0"} if args.quick else extra
+    env.run("train", [str(case_io.DATASET_ID), CONFIGURATION, "all", "-tr", TRAINER, "-device", args.device], training,
             log_file=out / "logs" / "train.log")
     folder = out / "results" / case_io.DATASET_NAME / f"{TRAINER}__nnUNetPlans__{CONFIGURATION}" / "fold_all"
     clock = json.loads((folder / "budget.json").read_text())
@@ -232,6 +234,37 @@ def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def step_ensemble(args: argparse.Namespace) -> dict[str, Any]:
+    """An ensemble arm of other arms (e.g. cellseg's members and nnU-Net as one more): `cellseg ensemble` with
+    per-class weights fitted on the tuning crops (`--weights auto`), then the same weights on the test crops. Members
+    without a class's boundary channel (nnU-Net) are left out of that channel's mean (`--allow-partial`)."""
+    from cellseg.data.crops import crop_id
+    from cellseg.data.prediction_store import PredictionStore
+
+    out: Path = args.out
+    settings = _settings(out)
+    members = [Arm.parse(a) for a in args.arm]
+    if len(members) < 2:
+        raise ValueError(f"ensemble: {len(members)} --arm given, an ensemble needs at least 2")
+    name = args.name or "+".join(m.name for m in members)
+    tune_out, test_out = out / "stores" / f"{name}_tune.zarr", out / "stores" / f"{name}_test.zarr"
+    crops = ",".join(str(crop_id(c)) for c in PredictionStore.open(members[0].tune).completed())
+    cli = [sys.executable, "-m", "cellseg", "ensemble", "--allow-partial", "--device", args.device]
+    started = time.perf_counter()
+    if not (tune_out / "weights.json").is_file():
+        subprocess.run([*cli, *(str(m.tune) for m in members), "--out", str(tune_out), "--weights", "auto",
+                        "--truth", settings["root"], "--crops", crops, "--overwrite"], check=True)
+    if not test_out.exists():
+        subprocess.run([*cli, *(str(m.test) for m in members), "--out", str(test_out), "--weights",
+                        str(tune_out / "weights.json")], check=True)
+    record = {"members": [m.name for m in members], "arm": f"{name}={test_out},{tune_out}",
+              "seconds": time.perf_counter() - started,
+              "weights": json.loads((tune_out / "weights.json").read_text())}
+    _write_json(out / f"ensemble_{name}.json", record)
+    print(f"ensemble arm: --arm {record['arm']}")
+    return record
+
+
 def step_score(args: argparse.Namespace) -> dict[str, Any]:
     """Score the arms (default: nnU-Net's) and write `scores.json` and `scores.md` in DIR/scores."""
     out: Path = args.out
@@ -258,7 +291,8 @@ def _quick_root(out: Path) -> Path:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.peers.nnunet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", nargs="?", choices=("env", "data", "train", "predict", "cellseg", "score", "all"),
+    parser.add_argument("step", nargs="?",
+                        choices=("env", "data", "train", "predict", "cellseg", "ensemble", "score", "all"),
                         default="all", help="what to do (default all: data, train, predict, score)")
     parser.add_argument("--out", type=Path, help="work folder (data, nnU-Net folders, stores, scores); every step but env")
     parser.add_argument("--quick", action="store_true", help="the CPU check: tiny synthetic root, a few iterations")
@@ -273,7 +307,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true", help="train nnU-Net without torch.compile")
     parser.add_argument("--tta", type=int, default=8, choices=(1, 8), help="cellseg arm's test-time augmentation")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=TEST.zarr,TUNE.zarr",
-                        help="score: another arm's probability stores of the test and tuning crops (repeatable)")
+                        help="score: another arm's probability stores of the test and tuning crops; ensemble: a member "
+                        "(repeatable)")
+    parser.add_argument("--name", help="ensemble: the arm's name (default the members' names joined by +)")
     parser.add_argument("--processes", type=int, default=max(1, min(8, (os.cpu_count() or 2))),
                         help="nnU-Net's preprocessing/export processes and cellseg's scoring processes")
     parser.add_argument("--env", type=Path, default=None, help=f"nnU-Net's environment (default {nnenv.default_env()})")
@@ -303,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.step == "cellseg":
             step_cellseg(args)
+            return 0
+        if args.step == "ensemble":
+            step_ensemble(args)
             return 0
         # the budget and nnU-Net's environment are checked before anything is converted or trained
         if args.step in ("train", "all"):
