@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-EXPECTED = ("01_explore_data", "02_train_and_monitor", "03_predictions_and_scores", "04_ensemble_ablation")
+EXPECTED = ("01_explore_data", "02_train_and_monitor", "03_predictions_and_scores", "04_ensemble_ablation",
+            "05_whole_volume")
 RUN_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled")  # written by Jupyter when cells run
 
 
