@@ -71,9 +71,10 @@ class DataConfig:
             default (null): the training voxel size (an 8 nm model trains on crops annotated at ≤ 8 nm).
         datasplit: which crops train and which validate: null (default) = the data root's `datasplit.csv` when it
             has one (the user's own or the official one), else the automatic split; "auto" = always the automatic
-            split (stratified by class, crops grouped by space: see cellseg/data/split.py); or the path of an
-            official `datasplit.csv` (5- or 3-column). Crops annotated coarser than
-            `max_annotation_voxel_size_nm` are left out either way (logged).
+            split (stratified by where each class has foreground, crops grouped by space, each validation role
+            with a crop: see cellseg/data/split.py); or the path of an official `datasplit.csv` (5- or
+            3-column). Crops annotated coarser than `max_annotation_voxel_size_nm` are left out either way
+            (logged).
         validation_fraction: share of crops held out by the automatic split.
         split_seed: seed of that split.
         split_margin_nm: crops of one dataset closer than this (nm) stay on the same side of the split

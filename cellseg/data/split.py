@@ -11,10 +11,14 @@ the split. The official manifest has 35 overlapping pairs among the crops annota
 nine others): split crop by crop, validation would score voxels the model trained on.
 
 Stratification rule (`split_catalog`): groups are shuffled with the seed; then, rarest class first, a class
-annotated in ≥ 2 eligible groups but in no validation group yet moves one of its groups (the one annotating the
-fewest classes, to keep training rich) to validation; finally random groups are added until `validation_fraction`
-of the crops is reached. "Annotated" means listed for the crop in the manifest: the manifests list classes that
-are annotated even where absent, so presence of foreground is not checked here.
+held in ≥ 2 eligible groups but in no validation group yet moves one of its groups (the one listing the fewest
+labels, to keep training rich) to validation; finally random groups are added until `validation_fraction` of the
+crops is reached. "Held" means *with foreground*, not merely listed: the manifests list classes that are annotated
+even where absent (a crop listing `ecs` may hold none), and a validation crop without a class's foreground tells
+no decision anything about it (`cellseg.eval.presence`). So a listed class counts for a crop only when its finest
+level holds positive voxels by the annotation metadata's complement counts (`foreground_classes`); a class
+without counts, or a crop whose labels are not on disk (a remote or unfetched catalogue), falls back to the
+listing. The same foreground decides the roles below, for the automatic split and for a given one alike.
 
 A given split (the data root's `datasplit.csv` or `data.datasplit`) is checked (`straddling_pairs`): training
 and validation crops whose boxes overlap are named in a warning, and `regroup` moves each spatial group that
@@ -26,6 +30,9 @@ Roles (`assign_roles`): validation is split again into a **tuning** part (what e
 ensemble weights, post-processing — is made on) and a **report** part that no decision touches, group by group:
 rarest class first, a class in ≥ 2 validation groups gets one in each part, a class in one group gets it in the
 tuning part (a decision needs it), and the rest go to the smaller part until `report_fraction` of the crops.
+With ≥ 2 validation groups each part keeps at least one: when the rule leaves a part empty (classes held by one
+group each can claim every group for tuning), the group whose part loses the fewest classes only it holds there
+(then the smallest, then the last in the seeded order) moves to the empty part.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.classes import get_class
+from cellseg.data.annotation import parse_annotation
 from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.inspect import EM_PATH, GT_PATH
 
@@ -164,8 +172,46 @@ def outside_root(entries: Sequence[SplitEntry], root: str | os.PathLike[str]) ->
     return [e.crop_name for e in entries if outside(e.em_url) or outside(e.crop_url)]
 
 
-def _annotates(group: Sequence[Crop], name: str) -> bool:
-    return any(derivable(name, c.labels) for c in group)
+def foreground_classes(crop: Crop, catalog: Catalog) -> tuple[str, ...]:
+    """The classes listed for `crop` whose finest level has foreground by its annotation metadata's complement
+    counts (module docstring). A listed class without counts, or a crop whose labels are not on disk (a remote
+    or unfetched catalogue), is kept: the listing is all that is known.
+
+    Raises:
+        ValueError: malformed annotation metadata (the array is named).
+    """
+    try:
+        where = catalog.locate(crop.crop_url) if crop.crop_url else None
+    except ValueError:
+        where = None
+    if where is None or where.kind != "file" or not Path(where.url).is_dir():
+        return crop.classes
+    kept = []
+    for name in crop.classes:
+        group = where.join(name)
+        group_attrs = group.read_json(".zattrs") or {}
+        levels = (group_attrs.get("multiscales") or [{}])[0].get("datasets") or [{"path": "s0"}]
+        level = group.join(str(levels[0]["path"]))
+        meta = level.read_json(".zarray")
+        if meta is None:
+            kept.append(name)
+            continue
+        note = parse_annotation(group_attrs, level.read_json(".zattrs"), num_voxels=int(np.prod(meta["shape"])),
+                                source=group.url)
+        if note.positives is None or note.positives > 0:
+            kept.append(name)
+    return tuple(kept)
+
+
+def _with_foreground(listed: Sequence[str], crop: Crop, catalog: Catalog) -> tuple[str, ...]:
+    """The classes of `listed` with foreground on `crop` (`foreground_classes`); those the catalogue does not
+    list for the crop are kept (nothing is known of them)."""
+    held = set(foreground_classes(crop, catalog))
+    return tuple(n for n in listed if n in held or n not in crop.classes)
+
+
+def _annotates(group: Sequence[Crop], name: str, present: dict[int, tuple[str, ...]]) -> bool:
+    return any(derivable(name, present[c.id]) for c in group)
 
 
 def _size(groups: Iterable[Sequence[object]]) -> int:
@@ -186,11 +232,12 @@ def split_catalog(catalog: Catalog, classes: Sequence[str], *, validation_fracti
                          f"(catalogue {catalog.base or 'official'})")
     groups = spatial_groups(crops, margin_nm)
     random.Random(seed).shuffle(groups)
+    present = {c.id: foreground_classes(c, catalog) for c in crops}
     validation: list[tuple[Crop, ...]] = []
-    rarity = sorted(classes, key=lambda c: sum(_annotates(g, c) for g in groups))
+    rarity = sorted(classes, key=lambda c: sum(_annotates(g, c, present) for g in groups))
     for name in rarity:
-        having = [g for g in groups if _annotates(g, name)]
-        if len(having) >= 2 and not any(_annotates(g, name) for g in validation):
+        having = [g for g in groups if _annotates(g, name, present)]
+        if len(having) >= 2 and not any(_annotates(g, name, present) for g in validation):
             pick = min((g for g in having if g not in validation), key=lambda g: (sum(len(c.labels) for c in g)),
                        default=None)
             if pick is not None and _size(validation) + len(pick) < len(crops):
@@ -201,7 +248,7 @@ def split_catalog(catalog: Catalog, classes: Sequence[str], *, validation_fracti
             break
         if g not in validation and _size(validation) + len(g) < len(crops):
             validation.append(g)
-    roles = assign_roles([[(c.id, c.classes) for c in g] for g in validation], classes,
+    roles = assign_roles([[(c.id, present[c.id]) for c in g] for g in validation], classes,
                          report_fraction=report_fraction)
     return [SplitEntry(split="validate" if k.id in roles else "train", em_url=str(catalog.locate(k.em_url)),
                        crop_url=str(catalog.locate(k.crop_url)), classes=k.classes, role=roles.get(k.id, ""))
@@ -217,12 +264,9 @@ def assign_roles(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], classes:
     def give(i: int, role: str) -> None:
         role_of.setdefault(i, role)
 
-    def annotates(group: Sequence[tuple[int, Sequence[str]]], name: str) -> bool:
-        return any(derivable(name, labels) for _, labels in group)
-
-    rarity = sorted(classes, key=lambda c: sum(annotates(g, c) for g in groups))
+    rarity = sorted(classes, key=lambda c: sum(_holds(g, c) for g in groups))
     for name in rarity:
-        having = [i for i, g in enumerate(groups) if annotates(g, name)]
+        having = [i for i, g in enumerate(groups) if _holds(g, name)]
         for role in ROLES if len(having) >= 2 else ROLES[:1]:
             if not any(role_of.get(i) == role for i in having):
                 free = [i for i in having if i not in role_of]
@@ -233,7 +277,27 @@ def assign_roles(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], classes:
         if i not in role_of:
             report = sum(len(groups[j]) for j, r in role_of.items() if r == "report")
             give(i, "report" if report < report_fraction * total else "tuning")
+    if len(groups) >= 2:
+        for role in ROLES:
+            if role not in role_of.values():
+                role_of[_cheapest_move(groups, role_of, classes)] = role
     return {crop: role_of[i] for i, g in enumerate(groups) for crop, _ in g}
+
+
+def _holds(group: Sequence[tuple[int, Sequence[str]]], name: str) -> bool:
+    return any(derivable(name, labels) for _, labels in group)
+
+
+def _cheapest_move(groups: Sequence[Sequence[tuple[int, Sequence[str]]]], role_of: dict[int, str],
+                   classes: Sequence[str]) -> int:
+    """The group to move to the part that has none (module docstring): the one whose part loses the fewest
+    classes only it holds there, then the smallest, then the last (the seeded order decides)."""
+
+    def lost(i: int) -> int:
+        others = [g for j, g in enumerate(groups) if j != i and role_of[j] == role_of[i]]
+        return sum(_holds(groups[i], c) and not any(_holds(g, c) for g in others) for c in classes)
+
+    return min(range(len(groups)), key=lambda i: (lost(i), len(groups[i]), -i))
 
 
 def _located(url: str, base: str | os.PathLike[str]) -> str:
@@ -311,7 +375,7 @@ def with_roles(entries: Sequence[SplitEntry], catalog: Catalog, classes: Sequenc
     known = {c.name: c for c in catalog.train.values()}
     val = {e.crop_name: e for e in entries if e.split == "validate"}
     located = spatial_groups([known[name] for name in val if name in known], margin_nm)
-    groups = [[(c.id, val[c.name].classes) for c in g] for g in located]
+    groups = [[(c.id, _with_foreground(val[c.name].classes, c, catalog)) for c in g] for g in located]
     groups += [[(crop_id(name), e.classes)] for name, e in val.items() if name not in known]
     roles = assign_roles(groups, classes, report_fraction=report_fraction)
     return [dataclasses.replace(e, role=roles[crop_id(e.crop_name)]) if e.split == "validate" and not e.role else e
