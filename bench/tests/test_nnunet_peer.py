@@ -173,3 +173,13 @@ def test_too_short_a_budget_is_refused_before_anything_runs(tmp_path: Path, caps
     assert main(["train", "--out", str(tmp_path / "peer"), "--budget-min", "0.5", "--env", str(tmp_path)]) == 2
     assert "shorter than one nnU-Net epoch" in capsys.readouterr().err
     assert not (tmp_path / "peer").exists()
+
+
+def test_the_result_of_record_renders_with_its_numbers() -> None:
+    from bench.peers.nnunet.tables import markdown
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "results" / "nnunet_peer_h200.json").read_text())
+    text = markdown(record["scores"], {k: record[k] for k in ("nnunet_data", "nnunet_train", "nnunet_predict")})
+    assert "| nnunet | plain | 0.2642 [0.1701, 0.4627] | 0.0629 [0.0531, 0.0738]" in text
+    assert "patch [128, 128, 128], batch 2" in text and "673 iterations" in text
+    assert text.count("\n| ") >= 2 + 48  # the arms table and one row per class

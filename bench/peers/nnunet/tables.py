@@ -43,7 +43,7 @@ def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
                      f"{train['preprocess_s']:.0f} s.")
         lines.append(f"- nnU-Net training: {clock['charged_s']:.0f} s charged of a {train['budget_min']:g}-minute "
                      f"budget ({clock['epochs']} epochs, {clock['iterations']} iterations, median epoch "
-                     f"{_num(clock['median_epoch_s'])} s of training; first iteration {clock['first_iteration_s']:.1f} s "
+                     f"{clock['median_epoch_s']:.1f} s of training; first iteration {clock['first_iteration_s']:.1f} s "
                      f"uncharged), {train['train_wall_s']:.0f} s wall with start-up and validation, on {train['device']}"
                      f"{'' if train['compile'] else ' (eager)'}.")
     predict = records.get("nnunet_predict")
