@@ -211,7 +211,7 @@ def _with_foreground(listed: Sequence[str], crop: Crop, catalog: Catalog) -> tup
 
 
 def _annotates(group: Sequence[Crop], name: str, present: dict[int, tuple[str, ...]]) -> bool:
-    return any(derivable(name, present[c.id]) for c in group)
+    return _holds([(c.id, present[c.id]) for c in group], name)
 
 
 def _size(groups: Iterable[Sequence[object]]) -> int:

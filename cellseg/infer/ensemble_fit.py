@@ -83,7 +83,7 @@ from cellseg.infer.fit_scoring import (
     score_candidates,
 )
 from cellseg.infer.members import ChannelPlan, GridChoice
-from cellseg.infer.weights import Weights, normalised
+from cellseg.infer.weights import Weights, channel_weights
 from cellseg.pool import available_memory_bytes
 
 log = logging.getLogger(__name__)
@@ -304,12 +304,5 @@ def _channel_weights(plan: ChannelPlan, num_members: int, fitted: Mapping[str, n
             full[list(plan.members_of[cls])] = fitted[cls]
         else:
             full[list(plan.members_of[cls])] = 1.0
-        having = list(plan.members_of[channel])
-        if channel != cls and full[having].sum() <= 0:
-            # a boundary channel whose members (not every member has one: `allow_partial`) carry no weight for the
-            # class: the class comes from the others, its boundaries are still needed to split touching objects
-            log.info("%s: the members that have it (%s) have weight 0 for %s; it is averaged uniformly over them",
-                     channel, having, cls)
-            full[having] = 1.0
-        out[channel] = normalised(full.tolist(), having, num_members, what=f"channel {channel}")
+        out[channel] = channel_weights(full.tolist(), plan, channel, num_members)
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cellseg.data.prediction_store import PredictionStore
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.infer.members import ChannelPlan
 from cellseg.runtime.checkpoint import save_atomic_text
 
@@ -60,6 +60,20 @@ def normalised(raw: Sequence[float], having: Sequence[int], num_members: int, *,
     return tuple(raw[i] / total if i in having else 0.0 for i in range(num_members))
 
 
+def channel_weights(raw: Sequence[float], plan: ChannelPlan, channel: str, num_members: int) -> tuple[float, ...]:
+    """`raw` (one weight per member, given for the channel's class) as `channel`'s weights (`normalised` over its
+    members). A boundary channel that not every member of its class has (`allow_partial`: another tool's
+    probabilities carry none) and whose members all have weight 0 for the class is averaged uniformly over them:
+    the class comes from the others, its boundaries are still what splits touching objects."""
+    having = plan.members_of[channel]
+    cls = channel.removesuffix(BOUNDARY_SUFFIX)
+    if channel != cls and sum(float(raw[i]) for i in having) <= 0:
+        log.info("%s: the members that have it (%s) have weight 0 for %s; it is averaged uniformly over them",
+                 channel, list(having), cls)
+        raw = [1.0 if i in having else 0.0 for i in range(num_members)]
+    return normalised(raw, having, num_members, what=f"channel {channel}")
+
+
 def uniform_weights(plan: ChannelPlan, num_members: int) -> Weights:
     """Equal weights over the members of each channel."""
     return Weights({c: normalised([1.0] * num_members, plan.members_of[c], num_members, what=c)
@@ -74,8 +88,7 @@ def explicit_weights(plan: ChannelPlan, values: Sequence[float], num_members: in
     """
     if len(values) != num_members:
         raise ValueError(f"--weights gives {len(values)} values for {num_members} member stores")
-    return Weights({c: normalised(values, plan.members_of[c], num_members, what=f"channel {c}")
-                    for c in plan.channels}, "explicit")
+    return Weights({c: channel_weights(values, plan, c, num_members) for c in plan.channels}, "explicit")
 
 
 def weights_from_file(path: str | os.PathLike[str], plan: ChannelPlan, stores: Sequence[PredictionStore]) -> Weights:

@@ -38,6 +38,7 @@ from bench.peers.nnunet.tables import markdown
 from bench.studies.quality.plan import (
     QUICK_OVERRIDES,  # the smoke configs stop at a few steps: a budget instead
 )
+from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger("bench.peers.nnunet")
 
@@ -57,9 +58,7 @@ SETTINGS_FILE = "peer.json"
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    save_atomic_text(json.dumps(doc, indent=1) + "\n", path)
 
 
 def _settings(out: Path) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.eval.eras import ERAS
+from cellseg.eval.rules import nan_to_none
 from cellseg.report.bootstrap import uncertainties, within_noise
 from cellseg.report.scoring import ScoreJob, score_segmentations
 from cellseg.report.truth import build_truth
@@ -132,10 +132,9 @@ def score_arms(arms: Sequence[Arm], root: Path, out: Path, *, device: str = "cpu
 
 
 def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """JSON-ready: NaN and infinities as null (`cellseg.eval.rules.nan_to_none`), containers recursively."""
     if isinstance(value, Mapping):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
-    return value
+    return nan_to_none(value) if isinstance(value, float) else value
