@@ -85,8 +85,19 @@ def process_alive(host: str, pid: int) -> bool | None:
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, under another user
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped: a container's init (or a killed parent's orphan reaper)
+    may never reap it, and a zombie writes nothing. False where /proc cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()  # the command name in parentheses may hold spaces
+    return bool(fields) and fields[0] in ("Z", "X")
 
 
 def temp_sibling(path: Path, tag: Literal["tmp", "old"] = "tmp") -> Path:

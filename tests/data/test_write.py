@@ -1,12 +1,16 @@
 """Atomic writers: nothing half-written, nothing overwritten without consent, valid zarr hierarchy."""
 
 import json
+import os
+import socket
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from cellseg.data.write import default_num_levels, downsample_2x, write_array, write_multiscale
+from cellseg.data.write import default_num_levels, downsample_2x, process_alive, write_array, write_multiscale
 
 
 def _leftovers(directory):
@@ -73,3 +77,22 @@ def test_downsample_em_rounds_explicitly():
 def test_default_num_levels():
     assert default_num_levels((16, 64, 64)) == 1
     assert default_num_levels((64, 64, 64)) == 3
+
+
+def test_a_zombie_writer_is_not_alive(tmp_path):
+    # A writer killed with its parent may stay a zombie for good where nothing reaps orphans (a container's
+    # init): its partial crops must still be taken over, not refused as "being written".
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert process_alive(socket.gethostname(), pid) is False
+        assert process_alive(socket.gethostname(), os.getpid()) is True
+        assert process_alive("another-host", pid) is None
+    finally:
+        os.waitpid(pid, 0)
+    assert process_alive(socket.gethostname(), pid) is False

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import zarr
 from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.data.write import process_alive
 from cellseg.infer.predict import predict_run
 from cellseg.report import ReportOptions
 from cellseg.report.inputs import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
@@ -139,14 +141,6 @@ predict_all(runs, Layout(out), plan, opts, tta=1)
 """
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is no zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_workers_of_a_killed_report_exit_and_the_next_run_completes_the_stores(report_runs, sequential,
                                                                               tiny_synth_root, tmp_path):
     runs, plan, one = sequential
@@ -165,11 +159,11 @@ def test_workers_of_a_killed_report_exit_and_the_next_run_completes_the_stores(r
     assert children
     try:
         deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        while any(process_alive(socket.gethostname(), pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(pid) for pid in children)  # the workers noticed and left
+        assert not any(process_alive(socket.gethostname(), pid) for pid in children)  # the workers noticed and left
     finally:  # none left behind should they not have
-        for pid in filter(_alive, children):
+        for pid in [p for p in children if process_alive(socket.gethostname(), p)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from cellseg.data.write import process_alive
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -314,14 +317,6 @@ def test_a_later_step_names_only_the_settings_its_command_line_gives() -> None:
     assert cli._differences(plan, cli.settings_from(later)) == "gpus: plan 2, given 1"  # setup compares all
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is no zombie (a killed orphan may wait for a reaper that never comes)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 LEADER_WITH_WORKER = """
 import pathlib, subprocess, sys, time
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a pool worker, say
@@ -340,9 +335,9 @@ def test_a_report_stopped_at_the_step_limit_leaves_no_worker_behind(tmp_path: Pa
     assert code is None and time.monotonic() - began < 30
     worker = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while _alive(worker) and time.monotonic() < deadline:
+    while process_alive(socket.gethostname(), worker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(worker)
+    assert not process_alive(socket.gethostname(), worker)
     assert cli.run_in_session([sys.executable, "-c", "raise SystemExit(3)"], timeout_s=30) == 3
 
 
