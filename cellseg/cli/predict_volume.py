@@ -58,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="world region in nm (default: the whole EM volume at the members' voxel size)")
     option(parser, "--block-vox", key="volume.block_vox", type=int, metavar="N",
            help="edge of a write block in voxels, a multiple of the 64-voxel chunk (default 256)")
+    option(parser, "--block-z-vox", key="volume.block_z_vox", type=int, metavar="N",
+           help="depth of a write block in z (default: --block-vox; 0: the ROI's whole depth, column blocks that "
+                "predict no tile twice along z)")
     option(parser, "--workers", key="volume.workers", type=int, metavar="N",
            help="prediction workers (default: one per visible GPU; 1 on CPU)")
     option(parser, "--device", key="infer.device", choices=("auto", "cpu", "cuda"),

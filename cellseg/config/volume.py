@@ -20,6 +20,10 @@ class VolumeConfig:
             members' voxel size).
         block_vox: edge of a write block in voxels, a multiple of `chunk_vox`: each block is one unit of work
             (read with its context, predicted, written), so larger blocks spend less on context and dispatch.
+        block_z_vox: the write block's depth in z (null: `block_vox`, cubic blocks; 0: the ROI's whole depth,
+            column blocks). The sliding window streams through a block in z, so a column predicts no tile twice
+            along z and holds one tile depth on the GPU and one chunk depth on the host, however deep it is; a
+            multiple of `chunk_vox`.
         chunk_vox: edge of the output's zarr chunks in voxels.
         workers: prediction workers (null: one per visible GPU times `workers_per_gpu`; 1 on CPU).
         workers_per_gpu: prediction workers sharing each GPU (with `workers` null).
@@ -40,6 +44,7 @@ class VolumeConfig:
 
     roi_nm: str | None = None
     block_vox: int = 256
+    block_z_vox: int | None = None
     chunk_vox: int = CHUNK_VOX
     workers: int | None = None
     workers_per_gpu: int = 1
@@ -54,11 +59,21 @@ class VolumeConfig:
     disk_compression: float = 2.0
     scale_nm: float | None = None
 
+    def block_shape(self, depth_vox: int) -> tuple[int, int, int]:
+        """(z, y, x) voxels of a write block over an ROI `depth_vox` deep."""
+        if self.block_z_vox is None:
+            return (self.block_vox,) * 3
+        z = self.block_z_vox or max(self.chunk_vox, -(-depth_vox // self.chunk_vox) * self.chunk_vox)
+        return z, self.block_vox, self.block_vox
+
     def __post_init__(self) -> None:
         _check(self.chunk_vox >= 1, f"volume.chunk_vox={self.chunk_vox}: must be at least 1")
         _check(self.block_vox >= 1 and self.block_vox % self.chunk_vox == 0,
                f"volume.block_vox={self.block_vox} (--block-vox): must be a positive multiple of volume.chunk_vox="
                f"{self.chunk_vox}, so that no two blocks write one chunk")
+        _check(self.block_z_vox is None or (self.block_z_vox >= 0 and self.block_z_vox % self.chunk_vox == 0),
+               f"volume.block_z_vox={self.block_z_vox} (--block-z-vox): 0 (the ROI's whole depth) or a positive "
+               f"multiple of volume.chunk_vox={self.chunk_vox}")
         _check(self.workers is None or self.workers >= 1, f"volume.workers={self.workers} (--workers): at least 1")
         _check(self.workers_per_gpu >= 1, f"volume.workers_per_gpu={self.workers_per_gpu}: at least 1")
         _check(self.cpu_workers >= 1, f"volume.cpu_workers={self.cpu_workers}: at least 1")

@@ -77,7 +77,7 @@ def prepare(job: Any) -> Prepared:
     settings = settings_of(opts, em_url=em_url, allow_partial=ens.allow_partial,
                            extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm})
     store = VolumeStore.create(job.out, dataset=job.dataset, data_root=str(root), grid=grid,
-                               block_vox=(vol.block_vox,) * 3, chunk_vox=(vol.chunk_vox,) * 3, classes=classes,
+                               block_vox=vol.block_shape(grid.shape_vox[0]), chunk_vox=(vol.chunk_vox,) * 3, classes=classes,
                                channels=channels, instance_classes=[c for c in classes if is_instance(c)],
                                instances=instances, members=members.summary(opts), tta=opts.tta, settings=settings,
                                resume=vol.resume)
@@ -98,7 +98,7 @@ def predict_volume(job: Any, *, progress: bool = True) -> RunResult:
     store = prepared.store
     log.info("%s: %s voxels at %s nm in blocks of %s, %d prediction workers%s", store.path,
              "×".join(map(str, store.grid.shape_vox)), "×".join(f"{v:g}" for v in store.grid.voxel_size_nm),
-             store.block_vox[0], prepared.workers.predict,
+             "×".join(map(str, store.block_vox)), prepared.workers.predict,
              f" on GPUs {','.join(prepared.workers.gpus)}" if prepared.workers.gpus else " on CPU")
     return run_tasks(store, prepared.workers, context_vox=prepared.context_vox, halo_vox=prepared.halo_vox,
                      progress=progress)

@@ -154,9 +154,13 @@ class BlockPredictor:
                                                                                       store.attrs["dataset"]), opts)
 
     @torch.inference_mode()
-    def predict(self, write: Box) -> np.ndarray:
-        """(K, z, y, x) uint8 round(255 p) of the store's channels over a write box (ROI voxels)."""
+    def slabs(self, write: Box) -> Iterator[tuple[int, np.ndarray]]:
+        """(z, (K, dz, y, x) uint8 round(255 p)) of the store's channels over a write box (ROI voxels), in order
+        along z from the box's first plane (z relative to it)."""
         grid = self.store.grid
+        if not self.parts:
+            yield 0, np.zeros((len(self.channels), *write[1]), np.uint8)
+            return
         streams = []
         for part in self.parts:
             window = part.member.window
@@ -165,20 +169,40 @@ class BlockPredictor:
             slabs = predict_slabs(part.member.run.model, self.em, sub_grid(grid, box), window,
                                   num_outputs=len(part.member.run.channels), keep=part.keep, host=False)
             streams.append(_cropped(slabs, inner, write[1]))  # type: ignore[arg-type]
+        yield from averaged_slabs(streams, self.parts, self.total, start=0, depth=write[1][0], device=self.device,
+                                  uint8=True)
+
+    def predict(self, write: Box) -> np.ndarray:
+        """(K, z, y, x) uint8 round(255 p) of the store's channels over a write box, held whole (for checks)."""
         out = np.zeros((len(self.channels), *write[1]), np.uint8)
-        if not self.parts:
-            return out
-        for z, slab in averaged_slabs(streams, self.parts, self.total, start=0, depth=write[1][0],
-                                      device=self.device, uint8=True):
+        for z, slab in self.slabs(write):
             out[:, z:z + slab.shape[1]] = slab
         return out
 
     def write(self, write: Box) -> None:
-        """Predict a write box and write it into place (a whole number of chunks: no other block touches them)."""
-        data = self.predict(write)
-        where = tuple(slice(o, o + n) for o, n in zip(*write, strict=True))
+        """Predict a write box and write it into place a chunk row at a time, as the planes finish: host memory
+        holds one chunk depth of the block (a column block of a deep volume is never held whole), and every write
+        covers whole chunks, which no other block touches."""
+        (z0, y0, x0), (nz, ny, nx) = write
+        depth = min(self.store.chunk_vox[0], nz)
+        rows = np.zeros((len(self.channels), depth, ny, nx), np.uint8)  # planes [done, done + depth) of the block
+        done = filled = 0
+        for z, slab in self.slabs(write):
+            for k in range(slab.shape[1]):  # planes arrive in order; copy each into its chunk row
+                rows[:, filled] = slab[:, k]
+                filled += 1
+                if filled == rows.shape[1]:
+                    self._write_rows(rows, (z0 + done, y0, x0))
+                    done += filled
+                    filled = 0
+                    rows = rows[:, :min(depth, nz - done)]
+            assert done + filled == z + slab.shape[1], "slabs out of order"
+        assert done == nz, f"block at {list(write[0])}: {done} of {nz} planes predicted"
+
+    def _write_rows(self, rows: np.ndarray, offset: Sequence[int]) -> None:
+        where = tuple(slice(o, o + n) for o, n in zip(offset, rows.shape[1:], strict=True))
         for k, c in enumerate(self.channels):
-            self.arrays[c][where] = data[k]
+            self.arrays[c][where] = rows[k]
 
 
 def settings_of(opts: InferConfig, *, em_url: str, allow_partial: bool, extra: Mapping[str, Any]) -> dict[str, Any]:

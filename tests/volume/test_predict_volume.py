@@ -75,6 +75,23 @@ def test_small_blocks_equal_one_block(blocked: Path) -> None:
     assert attrs["roi_nm"] == {"offset": [796.0, 396.0, 1196.0], "shape": [256.0, 384.0, 512.0]}
 
 
+def test_column_blocks_stream_in_z_and_equal_one_block(volume_run: Path, tmp_path: Path) -> None:
+    # Whole-depth columns 16 voxels wide, written a 16-plane chunk row at a time, at overlap 0.5 (tiles straddle
+    # every face): the same probabilities as one block over the ROI.
+    out = tmp_path / "columns.zarr"
+    assert cli(_args(volume_run, out, "infer.overlap=0.5", "volume.chunk_vox=16", "--block-vox", "16",
+                     "--block-z-vox", "0", workers=1)) == 0
+    store = VolumeStore.open(out)
+    assert store.block_vox == (32, 16, 16) and store.chunk_vox == (16, 16, 16)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"]["predict"]["completed"] == 1 * 3 * 4
+    whole = BlockPredictor.of(store, "cpu").predict(((0, 0, 0), store.grid.shape_vox))
+    for k, channel in enumerate(store.channels):
+        diff = np.abs(_s0(out, channel).astype(np.int16) - whole[k])
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.999, channel
+        assert 0 < whole[k].mean() < 255
+
+
 def _done_markers(out: Path, task: str = "predict") -> int:
     """Blocks daisy marked done (its tracking array: one uncompressed byte per block)."""
     chunks = (out / ".blocks" / task / "done" / "c").rglob("*")
@@ -158,6 +175,8 @@ def test_errors_before_compute(volume_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one voxel size"):
         prepare(load_job(PredictVolumeJob, None, [f"dataset={DATASET}", f"out={tmp_path / 'x.zarr'}",
                                                   f"ensemble.members=[{volume_run}, {other}]"]))
+    with pytest.raises(ValueError, match=r"volume\.block_z_vox=40 .* multiple of volume\.chunk_vox=32"):
+        _job(volume_run, out, "volume.chunk_vox=32", "volume.block_z_vox=40")
     with pytest.raises(OSError, match="the output needs about"):
         check_disk(tmp_path / "big.zarr", DiskEstimate(probabilities=2**62, labels=0), compression=1.0)
     assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "big.zarr").exists()

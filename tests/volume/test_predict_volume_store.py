@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cellseg.config.volume import VolumeConfig
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.write import artifact_kind
@@ -56,3 +57,11 @@ def test_resume_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="probabilities store, not a volume"):
         _create(crops.path, resume=True)
     assert (crops.path / ".zattrs").is_file()  # left as it was
+
+
+def test_block_shapes_cubes_and_columns() -> None:
+    assert VolumeConfig(block_vox=64).block_shape(100) == (64, 64, 64)
+    assert VolumeConfig(block_vox=64, block_z_vox=0).block_shape(100) == (128, 64, 64)  # whole depth, whole chunks
+    assert VolumeConfig(block_vox=64, block_z_vox=192).block_shape(100) == (192, 64, 64)
+    with pytest.raises(ValueError, match="block_z_vox=-64"):
+        VolumeConfig(block_z_vox=-64)
