@@ -1,29 +1,34 @@
-"""Whole-volume prediction on daisy (`cellseg predict-volume`): throughput, the scheduler's overhead, instance
-stitching's cost and a projection to real datasets.
+"""Whole-volume prediction on daisy (`cellseg predict-volume`): throughput, the scheduler's overhead, the cost of
+cubic blocks against columns, instance stitching's cost and a projection to real datasets.
 
-    python -m bench.predict_volume --out OUT [--quick] [--steps 2] [--block-vox 128]
+    python -m bench.predict_volume --out OUT [--quick] [--size Z,Y,X] [--only single,ensemble,tta8,instances]
 
-On the 8 nm dataset of a synthetic root (`cellseg synth`; preset "small": 192³ voxels, `--quick`: "tiny", an ROI
-of 32 × 48 × 64 voxels, on the CPU), with runs trained for `--steps` steps (throughput does not depend on the
-weights: a few steps give real run directories whose models run as trained ones do):
+The volume is a dataset of `--size` voxels at 8 nm (default 384 × 768 × 768 = 2.3·10⁸ on a GPU, `--quick`:
+32 × 48 × 64 on the CPU) tiled from the 8 nm EM of a synthetic root (`cellseg synth`, preset "small"; quick:
+"tiny") and written beside it in the challenge's layout; runs are trained for `--steps` steps (throughput does not
+depend on the weights: a few steps give real run directories whose models run as trained ones do).
 
 - **Mvox/s** of one model (unet_3d) and of the 8-member ensemble (the eight architectures'
-  `configs/experiments/<name>.yaml`; `--quick`: the unet_3d and unet_2d smoke models), at TTA 1 and 8: ROI voxels
-  over the command's wall time, from the driver's start (workers' start-up and model loading included);
+  `configs/experiments/<name>.yaml`; `--quick`: the unet_3d and unet_2d smoke models), at TTA 1 and (on a
+  sub-volume of at most 128 × 384 × 384) TTA 8: voxels over the command's wall time, from the driver's start
+  (workers' start-up and model loading included), and over the time predicting (the workers' first block start
+  to last block end): the rate a whole cell is predicted at once the start-up is amortised;
 - **daisy's overhead**: the blockwise run with one worker against the same blocks predicted one after the other
-  `cellseg predict`-style in one process through the same engine (models loaded, then the blocks), on wall time
-  and on the time predicting (the workers' first block start to last block end, against the one process after
-  loading its models: what remains once a large volume has amortised the start-up); and the cost of blocking
-  itself: the same blocks against the whole ROI in one piece (tiles across block faces are predicted by both
-  neighbours, ((B + patch - step) / B)³ of the tiles for blocks of B);
-- **instance stitching**: the same single-model run with `--instances`: the worker-seconds inside the blocks of
-  decode, merge, relabel and the label pyramid (and the run's wall time against the one without);
+  in one process through the same engine, after loading the models (the single-process rate: the work
+  `cellseg predict-ensemble` does for one crop of this size, cut into the same columns);
+- **cubes against columns**: whole-depth columns of `--column-vox`² (`--block-z-vox 0`), which predict no tile
+  twice along z, against the default cubic blocks of `--block-vox`³, whose neighbours each predict the tiles
+  across their shared faces (((B + patch − step) / B)³ of the tiles for blocks of B);
+- **instance stitching**: the single model's column run with `--instances`: the worker-seconds inside the blocks
+  of decode, merge, relabel and the label pyramid (and the run's wall time against the one without);
 - **projection** in GPU-hours at the ensemble's rate while predicting (TTA 1, and 8 when measured), for jrc_hela-2
-  at 8 nm and for all 22 datasets:
-  the catalogue has no whole-volume shapes, so each dataset's volume is bounded below by the box around its
-  annotated crops (train and test manifests), and the hours are also given per 10¹⁰ voxels.
+  at 8 nm and for all 22 datasets: the catalogue has no whole-volume shapes, so each dataset's volume is bounded
+  below by the box around its annotated crops (train and test manifests; the tissue datasets' crops lie hundreds
+  of µm apart), and the hours are also given per 10¹⁰ voxels.
 
-Writes OUT/predict_volume.json and OUT/predict_volume.md.
+Each measurement is recorded in OUT/predict_volume.partial.json as it finishes and skipped when the command runs
+again, so a job time limit costs only the measurement it stopped (`--only` picks groups for one job). Writes
+OUT/predict_volume.json and OUT/predict_volume.md once every group asked for is measured.
 """
 
 from __future__ import annotations
@@ -32,20 +37,25 @@ import argparse
 import datetime
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.record import hardware, record_paths
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("unet_3d", "resnet_3d", "swin_3d", "vit_3d", "unet_2d", "resnet_2d", "swin_2d", "vit_2d")
 QUIET = ("train.val_every=1000000", "train.checkpoint_every=1000000", "train.log_every=1000000", "val.max_crops=1")
-DATASET = "synth-iso8-1"
-QUICK_ROI_NM = "796:1052,396:780,1196:1708"  # tiny preset: 32 × 48 × 64 voxels from the volume's corner
+SOURCE = "synth-iso8-1"  # the synthetic root's 8 nm dataset, whose EM is tiled into the benchmark's volume
+DATASET = "synth-tiled-8"
 HELA = "jrc_hela-2"
 TARGET_NM = 8.0
+TTA8_MAX_VOX = (128, 384, 384)  # TTA 8 on a corner of the volume: 8 passes of the whole would not fit one job
+GROUPS = ("single", "ensemble", "tta8", "instances")
 
 
 def say(message: str) -> None:
@@ -53,14 +63,28 @@ def say(message: str) -> None:
     print(f"[{datetime.datetime.now():%H:%M:%S}] {message}", flush=True)
 
 
-def build_root(out: Path, quick: bool) -> Path:
-    """The synthetic data root (reused when OUT already has it)."""
+def build_root(out: Path, quick: bool, size: tuple[int, int, int]) -> Path:
+    """The synthetic data root with the tiled dataset of `size` voxels (both reused when OUT already has them)."""
+    from cellseg.data.arrays import MultiscaleImage
+    from cellseg.data.split import dataset_paths
+    from cellseg.data.write import write_multiscale
     from cellseg.synth import generate
 
     root = out / "synth"
     if not (root / "synth.json").is_file():
         say(f"synthetic root ({'tiny' if quick else 'small'}) → {root}")
         generate(root, preset="tiny" if quick else "small", seed=0, workers=1 if quick else 16)
+    em_path = Path(dataset_paths(root, DATASET)[0])
+    if em_path.is_dir() and MultiscaleImage(str(em_path)).levels[0].shape_vox == size:
+        return root
+    source = MultiscaleImage(str(dataset_paths(root, SOURCE)[0]), expected_dtype="uint8")
+    level = source.levels[0]
+    tile = source.read_level(level.path)
+    reps = [-(-n // t) for n, t in zip(size, tile.shape, strict=True)]
+    em = np.tile(tile, reps)[:size[0], :size[1], :size[2]]
+    say(f"{DATASET}: {'×'.join(map(str, size))} voxels at 8 nm tiled from {SOURCE} ({em.nbytes / 1e9:.2f} GB)")
+    write_multiscale(em_path, em, voxel_size_nm=level.voxel_size_nm, translation_nm=[v / 2 for v in
+                     level.voxel_size_nm], kind="em", overwrite=em_path.is_dir())
     return root
 
 
@@ -83,17 +107,23 @@ def build_runs(out: Path, root: Path, quick: bool, steps: int) -> list[Path]:
     return runs
 
 
-def job(runs: list[Path], root: Path, out: Path, *, tta: int, block: int, quick: bool, workers: int = 1,
-        instances: bool = False) -> Any:
-    """The `cellseg predict-volume` config of one measurement."""
+def job(runs: list[Path], root: Path, out: Path, *, tta: int, block: tuple[int, int | None], chunk: int,
+        quick: bool, roi_vox: tuple[int, int, int] | None = None, instances: bool = False) -> Any:
+    """The `cellseg predict-volume` config of one measurement: blocks of `block` = (edge, depth in z; None:
+    cubes, 0: whole-depth columns), over the corner `roi_vox` of the volume (None: all of it), one worker."""
     from cellseg.config.jobs import PredictVolumeJob, load_job
 
     members = ", ".join(str(r) for r in runs)
+    edge, depth = block
     overrides = [f"dataset={DATASET}", f"out={out}", f"ensemble.members=[{members}]", f"infer.data_root={root}",
-                 f"infer.tta={tta}", "infer.checkpoint=last", "infer.compile=off", f"volume.block_vox={block}",
-                 f"volume.workers={workers}", "volume.cpu_workers=2"]
+                 f"infer.tta={tta}", "infer.checkpoint=last", "infer.compile=off", f"volume.block_vox={edge}",
+                 f"volume.block_z_vox={'null' if depth is None else depth}", f"volume.chunk_vox={chunk}",
+                 "volume.workers=1", "volume.cpu_workers=2"]
+    if roi_vox is not None:
+        roi = ",".join(f"0:{n * TARGET_NM:g}" for n in roi_vox)  # the tiled volume's grid starts at 0 nm
+        overrides.append(f"volume.roi_nm='{roi}'")
     if quick:
-        overrides += ["infer.device=cpu", "infer.overlap=0", "volume.chunk_vox=32", f"volume.roi_nm='{QUICK_ROI_NM}'"]
+        overrides += ["infer.device=cpu", "infer.overlap=0"]
     if instances:
         overrides.append("volume.instances=default")
     return load_job(PredictVolumeJob, None, overrides)
@@ -120,9 +150,9 @@ def blockwise(config: Any) -> dict[str, Any]:
             "tasks": result.tasks, "timing": result.timing}
 
 
-def single_process(config: Any, *, blocks: bool = False) -> dict[str, Any]:
-    """The same ROI `cellseg predict`-style: one process, models loaded, then through the same engine the whole
-    box in one piece, or (`blocks`) the blockwise run's blocks one after the other (no scheduler)."""
+def single_process(config: Any) -> dict[str, Any]:
+    """The blockwise run's blocks one after the other in one process, no scheduler: models loaded, then each
+    block through the same engine (`BlockPredictor.write`)."""
     from cellseg.volume.driver import prepare
     from cellseg.volume.plan import block_boxes
     from cellseg.volume.predict import BlockPredictor
@@ -131,14 +161,14 @@ def single_process(config: Any, *, blocks: bool = False) -> dict[str, Any]:
     store = prepare(config).store  # the checks and an empty store, as the blockwise run pays them
     predictor = BlockPredictor.of(store, config.infer.device)
     loaded = time.perf_counter()
-    whole = ((0, 0, 0), store.grid.shape_vox)
-    for box in block_boxes(store.grid.shape_vox, store.block_vox) if blocks else [whole]:
+    boxes = block_boxes(store.grid.shape_vox, store.block_vox)
+    for box in boxes:
         predictor.write(box)
     end = time.perf_counter()
     voxels = math.prod(store.grid.shape_vox)
     return {"wall_s": round(end - start, 2), "load_s": round(loaded - start, 2), "voxels": voxels,
-            "mvox_s": sig(voxels / (end - start) / 1e6), "predict_span_s": round(end - loaded, 2),
-            "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
+            "blocks": len(boxes), "mvox_s": sig(voxels / (end - start) / 1e6),
+            "predict_span_s": round(end - loaded, 2), "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
 
 
 def dataset_boxes() -> dict[str, float]:
@@ -177,96 +207,182 @@ def projection(mvox_s: float) -> dict[str, Any]:
             "per_dataset_voxels_lower_bound": {ds: round(v) for ds, v in sorted(boxes.items())}}
 
 
+
+def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple[int, int, int]
+         ) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The measurements of each group: (name, settings) with settings members, tta, block (edge, depth),
+    engine ("daisy" or "one process"), roi_vox and instances."""
+    cube, column = (cubes, None), (columns, 0)
+    corner = tuple(min(n, m) for n, m in zip(size, TTA8_MAX_VOX, strict=True))
+    one, every = runs[:1], runs
+
+    def m(members: list[Path], block: tuple[int, int | None], engine: str = "daisy", *, tta: int = 1,
+          roi: tuple[int, ...] | None = None, instances: bool = False) -> dict[str, Any]:
+        return {"members": members, "tta": tta, "block": block, "engine": engine, "roi_vox": roi,
+                "instances": instances}
+
+    groups = {
+        "single": [("single columns", m(one, column)), ("single columns, one process", m(one, column, "one process")),
+                   ("single cubes", m(one, cube)), ("single cubes, one process", m(one, cube, "one process"))],
+        "ensemble": [("ensemble columns", m(every, column)),
+                     ("ensemble columns, one process", m(every, column, "one process")),
+                     ("ensemble cubes", m(every, cube))],
+        "tta8": [("single columns tta8", m(one, column, tta=8, roi=corner)),
+                 ("ensemble columns tta8", m(every, column, tta=8, roi=corner)),
+                 ("ensemble columns tta1 corner", m(every, column, roi=corner))],
+        "instances": [("single columns + instances", m(one, column, instances=True))],
+    }
+    if quick:
+        groups["tta8"] = []
+    return groups
+
+
+def measure(name: str, spec: dict[str, Any], root: Path, stores: Path, *, chunk: int, quick: bool) -> dict[str, Any]:
+    """One measurement into its own store (replaced: this benchmark's own output)."""
+    out = stores / f"{name.replace(' ', '_').replace(',', '').replace('+', 'plus')}.zarr"
+    if out.exists():
+        shutil.rmtree(out)
+    config = job(spec["members"], root, out, tta=spec["tta"], block=spec["block"], chunk=chunk, quick=quick,
+                 roi_vox=spec["roi_vox"], instances=spec["instances"])
+    row = blockwise(config) if spec["engine"] == "daisy" else single_process(config)
+    edge, depth = spec["block"]
+    return {**row, "members": len(spec["members"]), "tta": spec["tta"], "engine": spec["engine"],
+            "block": "columns" if depth == 0 else "cubes", "block_vox": edge}
+
+
+def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """daisy against one process on the same blocks (wall and predicting), and cubes against columns."""
+    out: dict[str, dict[str, float]] = {}
+    for who in ("single", "ensemble"):
+        daisy, alone = runs.get(f"{who} columns"), runs.get(f"{who} columns, one process")
+        if daisy and alone:
+            out[who] = {"daisy_wall": daisy["wall_s"] / alone["wall_s"] - 1,
+                        "daisy_predicting": daisy["predict_span_s"] / alone["predict_span_s"] - 1,
+                        "rate_vs_one_process": daisy["steady_mvox_s"] / alone["steady_mvox_s"]}
+        engine = ", one process" if f"{who} cubes, one process" in runs else ""  # like against like
+        cubes, columns = runs.get(f"{who} cubes{engine}"), runs.get(f"{who} columns{engine}")
+        if cubes and columns:
+            out.setdefault(who, {})["cubes_vs_columns"] = cubes["predict_span_s"] / columns["predict_span_s"] - 1
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
-    rows = ["| measurement | members | TTA | blocks | wall s | Mvox/s | predicting s | Mvox/s predicting |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| measurement | members | TTA | engine | blocks | voxels | wall s | Mvox/s | predicting s | "
+            "Mvox/s predicting |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in doc["runs"].items():
-        rows.append(f"| {name} | {r['members']} | {r['tta']} | {r.get('blocks', 1)} | {r['wall_s']} | {r['mvox_s']} "
-                    f"| {r['predict_span_s']} | {r['steady_mvox_s']} |")
-    o = doc["overhead"]
-    p = doc["projection"]
-    return "\n".join([
-        f"# predict-volume ({doc['hardware']}, {doc['date']})", "",
-        f"ROI: {doc['roi_vox']} voxels of {DATASET} at 8 nm; runs trained {doc['steps']} steps (speed does not "
-        f"depend on the weights). Wall: from the driver's start (worker start-up and model loading included); "
-        "predicting: from the first block's start to the last block's end in the workers (one process: after "
-        "loading the models).", "", *rows, "",
-        f"daisy (1 worker) vs the same blocks predicted one after the other in one process, TTA 1: wall "
-        f"{o['single']['wall']:+.1%} (single model), {o['ensemble']['wall']:+.1%} (ensemble); predicting only "
-        f"{o['single']['steady']:+.1%}, {o['ensemble']['steady']:+.1%}. The blocks against one piece in one "
-        f"process (the tiles across block faces predicted by both neighbours): {o['single']['blocking']:+.1%}, "
-        f"{o['ensemble']['blocking']:+.1%}; larger `--block-vox` shrinks it.", "",
-        f"Instance stitching (decode + merge + relabel + label pyramid): {doc['instances_s']:.1f} worker-seconds "
-        f"inside blocks, {doc['instances_s_per_mvox']} s per Mvoxel (wall time of the run "
-        f"{doc['instances_wall_extra_s']:+.1f} s against the one without).", "",
-        f"Projection at the ensemble's {p['mvox_s_per_gpu']} Mvox/s per GPU while predicting (no TTA): "
-        f"{p['gpu_hours_per_1e10_vox']} "
-        f"GPU-hours per 10¹⁰ voxels; {HELA} ≥ {p[HELA]['gpu_hours_lower_bound']} GPU-hours "
-        f"(≥ {p[HELA]['voxels_lower_bound']:.3g} voxels at 8 nm); all {p['datasets']} datasets ≥ "
-        f"{p['all']['gpu_hours_lower_bound']} GPU-hours (lower bounds: the box around each dataset's crops).", ""])
+        shape = f"{r['block']} of {r['block_vox']}" + ("²" if r["block"] == "columns" else "³")
+        rows.append(f"| {name} | {r['members']} | {r['tta']} | {r['engine']} | {r['blocks']} × {shape} | "
+                    f"{r['voxels']:.3g} | {r['wall_s']} | {r['mvox_s']} | {r['predict_span_s']} | "
+                    f"{r['steady_mvox_s']} |")
+    lines = [f"# predict-volume ({doc['hardware']}, {doc['date']})", "",
+             f"Volume: {DATASET}, {'×'.join(map(str, doc['size_vox']))} voxels at 8 nm tiled from the synthetic "
+             f"{SOURCE}; runs trained {doc['steps']} steps (speed does not depend on the weights). Wall: from the "
+             "driver's start (worker start-up and model loading included); predicting: from the first block's start "
+             "to the last block's end in the worker (one process: after loading the models). "
+             f"{doc['versions']}.", "", *rows, ""]
+    for who, r in doc["ratios"].items():
+        parts = []
+        if "daisy_predicting" in r:
+            parts.append(f"daisy (1 worker) vs the same columns in one process: wall {r['daisy_wall']:+.1%}, "
+                         f"predicting {r['daisy_predicting']:+.1%} (rate {r['rate_vs_one_process']:.1%} of the "
+                         "single-process rate)")
+        if "cubes_vs_columns" in r:
+            parts.append(f"cubic blocks vs columns {r['cubes_vs_columns']:+.1%} predicting time")
+        lines += [f"- **{who}**: " + "; ".join(parts) + ".", ""]
+    if "instances_s" in doc:
+        lines += [f"Instance stitching (decode + merge + relabel + label pyramid): {doc['instances_s']:.1f} "
+                  f"worker-seconds inside blocks, {doc['instances_s_per_mvox']} s per Mvoxel (wall time of the run "
+                  f"{doc['instances_wall_extra_s']:+.1f} s against the one without).", ""]
+    for key, label in (("projection", "no TTA"), ("projection_tta8", "TTA 8")):
+        if key in doc:
+            p = doc[key]
+            lines += [f"Projection at the ensemble's {p['mvox_s_per_gpu']} Mvox/s per GPU while predicting "
+                      f"({label}): {p['gpu_hours_per_1e10_vox']} GPU-hours per 10¹⁰ voxels; {HELA} ≥ "
+                      f"{p[HELA]['gpu_hours_lower_bound']} GPU-hours (≥ {p[HELA]['voxels_lower_bound']:.3g} voxels at "
+                      f"8 nm); all {p['datasets']} datasets ≥ {p['all']['gpu_hours_lower_bound']} GPU-hours (lower "
+                      "bounds: the box around each dataset's crops).", ""]
+    return "\n".join(lines)
+
+
+def _size(text: str) -> tuple[int, int, int]:
+    values = tuple(int(v) for v in text.split(","))
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--size {text!r}: three positive voxel counts Z,Y,X")
+    return values  # type: ignore[return-value]
+
+
+def _groups(text: str) -> tuple[str, ...]:
+    names = tuple(g.strip() for g in text.split(",") if g.strip())
+    unknown = [g for g in names if g not in GROUPS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--only {text!r}: groups are {', '.join(GROUPS)}")
+    return names
+
+
+def versions() -> str:
+    import daisy
+    import torch
+
+    return f"torch {torch.__version__}, daisy {getattr(daisy, '__version__', '?')}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the data, runs, stores and the record")
     parser.add_argument("--quick", action="store_true", help="tiny data and smoke models on the CPU")
+    parser.add_argument("--size", type=_size, default=None, metavar="Z,Y,X",
+                        help="the volume in voxels at 8 nm (default 384,768,768; quick 32,48,64)")
     parser.add_argument("--steps", type=int, default=2, help="training steps per run (default 2)")
-    parser.add_argument("--block-vox", type=int, default=None, help="write block edge (default 128; quick 32)")
+    parser.add_argument("--block-vox", type=int, default=None, help="cubic block edge (default 256; quick 16)")
+    parser.add_argument("--column-vox", type=int, default=None,
+                        help="column edge in y and x (default 512; quick 32)")
+    parser.add_argument("--only", type=_groups, default=GROUPS, metavar="G,...",
+                        help=f"measure these groups only ({', '.join(GROUPS)}; default all)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    block = args.block_vox or (32 if args.quick else 128)
-    root = build_root(args.out, args.quick)
+    size = args.size or ((32, 48, 64) if args.quick else (384, 768, 768))
+    chunk = 16 if args.quick else 64
+    cubes, columns = args.block_vox or (16 if args.quick else 256), args.column_vox or (32 if args.quick else 512)
+    root = build_root(args.out, args.quick, size)
     runs = build_runs(args.out, root, args.quick, args.steps)
-    stores = args.out / "stores"
-    if stores.exists():
-        import shutil
-
-        shutil.rmtree(stores)  # this benchmark's own outputs, rebuilt every time
-    measured: dict[str, dict[str, Any]] = {}
-    plan = [("single", runs[:1], 1), ("ensemble", runs, 1)]
-    if not args.quick:
-        plan += [("single tta8", runs[:1], 8), ("ensemble tta8", runs, 8)]
-    for name, members, tta in plan:
-        say(f"blockwise: {name} ({len(members)} members, TTA {tta})")
-        row = blockwise(job(members, root, stores / f"{name.replace(' ', '_')}.zarr", tta=tta, block=block,
-                            quick=args.quick))
-        measured[name] = {**row, "members": len(members), "tta": tta}
-        say(f"  {row['mvox_s']} Mvox/s, {row['wall_s']} s")
-    overhead: dict[str, dict[str, float]] = {}
-    for name, members in (("single", runs[:1]), ("ensemble", runs)):
-        rows = {}
-        for blocks in (False, True):
-            label = f"{name} one process{', same blocks' if blocks else ''}"
-            say(label)
-            rows[blocks] = single_process(job(members, root, stores / f"{label.replace(' ', '_').replace(',', '')}"
-                                              ".zarr", tta=1, block=block, quick=args.quick), blocks=blocks)
-            measured[label] = {**rows[blocks], "members": len(members), "tta": 1}
-        daisy_row, same, piece = measured[name], rows[True], rows[False]
-        overhead[name] = {"wall": daisy_row["wall_s"] / same["wall_s"] - 1,
-                          "steady": daisy_row["predict_span_s"] / same["predict_span_s"] - 1,
-                          "blocking": same["predict_span_s"] / piece["predict_span_s"] - 1}
-        say(f"  daisy vs the same blocks in one process: wall {overhead[name]['wall']:+.1%}, predicting "
-            f"{overhead[name]['steady']:+.1%}; blocks vs one piece {overhead[name]['blocking']:+.1%}")
-    say("blockwise with --instances")
-    inst = blockwise(job(runs[:1], root, stores / "instances.zarr", tta=1, block=block, quick=args.quick,
-                         instances=True))
-    measured["single + instances"] = {**inst, "members": 1, "tta": 1}
+    groups = plan(runs, quick=args.quick, cubes=cubes, columns=columns, size=size)
+    partial = args.out / "predict_volume.partial.json"
+    settings = {"size_vox": list(size), "cubes": cubes, "columns": columns, "steps": args.steps, "quick": args.quick}
+    done = json.loads(partial.read_text()) if partial.is_file() else {}
+    if done.get("settings") != settings:
+        done = {"settings": settings, "runs": {}}  # measured with other settings: measure again
+    for group in args.only:
+        for name, spec in groups[group]:
+            if name in done["runs"]:
+                say(f"{name}: measured before ({done['runs'][name]['steady_mvox_s']} Mvox/s predicting)")
+                continue
+            say(f"{name} ({len(spec['members'])} members, TTA {spec['tta']}, {spec['engine']})")
+            done["runs"][name] = row = measure(name, spec, root, args.out / "stores", chunk=chunk, quick=args.quick)
+            partial.write_text(json.dumps(done, indent=2) + "\n")
+            say(f"  {row['steady_mvox_s']} Mvox/s predicting, {row['mvox_s']} Mvox/s wall, {row['wall_s']} s")
+    measured = done["runs"]
+    missing = [name for g in GROUPS for name, _ in groups[g] if name not in measured]
+    if missing:
+        say(f"not yet measured: {', '.join(missing)}; run again (with --only) to add them")
+        return 0
+    doc: dict[str, Any] = {"bench": "predict_volume", "hardware": hardware(), "date": datetime.date.today().isoformat(),
+                           "versions": versions(), **settings, "chunk_vox": chunk, "runs": measured,
+                           "ratios": ratios(measured), "projection": projection(measured["ensemble columns"]
+                                                                                ["steady_mvox_s"]),
+                           "command": " ".join(sys.argv)}
+    if "ensemble columns tta8" in measured:
+        doc["projection_tta8"] = projection(measured["ensemble columns tta8"]["steady_mvox_s"])
+    inst = measured["single columns + instances"]
     stitching = ("decode", "merge", "relabel", *(t for t in inst["timing"] if t.startswith("pyramid-labels")))
     extra = sum(inst["timing"].get(t, {}).get("busy_s", 0.0) for t in stitching)  # worker seconds inside blocks
-    doc = {"bench": "predict_volume", "hardware": hardware(), "date": datetime.date.today().isoformat(),
-           "quick": args.quick, "steps": args.steps, "block_vox": block, "roi_vox": measured["single"]["voxels"],
-           "runs": measured, "overhead": overhead, "instances_s": round(extra, 2),
-           "instances_s_per_mvox": sig(extra / (inst["voxels"] / 1e6)),
-           "instances_wall_extra_s": round(inst["wall_s"] - measured["single"]["wall_s"], 2),
-           "projection": projection(measured["ensemble"]["steady_mvox_s"]),
-           **({"projection_tta8": projection(measured["ensemble tta8"]["steady_mvox_s"])}
-              if "ensemble tta8" in measured else {}),
-           "total_s": round(time.perf_counter() - started, 1), "command": " ".join(sys.argv)}
+    doc.update(instances_s=round(extra, 2), instances_s_per_mvox=sig(extra / (inst["voxels"] / 1e6)),
+               instances_wall_extra_s=round(inst["wall_s"] - measured["single columns"]["wall_s"], 2),
+               total_s=round(time.perf_counter() - started, 1))
     json_path, md_path = record_paths(args.out, "predict_volume")
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     md_path.write_text(markdown(doc))
-    say(f"wrote {json_path} and {md_path} in {doc['total_s']} s")
+    say(f"wrote {json_path} and {md_path}")
     return 0
 
 
