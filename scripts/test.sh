@@ -16,7 +16,12 @@ python -m pytest --nbmake notebooks -p no:cacheprovider -q
 if [ "${CELLSEG_PEER_QUICK:-1}" != 0 ]; then  # CELLSEG_PEER_QUICK=0 skips it (it downloads nnU-Net the first time)
   echo "==> the nnU-Net peer end to end on the CPU (bench/peers/nnunet --quick; nnU-Net in its own .venv-nnunet)"
   python -m bench.peers.nnunet env --env "$CELLSEG_ROOT/.venv-nnunet"
-  python -m bench.peers.nnunet --quick --quiet --processes 2 --env "$CELLSEG_ROOT/.venv-nnunet" \
-    --out "$(mktemp -d)/nnunet_peer"
+  peer_out="$(mktemp -d)/nnunet_peer"
+  peer=(python -m bench.peers.nnunet --quick --quiet --processes 2 --env "$CELLSEG_ROOT/.venv-nnunet" --out "$peer_out")
+  # first stopped after nnU-Net's first iteration, as a job's time limit stops it (exit 75), then resumed to the end
+  code=0; "${peer[@]}" --step-limit-min 0 || code=$?
+  [ "$code" = 75 ] || { echo "the peer's stopped training exited $code, not 75" >&2; exit 1; }
+  "${peer[@]}"
+  grep -q '"starts": 2' "$peer_out/nnunet_train.json" || { echo "the peer's training did not resume" >&2; exit 1; }
 fi
 echo "==> test suite finished in $(( $(date +%s) - start )) s"

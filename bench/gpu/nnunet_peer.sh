@@ -3,9 +3,12 @@
 # as steps that each fit a 10-minute job; WORK (default /tmp/peer) keeps everything between them, OUT gets the
 # result files (scores.md, scores.json, the step records).
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh data           # the `quality` data root and its nnU-Net raw dataset
-#   OUT=OUT bash bench/gpu/nnunet_peer.sh nnunet 5       # plan, preprocess, train 5 minutes (alone on the GPU)
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh nnunet 5       # plan, preprocess, train 5 minutes (alone on the GPU);
+#                                                        # exit 75: stopped at the job's limit (STEP_LIMIT_MIN,
+#                                                        # default 9.5) with a checkpoint: run it again to resume
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh predict        # nnU-Net's predictor on the tuning and test crops
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh cellseg 5      # configs/quality/unet_3d.yaml for 5 minutes, predicted
+#                                                        # (exit 75 as above: run it again to resume)
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh score          # both arms, both decodings, every era
 # Wheels the GPU image lacks: cellseg's in .whl (scripts/offline_wheels.sh --only ...), nnU-Net's in .nnw and .nnw2
 # (scripts/offline_wheels.sh --peer nnunet; SimpleITK alone in .nnw2 keeps each folder small), installed once into
@@ -29,9 +32,10 @@ case "$STEP" in
   data)
     [ -f "$WORK/data/datasplit.csv" ] || python3 -m cellseg synth --out "$WORK/data" --preset quality --workers "$(nproc)"
     "${peer[@]}" data --root "$WORK/data" "$@" ;;
-  nnunet) "${peer[@]}" train --budget-min "${1:?minutes}" ;;
+  nnunet) "${peer[@]}" train --budget-min "${1:?minutes}" --step-limit-min "${STEP_LIMIT_MIN:-9.5}" ;;
   predict) "${peer[@]}" predict ;;
-  cellseg) "${peer[@]}" cellseg --budget-min "${1:?minutes}" --set loader.num_workers=$(( $(nproc) - 2 )) ;;
+  cellseg) "${peer[@]}" cellseg --budget-min "${1:?minutes}" --step-limit-min "${STEP_LIMIT_MIN:-9.5}" \
+             --set loader.num_workers=$(( $(nproc) - 2 )) ;;
   score) "${peer[@]}" score --arm "unet_3d=$WORK/stores/unet_3d_test.zarr,$WORK/stores/unet_3d_tune.zarr" ;;
   *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac

@@ -3,7 +3,9 @@ and cellseg beside it, scored by cellseg's evaluator.
 
     env      create (or reuse) nnU-Net's own environment                         (env.py)
     data     the data root as an nnU-Net raw dataset: the crops of a cellseg run  (cases.py)
-    train    nnU-Net's planner and preprocessing (timed apart), then its trainer for --budget-min training minutes
+    train    nnU-Net's planner and preprocessing (timed apart), then its trainer for --budget-min training minutes;
+             with --step-limit-min (a job's time limit) or on SIGTERM it stops with a checkpoint and exits 75,
+             and the same command resumes it
     predict  nnU-Net's predictor (sliding window, mirroring) on the tuning and test crops → two cellseg stores
     cellseg  a cellseg config trained for the same budget and predicted the same way → two stores (an arm)
     ensemble an arm of arms: `cellseg ensemble` weights fitted on the tuning crops (nnU-Net as one more member)
@@ -22,9 +24,11 @@ validation, checkpoints, planning and preprocessing not charged (`trainers/nnUNe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +59,25 @@ QUICK = {"budget_min": 0.1, "iterations": 2, "val_iterations": 1}  # seconds of 
 MIN_BUDGET_MIN = 1.0
 MIN_QUICK_BUDGET_MIN = 0.05
 SETTINGS_FILE = "peer.json"
+STOPPED = 75  # exit status of a step stopped to be resumed (the trainer's, and cellseg's commands')
+STOP_RESERVE_S = 60.0  # of a step's time limit, left for nnU-Net's checkpoint and exit after it is told to stop
+TRAIN_PARTIAL = "nnunet_train.partial.json"  # the wall time of the starts of a stopped training
+
+
+class Stopped(Exception):
+    """A step stopped before its end, to be resumed by running it again."""
+
+
+@contextlib.contextmanager
+def _sigterm_waits():
+    """While nnU-Net trains, a SIGTERM to this process (the job's whole process group gets one) only marks the
+    step stopped: nnU-Net got it too and is writing its checkpoint, which this process waits for."""
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -145,6 +168,7 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
             return record
         raise ValueError(f"{out}: trained before for {record['budget_min']} minutes, not {args.budget_min}: "
                          "use another --out (the converted data can be copied)")
+    step_started = time.perf_counter()
     quick = QUICK if args.quick else {}
     extra = _nnunet_environ(out, budget_min=args.budget_min, iterations=quick.get("iterations"),
                             val_iterations=quick.get("val_iterations"), compile_=not args.no_compile)
@@ -153,23 +177,42 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
         env.run("plan_and_preprocess", ["-d", str(case_io.DATASET_ID), "-c", CONFIGURATION, "-np",
                                         str(args.processes), "--verify_dataset_integrity"], extra,
                 log_file=out / "logs" / "plan_and_preprocess.log")
-    preprocess_s = time.perf_counter() - started
+        _write_json(out / "nnunet_preprocess.json", {"seconds": time.perf_counter() - started})
+    preprocess_s = json.loads((out / "nnunet_preprocess.json").read_text())["seconds"]
     plan = _plan(out)
     log.info("nnU-Net's plan (%s): spacing %s nm, patch %s, batch %d; planned and preprocessed in %.1f s",
              CONFIGURATION, plan["spacing_nm"], plan["patch_size_vox"], plan["batch_size"], preprocess_s)
-    started = time.perf_counter()
+    folder = out / "results" / case_io.DATASET_NAME / f"{TRAINER}__nnUNetPlans__{CONFIGURATION}" / "fold_all"
+    resume = (folder / "budget_state.json").is_file() and (folder / "checkpoint_latest.pth").is_file()
+    partial = json.loads((out / TRAIN_PARTIAL).read_text()) if resume and (out / TRAIN_PARTIAL).is_file() else \
+        {"starts_wall_s": []}
+    if args.step_limit_min is not None:  # told to stop in time to checkpoint inside the step's limit
+        left = args.step_limit_min * 60 - (time.perf_counter() - step_started) - STOP_RESERVE_S
+        extra["CELLSEG_NNUNET_STOP_AFTER_S"] = str(max(0.0, left))
     # --quick: augmentation in the training process, no worker pool on a small CPU (only for training: the planner
     # sets torch's threads from the same variable and refuses 0)
     training = {**extra, "nnUNet_n_proc_DA": "0"} if args.quick else extra
-    env.run("train", [str(case_io.DATASET_ID), CONFIGURATION, "all", "-tr", TRAINER, "-device", args.device], training,
-            log_file=out / "logs" / "train.log")
-    folder = out / "results" / case_io.DATASET_NAME / f"{TRAINER}__nnUNetPlans__{CONFIGURATION}" / "fold_all"
+    if resume:
+        log.info("%s: resuming the stopped training (`--c`)", folder)
+    started = time.perf_counter()
+    with _sigterm_waits() as sigterm:
+        code = env.run("train", [str(case_io.DATASET_ID), CONFIGURATION, "all", "-tr", TRAINER, "-device",
+                                 args.device, *(["--c"] if resume else [])], training,
+                       log_file=out / "logs" / "train.log", allow=(STOPPED,))
+    partial["starts_wall_s"].append(time.perf_counter() - started)
+    if code == STOPPED or sigterm:
+        _write_json(out / TRAIN_PARTIAL, partial)
+        state = json.loads((folder / "budget_state.json").read_text())
+        raise Stopped(f"nnU-Net's training stopped at {state['charged_s']:.0f} of {args.budget_min * 60:.0f} "
+                      f"charged s ({'SIGTERM' if sigterm else 'the step limit'}), checkpointed: run the train step "
+                      "again to resume it")
     clock = json.loads((folder / "budget.json").read_text())
     if clock["epochs"] < 1 or clock["iterations"] < 2:
         raise ValueError(f"--budget-min {args.budget_min}: training ended before one charged iteration "
                          f"({clock['iterations']} run); give a longer budget")
     record = {"budget_min": args.budget_min, "device": args.device, "compile": not args.no_compile, "plan": plan,
-              "preprocess_s": preprocess_s, "train_wall_s": time.perf_counter() - started, "clock": clock,
+              "preprocess_s": preprocess_s, "train_wall_s": sum(partial["starts_wall_s"]),
+              "starts": len(partial["starts_wall_s"]), "clock": clock,
               "nnunetv2": nnenv.VERSION}
     _write_json(record_path, record)
     log.info("nnU-Net trained %d epochs (%d iterations) in %.1f charged s (%.1f s wall with start-up)",
@@ -208,26 +251,49 @@ def step_predict(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
 
 def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
     """A cellseg arm: `args.config` trained for the budget (validations at a third of it), predicted on the tuning
-    and test crops as the nnU-Net arm is (8x TTA, cellseg's default)."""
+    and test crops as the nnU-Net arm is (8x TTA, cellseg's default). With `--step-limit-min` the training gets
+    SIGTERM a minute before the limit (it checkpoints and exits 75, as on a cluster) and the same command resumes
+    it (`cellseg train --resume auto`); predictions resume crop by crop."""
+    step_started = time.perf_counter()
     out: Path = args.out
     settings = _settings(out)
     name = Path(args.config).stem
     run_dir = out / "cellseg" / name
     third = args.budget_min / 3
     cli = [sys.executable, "-m", "cellseg"]
-    started = time.perf_counter()
+    partial_path = out / f"cellseg_{name}.partial.json"
+    partial = json.loads(partial_path.read_text()) if partial_path.is_file() else {"starts_wall_s": []}
     if not (run_dir / "result.json").is_file():
-        subprocess.run([*cli, "train", str(args.config), f"data.root={settings['root']}", f"run_dir={run_dir}",
-                        f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
-                        *(["train.device=cpu"] if args.device == "cpu" else []), *(QUICK_OVERRIDES if args.quick else ()),
-                        *args.set], check=True)
-    train_s = time.perf_counter() - started
+        command = [*cli, "train", "--resume", "auto", str(args.config), f"data.root={settings['root']}",
+                   f"run_dir={run_dir}", f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
+                   *(["train.device=cpu"] if args.device == "cpu" else []), *(QUICK_OVERRIDES if args.quick else ()),
+                   *args.set]
+        started = time.perf_counter()
+        with _sigterm_waits() as sigterm:
+            proc = subprocess.Popen(command)
+            left = None if args.step_limit_min is None else \
+                max(0.0, args.step_limit_min * 60 - STOP_RESERVE_S - (started - step_started))
+            try:
+                code = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)  # cellseg checkpoints after the current step and exits 75
+                sigterm.append(signal.SIGTERM)
+                code = proc.wait()
+        partial["starts_wall_s"].append(time.perf_counter() - started)
+        _write_json(partial_path, partial)
+        if code == STOPPED or (sigterm and code in (-signal.SIGTERM, 128 + signal.SIGTERM)):  # (killed before it
+            # could install its handler: nothing to resume, the next start begins again)
+            raise Stopped(f"{run_dir}: cellseg's training stopped with a checkpoint: run the cellseg step again to "
+                          "resume it")
+        if code != 0:
+            raise RuntimeError(f"{run_dir}: cellseg train failed (exit {code})")
     started = time.perf_counter()
     for role, crops in (("test", "test"), ("tune", "val")):
         store = out / "stores" / f"{name}_{role}.zarr"
         subprocess.run([*cli, "predict", str(run_dir), "--crops", crops, "--out", str(store), "--tta", str(args.tta),
                         "--device", args.device], check=True)
-    record = {"config": str(args.config), "budget_min": args.budget_min, "train_wall_s": train_s,
+    record = {"config": str(args.config), "budget_min": args.budget_min,
+              "train_wall_s": sum(partial["starts_wall_s"]), "starts": len(partial["starts_wall_s"]),
               "predict_s": time.perf_counter() - started, "result": json.loads((run_dir / "result.json").read_text())}
     _write_json(out / f"cellseg_{name}.json", record)
     return record
@@ -304,6 +370,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-min", type=float, default=3.0, help="training minutes (train, cellseg; default 3)")
     parser.add_argument("--device", default="cuda", help="cuda or cpu (default cuda; --quick: cpu)")
     parser.add_argument("--no-compile", action="store_true", help="train nnU-Net without torch.compile")
+    parser.add_argument("--step-limit-min", type=float, default=None, metavar="MIN",
+                        help="train, cellseg: the step's time limit (a job's); the training stops a minute before it "
+                             "with a checkpoint, the step exits 75 and the same command resumes (0: stop nnU-Net "
+                             "after its first iteration, a check of the resume)")
     parser.add_argument("--tta", type=int, default=8, choices=(1, 8), help="cellseg arm's test-time augmentation")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=TEST.zarr,TUNE.zarr",
                         help="score: another arm's probability stores of the test and tuning crops; ensemble: a member "
@@ -357,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
             step_predict(args, env)  # type: ignore[arg-type]
         if args.step in ("score", "all"):
             step_score(args)
+    except Stopped as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        return STOPPED
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -64,8 +64,10 @@ class Env:
                                capture_output=True, text=True, env=self.environ({}))
         return probe.stdout.strip() if probe.returncode == 0 else None
 
-    def run(self, step: str, args: Sequence[str], extra: Mapping[str, str], *, log_file: Path) -> None:
-        """Run one of nnU-Net's commands (`ENTRY_POINTS`) with `args`, its output into `log_file` and the console.
+    def run(self, step: str, args: Sequence[str], extra: Mapping[str, str], *, log_file: Path,
+            allow: Sequence[int] = ()) -> int:
+        """Run one of nnU-Net's commands (`ENTRY_POINTS`) with `args`, its output into `log_file` and the console;
+        returns its exit status (0, or one of `allow`).
 
         Raises:
             RuntimeError: the command failed (names the log file and its last lines).
@@ -83,9 +85,10 @@ class Env:
                 if line.strip():
                     log.debug("nnunet: %s", line.rstrip())
             code_ = proc.wait()
-        if code_ != 0:
+        if code_ != 0 and code_ not in allow:
             tail = "".join(log_file.read_text().splitlines(keepends=True)[-15:])
             raise RuntimeError(f"nnU-Net {step} failed (exit {code_}); its log is {log_file}:\n{tail}")
+        return code_
 
 
 def find_env(path: Path) -> Env:

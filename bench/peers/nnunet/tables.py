@@ -33,6 +33,15 @@ def _rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _starts(train: Mapping[str, Any], clock: Mapping[str, Any]) -> str:
+    """", in N starts (first iterations a, b s uncharged)" for a training stopped and resumed."""
+    starts = int(train.get("starts", 1))
+    if starts <= 1:
+        return ""
+    firsts = ", ".join(f"{v:.1f}" for v in clock.get("first_iterations_s", []))
+    return f", in {starts} starts (stopped at a job's time limit and resumed; first iterations {firsts} s uncharged)"
+
+
 def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = []
     train = records.get("nnunet_train")
@@ -45,7 +54,7 @@ def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
                      f"budget ({clock['epochs']} epochs, {clock['iterations']} iterations, median epoch "
                      f"{clock['median_epoch_s']:.1f} s of training; first iteration {clock['first_iteration_s']:.1f} s "
                      f"uncharged), {train['train_wall_s']:.0f} s wall with start-up and validation, on {train['device']}"
-                     f"{'' if train['compile'] else ' (eager)'}.")
+                     f"{'' if train['compile'] else ' (eager)'}{_starts(train, clock)}.")
     predict = records.get("nnunet_predict")
     if predict:
         lines.append(f"- nnU-Net prediction of {predict['cases']} cases (mirroring): {predict['predict_s']:.0f} s; "

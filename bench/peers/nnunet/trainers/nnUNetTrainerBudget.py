@@ -10,20 +10,32 @@ wait, forward, backward, step), not the first one (cuDNN autotuning, `torch.comp
 start-up: the rule `train.time_budget_min` follows in cellseg. nnU-Net's final validation (fold `all`: its own
 training cases) is skipped.
 
+**Stopped and resumed** (a job time limit, preemption): on SIGTERM, or `CELLSEG_NNUNET_STOP_AFTER_S` seconds after
+the process started, training stops after the current iteration, writes `checkpoint_latest.pth` (the interrupted
+epoch is run again, whole, on resume, so nnU-Net's per-epoch logs stay one entry an epoch) and `budget_state.json`
+(the clock so far), and the process exits 75. nnU-Net's `--c` then resumes it: the clock goes on from where it
+stopped, and the first iteration after each start is again uncharged.
+
 Environment: `CELLSEG_NNUNET_BUDGET_MIN` (required), `CELLSEG_NNUNET_ITERATIONS` and `CELLSEG_NNUNET_VAL_ITERATIONS`
-(default nnU-Net's 250 and 50; the CPU quick mode uses a handful). `budget.json` in the output folder records the clock.
+(default nnU-Net's 250 and 50; the CPU quick mode uses a handful), `CELLSEG_NNUNET_STOP_AFTER_S` (optional).
+`budget.json` in the output folder records the clock.
 """
 
 import json
 import os
+import signal
+import sys
 import time
 
 import numpy as np
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
+STARTED = time.time()  # the process's start, which `CELLSEG_NNUNET_STOP_AFTER_S` counts from
 POLY_EXPONENT = 0.9  # nnU-Net's PolyLRScheduler exponent
 EPOCH_CAP = 10**6  # a cap only: the budget ends training
+STOPPED = 75  # exit status of a training stopped to be resumed (EX_TEMPFAIL, as cellseg's commands)
+STATE_FILE = "budget_state.json"
 
 
 class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its class name: keep its naming
@@ -34,6 +46,44 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
         self.num_iterations_per_epoch = int(os.environ.get("CELLSEG_NNUNET_ITERATIONS", "250"))
         self.num_val_iterations_per_epoch = int(os.environ.get("CELLSEG_NNUNET_VAL_ITERATIONS", "50"))
         self.num_epochs = EPOCH_CAP
+        stop_after = os.environ.get("CELLSEG_NNUNET_STOP_AFTER_S")
+        self.deadline = STARTED + float(stop_after) if stop_after else None
+        self.stop_requested = False
+        self.resumed = False
+
+    def load_checkpoint(self, filename_or_checkpoint):
+        super().load_checkpoint(filename_or_checkpoint)
+        self.resumed = True  # `--c` found a checkpoint: the clock in budget_state.json goes on
+
+    def _on_sigterm(self, signum, frame):
+        self.stop_requested = True
+        self.print_to_log_file("SIGTERM: stopping after this iteration, with a checkpoint to resume from")
+
+    def _clock_state(self) -> dict:
+        path = os.path.join(self.output_folder, STATE_FILE)
+        if self.resumed and os.path.isfile(path):
+            with open(path) as fh:
+                return json.load(fh)
+        if os.path.isfile(path):
+            os.remove(path)  # left by a training that this one does not continue
+        return {"charged_s": 0.0, "iterations": 0, "first_iterations_s": [], "epoch_s": [], "wall_s": 0.0}
+
+    def _stop(self, state: dict, started: float) -> None:
+        """Checkpoint so that `--c` runs the interrupted epoch again, record the clock, exit `STOPPED`."""
+        self.current_epoch -= 1  # `save_checkpoint` stores current_epoch + 1: the epoch to start from
+        self.save_checkpoint(os.path.join(self.output_folder, "checkpoint_latest.pth"))
+        self.current_epoch += 1
+        if self.local_rank == 0:
+            state = {**state, "wall_s": state["wall_s"] + time.perf_counter() - started}
+            with open(os.path.join(self.output_folder, STATE_FILE), "w") as fh:
+                json.dump(state, fh, indent=1)
+        for loader in (self.dataloader_train, self.dataloader_val):
+            finish = getattr(loader, "_finish", None)
+            if finish is not None:
+                finish()
+        self.print_to_log_file(f"stopped at {state['charged_s']:.1f} of {self.budget_s:.0f} charged s "
+                               f"({state['iterations']} iterations); `--c` resumes")
+        sys.exit(STOPPED)
 
     def perform_actual_validation(self, save_probabilities: bool = False):
         """Skipped: nnU-Net's fold `all` would predict its own training cases; the bench predicts the tuning and
@@ -47,39 +97,50 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
         return lr
 
     def run_training(self):
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         self.on_train_start()
         started = time.perf_counter()
-        charged, iterations, first_s, epoch_s = 0.0, 0, None, []
-        while charged < self.budget_s and self.current_epoch < self.num_epochs:
+        state = self._clock_state()
+        first = True
+        while state["charged_s"] < self.budget_s and self.current_epoch < self.num_epochs:
             self.on_epoch_start()
             self.on_train_epoch_start()  # logs the scheduler's lr; `_set_lr` sets the budget's before every step
-            outputs, epoch_start = [], charged
+            outputs, epoch_start = [], state["charged_s"]
             for _ in range(self.num_iterations_per_epoch):
-                self._set_lr(charged)
+                self._set_lr(state["charged_s"])
                 tick = time.perf_counter()
                 outputs.append(self.train_step(next(self.dataloader_train)))  # returns the loss on the CPU: synced
                 spent = time.perf_counter() - tick
-                iterations += 1
-                if first_s is None:
-                    first_s = spent  # autotuning and compilation: not charged
+                state["iterations"] += 1
+                if first:
+                    state["first_iterations_s"].append(spent)  # autotuning and compilation: not charged
+                    first = False
                 else:
-                    charged += spent
-                if charged >= self.budget_s:
-                    break
+                    state["charged_s"] += spent
+                if state["charged_s"] >= self.budget_s:
+                    break  # the budget's last iteration: this epoch ends normally, whatever else was asked
+                if self.stop_requested or (self.deadline is not None and time.time() >= self.deadline):
+                    self._stop(state, started)
             self.on_train_epoch_end(outputs)
-            epoch_s.append(charged - epoch_start)
+            state["epoch_s"].append(state["charged_s"] - epoch_start)
             with torch.no_grad():
                 self.on_validation_epoch_start()
                 val = [self.validation_step(next(self.dataloader_val)) for _ in range(self.num_val_iterations_per_epoch)]
                 self.on_validation_epoch_end(val)
             self.on_epoch_end()
         self.on_train_end()
+        path = os.path.join(self.output_folder, STATE_FILE)
         if self.local_rank == 0:
-            record = {"budget_s": self.budget_s, "charged_s": charged, "first_iteration_s": first_s,
-                      "wall_s": time.perf_counter() - started, "epochs": self.current_epoch, "iterations": iterations,
+            firsts, epochs = state["first_iterations_s"], state["epoch_s"]
+            record = {"budget_s": self.budget_s, "charged_s": state["charged_s"],
+                      "first_iteration_s": firsts[0] if firsts else None, "starts": len(firsts),
+                      "first_iterations_s": firsts, "wall_s": state["wall_s"] + time.perf_counter() - started,
+                      "epochs": self.current_epoch, "iterations": state["iterations"],
                       "iterations_per_epoch": self.num_iterations_per_epoch,
-                      "median_epoch_s": float(np.median(epoch_s)) if epoch_s else None,
+                      "median_epoch_s": float(np.median(epochs)) if epochs else None,
                       "batch_size": self.batch_size, "patch_size": list(self.configuration_manager.patch_size),
                       "spacing": list(self.configuration_manager.spacing)}
             with open(os.path.join(self.output_folder, "budget.json"), "w") as fh:
                 json.dump(record, fh, indent=1)
+            if os.path.isfile(path):
+                os.remove(path)
