@@ -82,6 +82,7 @@ class Env:
             assert proc.stdout is not None
             for line in proc.stdout:
                 fh.write(line)
+                fh.flush()  # the log is live: `tail -f` shows nnU-Net's epochs as they end
                 if line.strip():
                     log.debug("nnunet: %s", line.rstrip())
             code_ = proc.wait()
