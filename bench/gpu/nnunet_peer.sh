@@ -3,11 +3,11 @@
 # as steps that each fit a 10-minute job; WORK (default /tmp/peer) keeps everything between them, OUT gets the
 # result files (scores.md, scores.json, the step records).
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh data           # the `quality` data root and its nnU-Net raw dataset
-#   OUT=OUT bash bench/gpu/nnunet_peer.sh nnunet 5       # plan, preprocess, train 5 minutes (alone on the GPU);
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh nnunet 6       # plan, preprocess, train 6 minutes (alone on the GPU);
 #                                                        # exit 75: stopped at the job's limit (STEP_LIMIT_MIN,
 #                                                        # default 9.5) with a checkpoint: run it again to resume
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh predict        # nnU-Net's predictor on the tuning and test crops
-#   OUT=OUT bash bench/gpu/nnunet_peer.sh cellseg 5      # configs/quality/unet_3d.yaml for 5 minutes, predicted
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh cellseg 6      # configs/quality/unet_3d.yaml for 6 minutes, predicted
 #                                                        # (exit 75 as above: run it again to resume)
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh score          # both arms, both decodings, every era
 # Wheels the GPU image lacks: cellseg's in .whl (scripts/offline_wheels.sh --only ...), nnU-Net's in .nnw and .nnw2
