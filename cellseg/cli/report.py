@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             Stages 1-4 are scored as the official evaluator reads a binary prediction (probability > 0.5,
             instance classes as 26-connected components), stage 5 with the post-processed masks and ids; each
             is written as a submission at the truth's geometry and scored with `cellseg evaluate`'s code.
-            Stages 2, 4 and 5 are switched off for each class they do not improve on the tuning crops (that
-            class keeps the previous stage's prediction; stage 2's is the best single model's); the report
+            Stages 2-5 are switched off for each class they do not improve on the tuning crops (that class
+            keeps the previous stage's prediction; stage 2's is the best single model's); the report
             names those classes. Stage 5's switch is made in each era scored, for that era's column and
             submission (stores/submissions/postprocess_<era>.zip where it differs).
 

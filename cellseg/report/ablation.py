@@ -16,8 +16,9 @@ Stages (each keeps everything of the one before and changes one thing):
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
-Stages 2, 4 and 5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
-tuning crops keeps the previous stage's prediction, and the report names those classes. Stage 5's switch is made in
+Stages 2-5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
+tuning crops keeps the previous stage's prediction (stage 3 also the previous stage's weights, for stage 4), and
+the report names those classes. Stage 5's switch is made in
 every era scored, each era's column (and submission) taking the store its own switch kept.
 
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
@@ -39,8 +40,9 @@ interrupted report resumes; `--overwrite` starts over):
                                        postprocess_params.partial.json, the classes tuned so far),
     stores/postprocessed.zarr, stores/segmentation/<stage>.zarr, stores/submissions/<stage>.zip and
     stores/submissions/<stage>.<era>.json (its evaluation: a resumed report does not score it again)
-    stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_tta8_switched.zarr,
-    stores/postprocessed_switched.zarr: stages 2, 4 and 5 with classes switched off (only when some are);
+    stores/ensemble_uniform_switched.zarr, stores/ensemble_weighted_switched.zarr (its weights:
+    stores/weights_switched.json), stores/ensemble_weighted_tta8_switched.zarr,
+    stores/postprocessed_switched.zarr: stages 2-5 with classes switched off (only when some are);
     stores/postprocessed_switched_<era>.zarr: stage 5 as switched in another era, where its switch differs
     stores/.ensemble_*.zarr.partial    an ensemble a cut report was writing: the next run adds the crops it lacks
 
@@ -58,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
-from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
 from cellseg.report.bootstrap import uncertainties
 from cellseg.report.decisions import choose_best
@@ -258,7 +259,7 @@ def run_report(opts: ReportOptions) -> Report:
     report = Report(options=opts, runs=runs, data_root=root, plan=plan, truth=truth, singles=singles,
                     best_single={era: c["run"] for era, c in chosen.items()}, best_single_choice=chosen,
                     stages=stages, timings=timings.rows,
-                    weights=json.loads((stores.weighted.path / WEIGHTS_FILE).read_text()),
+                    weights=json.loads(stores.weights.read_text()),
                     params=stores.params.to_json(), uncertainty=uncertainty, switches=stores.switches)
     with timings.step("figures"):
         report.figures = write_figures(report, layout.root, progress=opts.progress)

@@ -140,7 +140,7 @@ def crop_uses(report: Report) -> dict[str, str]:
     era = ERA_TITLES[report.options.tuning_era]
     return {"scored": "every stage's scores and intervals",
             "tuning": f"the choice of the best single model (stage 1), the ensemble weights (stage 3), the "
-                      f"post-processing parameters (stage 5) and the per-class switches of stages 2, 4 and 5, each by "
+                      f"post-processing parameters (stage 5) and the per-class switches of stages 2-5, each by "
                       f"the {era} in decision mode",
             "checkpoints": "each run's best.pt was chosen during training on its own tuning crops (its "
                            "validation_roles.csv), in decision mode"}
@@ -192,11 +192,12 @@ def hierarchy_note(report: Report) -> list[str]:
     return [f"Hierarchy options of stage 5 (tuning crops, without → with): {'; '.join(items)}."] if items else []
 
 
-SWITCHED = {"uniform": "2. uniform ensemble", "tta": "4. TTA", "postprocess": "5. post-processing"}
+SWITCHED = {"uniform": "2. uniform ensemble", "weighted": "3. weighted ensemble", "tta": "4. TTA",
+            "postprocess": "5. post-processing"}
 
 
 def switch_lines(report: Report) -> list[str]:
-    """Which classes had stage 2, 4 or 5 switched off (they keep the previous stage's prediction), with the class
+    """Which classes had a stage switched off (they keep the previous stage's prediction), with the class
     scores on the tuning crops that decided it."""
     if not report.switches:
         return []
@@ -204,9 +205,11 @@ def switch_lines(report: Report) -> list[str]:
     lines = ["## Stage switches", "",
              f"A stage that does not raise a class's {era} score on the tuning crops is switched off for that class, "
              "which keeps the previous stage's prediction (stage 2 is compared with the best single model chosen in "
-             f"{era}, stage 5 with the plain decoding of stage 4).", ""]
+             f"{era}, stage 3 with stage 2 as switched, stage 5 with the plain decoding of stage 4).", ""]
     rows = []
     for key, title in SWITCHED.items():
+        if key not in report.switches:  # a report made before stage 3 was switched
+            continue
         switch = report.switches[key]
         idle, best = switch.get("without_weight"), switch.get("best_single")
         lines.append(f"- **{title}**: off for {', '.join(switch['off']) or 'no class'}"
@@ -249,7 +252,7 @@ def console(report: Report) -> str:
     switched = [f"{title} switched off for: {', '.join(report.switches[key]['off']) or 'no class'}"
                 + "".join(f" ({other}: {', '.join(own['off']) or 'no class'})"
                           for other, own in other_eras(report.switches[key], report.switches["era"]))
-                for key, title in SWITCHED.items() if report.switches]
+                for key, title in SWITCHED.items() if key in report.switches]
     return "\n".join([*lines, *switched, "", noise_note(report), "", report.plan.notes[0]])
 
 

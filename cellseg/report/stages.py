@@ -25,7 +25,7 @@ from cellseg.report.scoring import (
     ScoreJob,
     scoring_beside,
 )
-from cellseg.report.switches import switch_postprocess, switch_tta, switch_uniform
+from cellseg.report.switches import switch_postprocess, switch_tta, switch_uniform, switch_weighted
 from cellseg.report.timings import Timings
 from cellseg.report.truth import build_truth
 
@@ -83,11 +83,12 @@ class Stores:
 
     singles: list[Path]  # each run without TTA
     uniform: PredictionStore
-    weighted: PredictionStore
+    weighted: PredictionStore  # switched off for the classes the fitted weights do not help
+    weights: Path  # stage 3's weights file as switched: stage 4 ensembles its TTA predictions with it
     with_tta: PredictionStore  # TTA switched off for the classes it does not help
     postprocessed: dict[str, PredictionStore]  # era → post-processing switched off for the classes it does not help
     params: Any  # the tuned `ParamSet`
-    switches: dict[str, Any]  # "uniform", "tta", "postprocess" → `cellseg.report.switches` documents
+    switches: dict[str, Any]  # "uniform", "weighted", "tta", "postprocess" → `cellseg.report.switches` documents
 
 
 def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
@@ -143,13 +144,20 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
             fit = FitConfig(metric=era, device=opts.device, truth_root=str(root), crops=",".join(plan.tuning))
             weighted = ensemble_once(tta1, layout.ensemble("weighted"), weights="auto", fit=fit,
                                      progress=opts.progress)
+        with timings.step("weighted ensemble: switch it off for the classes it does not help against stage 2 on the "
+                          "tuning crops", resumed=layout.submission("tuning_weighted_fit").exists()):
+            best = [r.name for r in runs].index(uniform_switch["best_single"])
+            weighted, weighted_switch, weights = switch_weighted(
+                uniform, weighted, uniform_switch, uniform_weights=layout.ensemble("uniform") / WEIGHTS_FILE,
+                best_single=best, layout=layout, plan=plan, truth=truth, era=era, workers=opts.scoring_workers,
+                progress=opts.progress)
     except BaseException:
         if background is not None:
             background.abandon()
         raise
     # Stage 4 reuses stage 3's weights: a member with weight 0 for every class adds nothing, so only the others
     # predict with TTA (the same stage-4 store, for a fraction of the GPU time).
-    used = tta_members(weighted, tta1, plan.predicted)
+    used = tta_members(weights, tta1, plan.predicted)
     unused = [r.name for i, r in enumerate(runs) if i not in used]
     if unused:
         log.info("4. + TTA: %s have weight 0 for every class: not predicted with TTA%s", ", ".join(unused),
@@ -165,10 +173,8 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
             tta8 = predict_all([runs[i] for i in used], layout, plan, opts, tta=TTA_TRANSFORMS)
     with timings.step("TTA: ensemble with stage 3's weights; switch TTA off for the classes it does not help on "
                       "the tuning crops", resumed=layout.ensemble("weighted_tta8").exists()):
-        weights = weighted.path / WEIGHTS_FILE
-        if unused:
-            weights = restrict_weights_file(weights, used, layout.stores / "weights_tta8.json")
-        with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=weights, progress=opts.progress)
+        tta_weights = restrict_weights_file(weights, used, layout.stores / "weights_tta8.json") if unused else weights
+        with_tta = ensemble_once(tta8, layout.ensemble("weighted_tta8"), weights=tta_weights, progress=opts.progress)
         with_tta, tta_switch = switch_tta(weighted, with_tta, layout, plan, truth, era, opts.eras,
                                           workers=opts.scoring_workers, progress=opts.progress)
         tta_switch["without_weight"] = unused
@@ -183,16 +189,17 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
                                       progress=opts.progress)
         segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
                                                   opts.eras, workers=opts.scoring_workers, progress=opts.progress)
-    return Stores(singles=tta1, uniform=uniform, weighted=weighted, with_tta=with_tta, postprocessed=segmented,
-                  params=params, switches={"era": era, "uniform": uniform_switch, "tta": tta_switch,
+    return Stores(singles=tta1, uniform=uniform, weighted=weighted, weights=weights, with_tta=with_tta,
+                  postprocessed=segmented, params=params,
+                  switches={"era": era, "uniform": uniform_switch, "weighted": weighted_switch, "tta": tta_switch,
                             "postprocess": pp_switch})
 
 
-def tta_members(weighted: PredictionStore, singles: Sequence[Path], crops: Sequence[str]) -> list[int]:
-    """The runs stage 4 predicts with TTA (indices): those with a positive stage-3 weight for some class, and any
-    other whose grid the ensemble of all the runs takes on some crop (grid "finest": the stage-4 ensemble then
-    has stage 3's grids), judged on the single models' stores `singles`."""
-    used = set(members_in_use(weighted.path / WEIGHTS_FILE))
+def tta_members(weights: Path, singles: Sequence[Path], crops: Sequence[str]) -> list[int]:
+    """The runs stage 4 predicts with TTA (indices): those with a positive stage-3 weight (`weights`, its weights
+    file) for some class, and any other whose grid the ensemble of all the runs takes on some crop (grid
+    "finest": the stage-4 ensemble then has stage 3's grids), judged on the single models' stores `singles`."""
+    used = set(members_in_use(weights))
     stores = [PredictionStore.open(path) for path in singles]
     for crop in crops:
         target, source = ensemble_grid(stores, crop)

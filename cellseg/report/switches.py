@@ -3,8 +3,13 @@ off for that class, which then keeps the previous stage's prediction.
 
 - Stage 2 (uniform ensemble): the single models and the uniform average, each decoded plainly, are scored on the
   tuning crops in every era; the best single model is chosen there as stage 1 chooses it (in the tuning era),
-  and a class the uniform average does not improve takes that model's probabilities. (Stage 3 needs no switch:
-  its weight fit keeps, per class, the best of uniform, the fitted mixes and each member alone.)
+  and a class the uniform average does not improve takes that model's probabilities.
+- Stage 3 (weighted ensemble): the fitted weights, decoded plainly, against stage 2 as switched (the uniform
+  average, or the best single model where stage 2 is off), in the tuning era. The fit's own guard keeps its
+  shrunk weights unless a candidate beats them beyond the crop-bootstrap noise, so without this switch a class
+  where stage 2 had gone back to the best single model could return to a mix that loses to it. A class the
+  fitted weights do not improve takes stage 2's probabilities and stage 2's weights (`switched_weights`), which
+  stage 4 then uses for its TTA predictions.
 - Stage 4 (TTA): stage 3's and stage 4's probabilities, each decoded plainly (`plain_segmentation`), are
   scored on the tuning crops in every era (stage 5's switches compare with them), the choice made in the tuning
   era; a class TTA does not improve takes stage 3's probabilities
@@ -26,20 +31,23 @@ or none of them has foreground of (NaN), keeps it.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cellseg.data.prediction_store import PredictionStore
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import Era
 from cellseg.infer.merge import merge_classes
+from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.report.decisions import choose_best, crop_scores_of
 from cellseg.report.inputs import CropPlan
 from cellseg.report.results import Layout, StageResult
 from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
+from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-9  # a gain below this is a tie
@@ -111,6 +119,53 @@ def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], la
         return uniform, doc
     single = PredictionStore.open(singles[names[best]].seg)
     return merge_classes([uniform, single], dict.fromkeys(off, 1), layout.ensemble("uniform_switched")), doc
+
+
+def switch_weighted(stage2: PredictionStore, weighted: PredictionStore, uniform_switch: Mapping[str, Any], *,
+                    uniform_weights: Path, best_single: int, layout: Layout, plan: CropPlan, truth: Path, era: Era,
+                    workers: int = 1, progress: bool = False) -> tuple[PredictionStore, dict[str, Any], Path]:
+    """Stage 3 with the fitted weights switched off for the classes they do not help against stage 2 in `era`:
+    (its store, the switch document, its weights file: the fitted one, or `switched_weights`).
+
+    Args:
+        stage2: stage 2's store as switched; `uniform_switch`: its switch document, whose scores on the tuning
+            crops stage 3 is compared with (the uniform average's where on, the best single model's where off).
+        uniform_weights: the uniform ensemble's weights file; best_single: the index of the best single model.
+    """
+    job = tuning_job(weighted, "weighted_fit", layout, plan, truth)
+    after = tuning_scores([job], [era], workers=workers, progress=progress)[0][era]
+    before = {c: s["after"] if s["on"] else s["before"] for c, s in uniform_switch["classes"].items()}
+    switch = stage_switch(before, after)
+    off = switched_off(switch)
+    log.info("weighted ensemble switched off for %s (they keep stage 2's prediction)", off or "no class")
+    doc = {"classes": switch, "off": off}
+    fitted = weighted.path / WEIGHTS_FILE
+    if not off:
+        return weighted, doc, fitted
+    merged = merge_classes([weighted, stage2], dict.fromkeys(off, 1), layout.ensemble("weighted_switched"))
+    weights = switched_weights(fitted, uniform_weights, off, uniform_switch["off"], best_single,
+                               layout.stores / "weights_switched.json")
+    return merged, doc, weights
+
+
+def switched_weights(fitted: Path, uniform: Path, off: Sequence[str], stage2_off: Sequence[str], best: int,
+                     out: Path) -> Path:
+    """The weights of stage 3 as switched, written to `out`: `fitted`'s, and for each class of `off` (its
+    boundary channel too) stage 2's: the best single model `best` alone where stage 2 is off as well and that
+    model has the channel, else `uniform`'s."""
+    doc = json.loads(Path(fitted).read_text())
+    flat = json.loads(Path(uniform).read_text())["channels"]
+    channels = dict(doc["channels"])
+    for channel, weights in doc["channels"].items():
+        name = channel.removesuffix(BOUNDARY_SUFFIX)
+        if name not in off:
+            continue
+        even = flat[channel]
+        alone = name in stage2_off and even[best] > 0
+        channels[channel] = [float(i == best) for i in range(len(weights))] if alone else list(even)
+    save_atomic_text(json.dumps({**doc, "channels": channels, "switched_from": str(fitted), "switched_off": list(off)},
+                                indent=2) + "\n", out)
+    return out
 
 
 def switch_tta(weighted: PredictionStore, with_tta: PredictionStore, layout: Layout, plan: CropPlan, truth: Path,

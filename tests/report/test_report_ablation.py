@@ -116,21 +116,23 @@ def test_report_markdown_names_stages_eras_and_bias(report_dir):
     assert params["pm"]["hierarchy_on_score"] is not None and params["mito"]["hierarchy"] is None
 
 
-def test_stages_2_4_and_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
+def test_stages_2_to_5_are_switched_per_class_on_the_tuning_crops(report_dir, report_runs):
     doc = _doc(report_dir)
     switches, classes = doc["stage_switches"], doc["runs"][0]["classes"]
     assert switches["era"] == doc["tuning_metric"]
-    for key in ("uniform", "tta", "postprocess"):
+    for key in ("uniform", "weighted", "tta", "postprocess"):
         assert sorted(switches[key]["classes"]) == sorted(classes)
         assert switches[key]["off"] == [c for c, s in switches[key]["classes"].items() if not s["on"]]
         for s in switches[key]["classes"].values():  # on exactly where the stage scores strictly higher
             assert s["on"] == (s["after"] is None or s["before"] is None or s["after"] > s["before"] + 1e-9)
     # Stage 2 is compared with the best single model chosen in the tuning era.
     assert switches["uniform"]["best_single"] == doc["best_single_choice"][doc["tuning_metric"]]["run"]
-    # The stores scored as stages 2, 4 and 5 are the switched ones whenever a class was switched off.
+    # The stores scored as stages 2-5 are the switched ones whenever a class was switched off.
     stages = {s["key"]: s for s in doc["stages"]}
     assert stages["uniform"]["store"].endswith("ensemble_uniform_switched.zarr" if switches["uniform"]["off"]
                                                else "ensemble_uniform.zarr")
+    assert stages["weighted"]["store"].endswith("ensemble_weighted_switched.zarr" if switches["weighted"]["off"]
+                                                else "ensemble_weighted.zarr")
     assert stages["tta"]["store"].endswith("ensemble_weighted_tta8_switched.zarr" if switches["tta"]["off"]
                                            else "ensemble_weighted_tta8.zarr")
     tuning_store, *other_stores = stages["postprocess"]["store"].split(", ")  # the tuning era's first
@@ -173,6 +175,7 @@ def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     ensemble has stage 3's grid (grid "finest")."""
     from cellseg.config.inference import EnsembleConfig
     from cellseg.infer.ensemble import ensemble
+    from cellseg.infer.weights import WEIGHTS_FILE
     from cellseg.report.stages import tta_members
 
     def member(name: str, grid: Grid) -> Path:
@@ -186,8 +189,8 @@ def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     a, b = member("a", coarse), member("b", fine)
     first_coarse = ensemble(EnsembleConfig(members=(a, b), weights=(1, 0)), tmp_path / "w.zarr").store
     first_fine = ensemble(EnsembleConfig(members=(b, a), weights=(1, 0)), tmp_path / "v.zarr").store
-    assert tta_members(first_coarse, [a, b], ["crop1"]) == [0, 1]
-    assert tta_members(first_fine, [b, a], ["crop1"]) == [0]
+    assert tta_members(first_coarse.path / WEIGHTS_FILE, [a, b], ["crop1"]) == [0, 1]
+    assert tta_members(first_fine.path / WEIGHTS_FILE, [b, a], ["crop1"]) == [0]
 
 
 def test_pngs_are_written(report_dir):
@@ -256,7 +259,8 @@ def test_the_thresholding_jobs_name_the_stores_the_scoring_wrote(report_dir, rep
     scored = {s["key"]: s["store"] for s in _doc(report_dir)["stages"]}
     stores = Stores(singles=[layout.predictions(r, 1) for r in runs],
                     uniform=PredictionStore.open(scored["uniform"]),
-                    weighted=PredictionStore.open(layout.ensemble("weighted")),
+                    weighted=PredictionStore.open(scored["weighted"]),
+                    weights=layout.ensemble("weighted") / "weights.json",
                     with_tta=PredictionStore.open(layout.ensemble("weighted_tta8_switched")),
                     postprocessed={"2026": PredictionStore.open(layout.postprocessed)}, params=None,
                     switches={"era": "2026"})

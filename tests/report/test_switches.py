@@ -1,8 +1,9 @@
-"""Stage switches: a class that the uniform ensemble, TTA or post-processing does not improve on the tuning crops
-keeps the previous stage's prediction, decided through the evaluator on the tuning crops only."""
+"""Stage switches: a class that the uniform ensemble, the fitted weights, TTA or post-processing does not improve on
+the tuning crops keeps the previous stage's prediction, decided through the evaluator on the tuning crops only."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,10 +12,18 @@ import pytest
 from crafted import crop_truth
 
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.infer.weights import WEIGHTS_FILE
 from cellseg.report.inputs import CropPlan
 from cellseg.report.results import Layout
 from cellseg.report.scoring import ScoreJob, plain_segmentation
-from cellseg.report.switches import stage_switch, switch_postprocess, switch_tta, switch_uniform, switched_off
+from cellseg.report.switches import (
+    stage_switch,
+    switch_postprocess,
+    switch_tta,
+    switch_uniform,
+    switch_weighted,
+    switched_off,
+)
 from cellseg.report.truth import build_truth
 
 CLASSES = ("mito", "er")
@@ -75,6 +84,40 @@ def test_the_uniform_ensemble_is_switched_off_where_the_best_single_model_is_bet
     for name in singles:
         kept = layout.submission(f"tuning_single_{name}").parent.glob(f"tuning_single_{name}.*.json")
         assert {p.name for p in kept} == {f"tuning_single_{name}.2025.json", f"tuning_single_{name}.2026.json"}
+
+
+def test_fitted_weights_are_switched_off_where_stage_2_is_better_and_stage_4_gets_stage_2s_weights(
+        stages, tiny_synth_root, tmp_path):
+    # Stage 2 as switched: mito from the best single model (member 1, stage 2 off for mito), er uniform; its
+    # tuning scores are those its switch recorded. The fitted weights (mito inverted, er right) lose mito to it
+    # and win er (stage 2's er scored 0 there).
+    stage2, _, layout = stages
+    weighted = _store(tmp_path / "fitted.zarr", tiny_synth_root, lambda c, p: 1 - p if c == "mito" else p)
+    (weighted.path / WEIGHTS_FILE).write_text(json.dumps({"method": "auto", "channels": {
+        "mito": [0.7, 0.3], "mito_boundary": [0.7, 0.3], "er": [0.9, 0.1]}, "members": ["a", "b"]}))
+    uniform = tmp_path / "uniform_weights.json"
+    uniform.write_text(json.dumps({"method": "uniform", "channels": {
+        "mito": [0.5, 0.5], "mito_boundary": [1.0, 0.0], "er": [0.5, 0.5]}, "members": ["a", "b"]}))
+    recorded = {"classes": {"mito": {"before": 0.9, "after": 0.1, "on": False},
+                            "er": {"before": 0.0, "after": 0.0, "on": False}}, "off": ["mito", "er"]}
+    merged, switch, weights = switch_weighted(stage2, weighted, recorded, uniform_weights=uniform, best_single=1,
+                                              layout=layout, plan=PLAN, truth=layout.tuning_truth, era="2026")
+    assert switch["off"] == ["mito"] and switch["classes"]["mito"]["before"] == 0.9
+    assert switch["classes"]["er"]["after"] > switch["classes"]["er"]["before"] == 0.0
+    assert merged.path == layout.ensemble("weighted_switched")
+    for crop in CROPS:
+        assert np.array_equal(merged.read(crop, "mito"), stage2.read(crop, "mito"))
+        assert np.array_equal(merged.read(crop, "er"), weighted.read(crop, "er"))
+    # mito takes stage 2's weights: the best single model alone; its boundary channel, which that model lacks,
+    # the uniform ones; er keeps the fitted weights.
+    channels = json.loads(weights.read_text())["channels"]
+    assert channels == {"mito": [0.0, 1.0], "mito_boundary": [1.0, 0.0], "er": [0.9, 0.1]}
+    # Where nothing is switched off (stage 2 without a score: no evidence either way), stage 3 is the fit itself.
+    kept = {"classes": {c: {"before": math.nan, "after": math.nan, "on": True} for c in CLASSES}, "off": []}
+    again, switch, weights = switch_weighted(weighted, weighted, kept, uniform_weights=uniform, best_single=1,
+                                             layout=Layout(tmp_path / "again"), plan=PLAN, truth=layout.tuning_truth,
+                                             era="2026")
+    assert switch["off"] == [] and again.path == weighted.path and weights == weighted.path / WEIGHTS_FILE
 
 
 def test_tta_is_switched_off_where_it_does_not_help(stages):
