@@ -77,8 +77,9 @@ def prepare(job: Any) -> Prepared:
     settings = settings_of(opts, em_url=em_url, allow_partial=ens.allow_partial,
                            extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm})
     store = VolumeStore.create(job.out, dataset=job.dataset, data_root=str(root), grid=grid,
-                               block_vox=vol.block_shape(grid.shape_vox[0]), chunk_vox=(vol.chunk_vox,) * 3, classes=classes,
-                               channels=channels, instance_classes=[c for c in classes if is_instance(c)],
+                               block_vox=vol.block_shape(grid.shape_vox[0]), chunk_vox=(vol.chunk_vox,) * 3,
+                               classes=classes, channels=channels,
+                               instance_classes=[c for c in classes if is_instance(c)],
                                instances=instances, members=members.summary(opts), tta=opts.tta, settings=settings,
                                resume=vol.resume)
     gpus = visible_gpus(opts.device)

@@ -23,6 +23,7 @@ from cellseg import runtime
 from cellseg.config.inference import InferConfig, RouteConfig
 from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.prediction_store import boundary_channel
+from cellseg.infer.columns import chunked_slabs
 from cellseg.infer.engine import predict_slabs
 from cellseg.infer.fused import (
     Member,
@@ -180,24 +181,13 @@ class BlockPredictor:
         return out
 
     def write(self, write: Box) -> None:
-        """Predict a write box and write it into place a chunk row at a time, as the planes finish: host memory
-        holds one chunk depth of the block (a column block of a deep volume is never held whole), and every write
-        covers whole chunks, which no other block touches."""
-        (z0, y0, x0), (nz, ny, nx) = write
-        depth = min(self.store.chunk_vox[0], nz)
-        rows = np.zeros((len(self.channels), depth, ny, nx), np.uint8)  # planes [done, done + depth) of the block
-        done = filled = 0
-        for z, slab in self.slabs(write):
-            for k in range(slab.shape[1]):  # planes arrive in order; copy each into its chunk row
-                rows[:, filled] = slab[:, k]
-                filled += 1
-                if filled == rows.shape[1]:
-                    self._write_rows(rows, (z0 + done, y0, x0))
-                    done += filled
-                    filled = 0
-                    rows = rows[:, :min(depth, nz - done)]
-            assert done + filled == z + slab.shape[1], "slabs out of order"
-        assert done == nz, f"block at {list(write[0])}: {done} of {nz} planes predicted"
+        """Predict a write box and write it into place a chunk row at a time, as the planes finish
+        (`chunked_slabs`, as `cellseg predict` writes a column): host memory holds about one chunk depth of the
+        block (a column block of a deep volume is never held whole), and every write covers whole chunks, which
+        no other block touches."""
+        (z0, y0, x0), (nz, _, _) = write
+        for z, rows in chunked_slabs(self.slabs(write), nz, self.store.chunk_vox[0], 0):
+            self._write_rows(rows, (z0 + z, y0, x0))
 
     def _write_rows(self, rows: np.ndarray, offset: Sequence[int]) -> None:
         where = tuple(slice(o, o + n) for o, n in zip(offset, rows.shape[1:], strict=True))

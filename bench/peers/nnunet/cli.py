@@ -262,7 +262,8 @@ def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
     third = args.budget_min / 3
     cli = [sys.executable, "-m", "cellseg"]
     partial_path = out / f"cellseg_{name}.partial.json"
-    partial = json.loads(partial_path.read_text()) if partial_path.is_file() else {"starts_wall_s": []}
+    partial = json.loads(partial_path.read_text()) if partial_path.is_file() and run_dir.is_dir() else \
+        {"starts_wall_s": []}  # the starts of the run in `run_dir`, not of one removed since
     if not (run_dir / "result.json").is_file():
         command = [*cli, "train", "--resume", "auto", str(args.config), f"data.root={settings['root']}",
                    f"run_dir={run_dir}", f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
