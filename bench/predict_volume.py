@@ -2,15 +2,17 @@
 cubic blocks against columns, instance stitching's cost and a projection to real datasets.
 
     python -m bench.predict_volume --out OUT [--quick] [--size Z,Y,X] [--only single,ensemble,tta8,instances]
+    python -m bench.predict_volume --out OUT --merge JOB1/predict_volume.partial.json JOB2/... # jobs on fresh nodes
 
 The volume is a dataset of `--size` voxels at 8 nm (default 384 × 768 × 768 = 2.3·10⁸ on a GPU, `--quick`:
 32 × 48 × 64 on the CPU) tiled from the 8 nm EM of a synthetic root (`cellseg synth`, preset "small"; quick:
-"tiny") and written beside it in the challenge's layout; runs are trained for `--steps` steps (throughput does not
-depend on the weights: a few steps give real run directories whose models run as trained ones do).
+"tiny") and written beside it in the challenge's layout; runs are trained for `--steps` steps, four at a time on
+the GPU, and only those the groups asked for need (throughput does not depend on the weights: a few steps give real
+run directories whose models run as trained ones do).
 
-- **Mvox/s** of one model (unet_3d) and of the 8-member ensemble (the eight architectures'
-  `configs/experiments/<name>.yaml`; `--quick`: the unet_3d and unet_2d smoke models), at TTA 1 and (on a
-  sub-volume of at most 128 × 384 × 384) TTA 8: voxels over the command's wall time, from the driver's start
+- **Mvox/s** of one model (unet_3d) over the volume and of the 8-member ensemble (the eight architectures'
+  `configs/experiments/<name>.yaml`; `--quick`: the unet_3d and unet_2d smoke models) over its first 128 planes,
+  at TTA 1 and (on a corner of at most 128 × 384 × 384) TTA 8: voxels over the command's wall time, from the driver's start
   (workers' start-up and model loading included), and over the time predicting (the workers' first block start
   to last block end): the rate a whole cell is predicted at once the start-up is amortised;
 - **daisy's overhead**: the blockwise run with one worker against the same blocks predicted one after the other
@@ -27,8 +29,9 @@ depend on the weights: a few steps give real run directories whose models run as
   of µm apart), and the hours are also given per 10¹⁰ voxels.
 
 Each measurement is recorded in OUT/predict_volume.partial.json as it finishes and skipped when the command runs
-again, so a job time limit costs only the measurement it stopped (`--only` picks groups for one job). Writes
-OUT/predict_volume.json and OUT/predict_volume.md once every group asked for is measured.
+again, so a job time limit costs only the measurement it stopped (`--only` picks groups for one job; `--merge`
+joins the partial records of jobs that ran on different nodes of one kind). Writes OUT/predict_volume.json and
+OUT/predict_volume.md once every group is measured.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ import datetime
 import json
 import math
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,8 @@ DATASET = "synth-tiled-8"
 HELA = "jrc_hela-2"
 TARGET_NM = 8.0
 TTA8_MAX_VOX = (128, 384, 384)  # TTA 8 on a corner of the volume: 8 passes of the whole would not fit one job
+ENSEMBLE_MAX_VOX = (128, 768, 768)  # the 8 members (about 1/8 of one model's rate) on a slab: two runs in one job
+TRAIN_AT_ONCE = 4  # runs trained side by side on one GPU (the four 3D presets' peaks add up to about 95 GB)
 GROUPS = ("single", "ensemble", "tta8", "instances")
 
 
@@ -88,22 +95,28 @@ def build_root(out: Path, quick: bool, size: tuple[int, int, int]) -> Path:
     return root
 
 
-def build_runs(out: Path, root: Path, quick: bool, steps: int) -> list[Path]:
-    """Run directories trained for `steps` steps (reused when present)."""
-    from cellseg.config import load_run_config
-    from cellseg.train.trainer import train
-
-    names = ("unet_3d", "unet_2d") if quick else NAMES
-    runs = []
-    for name in names:
-        run_dir = out / "runs" / name
-        if not (run_dir / "checkpoints" / "last.pt").is_file():
-            say(f"training {name} for {steps} steps")
+def build_runs(out: Path, root: Path, quick: bool, steps: int, names: Sequence[str]) -> list[Path]:
+    """Run directories of `names` trained for `steps` steps (reused when present), `TRAIN_AT_ONCE` at a time, each
+    `cellseg train` its own process on the one GPU (a run's start-up, not its steps, is most of its time here)."""
+    runs = [out / "runs" / name for name in names]
+    todo = [(name, run) for name, run in zip(names, runs, strict=True)
+            if not (run / "checkpoints" / "last.pt").is_file()]
+    for at in range(0, len(todo), 1 if quick else TRAIN_AT_ONCE):
+        wave = todo[at:at + (1 if quick else TRAIN_AT_ONCE)]
+        say(f"training {', '.join(n for n, _ in wave)} for {steps} steps")
+        jobs = []
+        for name, run in wave:
             config = REPO / "configs" / ("smoke" if quick else "experiments") / f"{name}.yaml"
-            extra = ["train.device=cpu"] if quick else ["train.num_gpus=1", "train.compile=off"]
-            train(load_run_config(config, [f"data.root={root}", f"run_dir={run_dir}", f"train.max_steps={steps}",
-                                           *QUIET, *extra]))
-        runs.append(run_dir)
+            extra = ["train.device=cpu"] if quick else ["train.num_gpus=1", "train.compile=off", "loader.num_workers=2"]
+            log = out / "runs" / f"{name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            command = [sys.executable, "-m", "cellseg", "train", str(config), f"data.root={root}", f"run_dir={run}",
+                       f"train.max_steps={steps}", *QUIET, *extra]
+            jobs.append((name, log, subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)))
+        for name, log, process in jobs:
+            if process.wait():
+                tail = "\n".join(log.read_text().splitlines()[-20:])
+                raise RuntimeError(f"training {name} failed (exit {process.returncode}; {log}):\n{tail}")
     return runs
 
 
@@ -144,8 +157,9 @@ def blockwise(config: Any) -> dict[str, Any]:
         raise RuntimeError(f"{config.out}: the run failed: {result.failed} {result.errors}")
     timing = result.timing.get("predict", {})
     span = timing.get("span_s") or wall
+    pyramid = sum(t["busy_s"] for name, t in result.timing.items() if name.startswith("pyramid-probabilities"))
     return {"wall_s": round(wall, 2), "voxels": voxels, "mvox_s": sig(voxels / wall / 1e6),
-            "predict_span_s": round(span, 2), "worker_startup_s": timing.get("startup_s"),
+            "predict_span_s": round(span, 2), "startup_s": timing.get("startup_s"), "pyramid_s": round(pyramid, 2),
             "steady_mvox_s": sig(voxels / span / 1e6), "blocks": result.tasks["predict"]["total"],
             "tasks": result.tasks, "timing": result.timing}
 
@@ -166,7 +180,7 @@ def single_process(config: Any) -> dict[str, Any]:
         predictor.write(box)
     end = time.perf_counter()
     voxels = math.prod(store.grid.shape_vox)
-    return {"wall_s": round(end - start, 2), "load_s": round(loaded - start, 2), "voxels": voxels,
+    return {"wall_s": round(end - start, 2), "startup_s": round(loaded - start, 2), "voxels": voxels,
             "blocks": len(boxes), "mvox_s": sig(voxels / (end - start) / 1e6),
             "predict_span_s": round(end - loaded, 2), "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
 
@@ -214,6 +228,7 @@ def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple
     engine ("daisy" or "one process"), roi_vox and instances."""
     cube, column = (cubes, None), (columns, 0)
     corner = tuple(min(n, m) for n, m in zip(size, TTA8_MAX_VOX, strict=True))
+    slab = tuple(min(n, m) for n, m in zip(size, ENSEMBLE_MAX_VOX, strict=True))
     one, every = runs[:1], runs
 
     def m(members: list[Path], block: tuple[int, int | None], engine: str = "daisy", *, tta: int = 1,
@@ -224,9 +239,8 @@ def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple
     groups = {
         "single": [("single columns", m(one, column)), ("single columns, one process", m(one, column, "one process")),
                    ("single cubes", m(one, cube)), ("single cubes, one process", m(one, cube, "one process"))],
-        "ensemble": [("ensemble columns", m(every, column)),
-                     ("ensemble columns, one process", m(every, column, "one process")),
-                     ("ensemble cubes", m(every, cube))],
+        "ensemble": [("ensemble columns", m(every, column, roi=slab)),
+                     ("ensemble columns, one process", m(every, column, "one process", roi=slab))],
         "tta8": [("single columns tta8", m(one, column, tta=8, roi=corner)),
                  ("ensemble columns tta8", m(every, column, tta=8, roi=corner)),
                  ("ensemble columns tta1 corner", m(every, column, roi=corner))],
@@ -235,6 +249,12 @@ def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple
     if quick:
         groups["tta8"] = []
     return groups
+
+
+def expected(quick: bool) -> list[str]:
+    """The names of every measurement of the record (all groups)."""
+    groups = plan([Path("run")], quick=quick, cubes=1, columns=1, size=(1, 1, 1))
+    return [name for g in GROUPS for name, _ in groups[g]]
 
 
 def measure(name: str, spec: dict[str, Any], root: Path, stores: Path, *, chunk: int, quick: bool) -> dict[str, Any]:
@@ -267,18 +287,21 @@ def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    rows = ["| measurement | members | TTA | engine | blocks | voxels | wall s | Mvox/s | predicting s | "
-            "Mvox/s predicting |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| measurement | members | TTA | engine | blocks | voxels | wall s | start-up s | predicting s | "
+            "pyramid worker-s | Mvox/s (wall) | Mvox/s predicting |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in doc["runs"].items():
         shape = f"{r['block']} of {r['block_vox']}" + ("²" if r["block"] == "columns" else "³")
         rows.append(f"| {name} | {r['members']} | {r['tta']} | {r['engine']} | {r['blocks']} × {shape} | "
-                    f"{r['voxels']:.3g} | {r['wall_s']} | {r['mvox_s']} | {r['predict_span_s']} | "
-                    f"{r['steady_mvox_s']} |")
+                    f"{r['voxels']:.3g} | {r['wall_s']} | {r['startup_s']} | {r['predict_span_s']} | "
+                    f"{r.get('pyramid_s', '–')} | {r['mvox_s']} | {r['steady_mvox_s']} |")
     lines = [f"# predict-volume ({doc['hardware']}, {doc['date']})", "",
              f"Volume: {DATASET}, {'×'.join(map(str, doc['size_vox']))} voxels at 8 nm tiled from the synthetic "
              f"{SOURCE}; runs trained {doc['steps']} steps (speed does not depend on the weights). Wall: from the "
              "driver's start (worker start-up and model loading included); predicting: from the first block's start "
-             "to the last block's end in the worker (one process: after loading the models). "
+             "to the last block's end in the worker (one process: after loading the models); start-up: the "
+             "worker's process start to its first block (imports, models; one process: the checks, the store and the "
+             "models); pyramid worker-s: the probability levels s1.., inside blocks (CPU workers, overlapping the "
+             "prediction; one process builds none). "
              f"{doc['versions']}.", "", *rows, ""]
     for who, r in doc["ratios"].items():
         parts = []
@@ -326,6 +349,45 @@ def versions() -> str:
     return f"torch {torch.__version__}, daisy {getattr(daisy, '__version__', '?')}"
 
 
+def record(done: dict[str, Any], out: Path, *, command: str) -> None:
+    """OUT/predict_volume.json and .md from the measurements `done` (the partial record's layout)."""
+    measured = done["runs"]
+    doc: dict[str, Any] = {"bench": "predict_volume", "hardware": done["hardware"], "date": done["date"],
+                           "versions": done["versions"], **done["settings"], "runs": measured,
+                           "ratios": ratios(measured),
+                           "projection": projection(measured["ensemble columns"]["steady_mvox_s"]), "command": command}
+    if "ensemble columns tta8" in measured:
+        doc["projection_tta8"] = projection(measured["ensemble columns tta8"]["steady_mvox_s"])
+    inst = measured["single columns + instances"]
+    stitching = ("decode", "merge", "relabel", *(t for t in inst["timing"] if t.startswith("pyramid-labels")))
+    extra = sum(inst["timing"].get(t, {}).get("busy_s", 0.0) for t in stitching)  # worker seconds inside blocks
+    doc.update(instances_s=round(extra, 2), instances_s_per_mvox=sig(extra / (inst["voxels"] / 1e6)),
+               instances_wall_extra_s=round(inst["wall_s"] - measured["single columns"]["wall_s"], 2))
+    json_path, md_path = record_paths(out, "predict_volume")
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    md_path.write_text(markdown(doc))
+    say(f"wrote {json_path} and {md_path}")
+
+
+def merge(paths: Sequence[Path]) -> dict[str, Any]:
+    """The partial records of several jobs (each on a fresh node) as one: same settings and hardware, or an error.
+
+    Raises:
+        ValueError: records measured with other settings or on other hardware (named).
+    """
+    docs = [json.loads(p.read_text()) for p in paths]
+    first = docs[0]
+    for path, doc in zip(paths, docs, strict=True):
+        for key in ("settings", "hardware"):
+            if doc.get(key) != first.get(key):
+                raise ValueError(f"{path}: {key} {doc.get(key)} differs from {paths[0]}'s {first.get(key)}")
+    runs: dict[str, Any] = {}
+    for doc in docs:
+        runs.update(doc["runs"])
+    return {**first, "runs": runs, "date": max(d["date"] for d in docs),
+            "versions": " / ".join(sorted({d["versions"] for d in docs}))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the data, runs, stores and the record")
@@ -338,20 +400,35 @@ def main(argv: list[str] | None = None) -> int:
                         help="column edge in y and x (default 512; quick 32)")
     parser.add_argument("--only", type=_groups, default=GROUPS, metavar="G,...",
                         help=f"measure these groups only ({', '.join(GROUPS)}; default all)")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="PARTIAL",
+                        help="write the record from the partial records of several jobs (nothing is measured)")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    command = " ".join(sys.argv)
+    if args.merge:
+        args.out.mkdir(parents=True, exist_ok=True)
+        done = merge(args.merge)
+        missing = [name for name in expected(done["settings"]["quick"]) if name not in done["runs"]]
+        if missing:
+            raise SystemExit(f"--merge: not measured in {', '.join(map(str, args.merge))}: {', '.join(missing)}")
+        record(done, args.out, command=command)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     size = args.size or ((32, 48, 64) if args.quick else (384, 768, 768))
     chunk = 16 if args.quick else 64
     cubes, columns = args.block_vox or (16 if args.quick else 256), args.column_vox or (32 if args.quick else 512)
     root = build_root(args.out, args.quick, size)
-    runs = build_runs(args.out, root, args.quick, args.steps)
+    names = ("unet_3d", "unet_2d") if args.quick else NAMES
+    if not {"ensemble", "tta8"} & set(args.only):
+        names = names[:1]  # the single model's groups train that model only
+    runs = build_runs(args.out, root, args.quick, args.steps, names)
     groups = plan(runs, quick=args.quick, cubes=cubes, columns=columns, size=size)
     partial = args.out / "predict_volume.partial.json"
-    settings = {"size_vox": list(size), "cubes": cubes, "columns": columns, "steps": args.steps, "quick": args.quick}
+    settings = {"size_vox": list(size), "cubes": cubes, "columns": columns, "chunk_vox": chunk, "steps": args.steps,
+                "quick": args.quick}
     done = json.loads(partial.read_text()) if partial.is_file() else {}
-    if done.get("settings") != settings:
-        done = {"settings": settings, "runs": {}}  # measured with other settings: measure again
+    if done.get("settings") != settings:  # measured with other settings: measure again
+        done = {"settings": settings, "hardware": hardware(), "versions": versions(), "runs": {}}
+    done["date"] = datetime.date.today().isoformat()
     for group in args.only:
         for name, spec in groups[group]:
             if name in done["runs"]:
@@ -361,28 +438,12 @@ def main(argv: list[str] | None = None) -> int:
             done["runs"][name] = row = measure(name, spec, root, args.out / "stores", chunk=chunk, quick=args.quick)
             partial.write_text(json.dumps(done, indent=2) + "\n")
             say(f"  {row['steady_mvox_s']} Mvox/s predicting, {row['mvox_s']} Mvox/s wall, {row['wall_s']} s")
-    measured = done["runs"]
-    missing = [name for g in GROUPS for name, _ in groups[g] if name not in measured]
+    missing = [name for name in expected(args.quick) if name not in done["runs"]]
     if missing:
-        say(f"not yet measured: {', '.join(missing)}; run again (with --only) to add them")
+        say(f"not yet measured: {', '.join(missing)}; run again (with --only) to add them, or --merge the partial "
+            "records of separate jobs")
         return 0
-    doc: dict[str, Any] = {"bench": "predict_volume", "hardware": hardware(), "date": datetime.date.today().isoformat(),
-                           "versions": versions(), **settings, "chunk_vox": chunk, "runs": measured,
-                           "ratios": ratios(measured), "projection": projection(measured["ensemble columns"]
-                                                                                ["steady_mvox_s"]),
-                           "command": " ".join(sys.argv)}
-    if "ensemble columns tta8" in measured:
-        doc["projection_tta8"] = projection(measured["ensemble columns tta8"]["steady_mvox_s"])
-    inst = measured["single columns + instances"]
-    stitching = ("decode", "merge", "relabel", *(t for t in inst["timing"] if t.startswith("pyramid-labels")))
-    extra = sum(inst["timing"].get(t, {}).get("busy_s", 0.0) for t in stitching)  # worker seconds inside blocks
-    doc.update(instances_s=round(extra, 2), instances_s_per_mvox=sig(extra / (inst["voxels"] / 1e6)),
-               instances_wall_extra_s=round(inst["wall_s"] - measured["single columns"]["wall_s"], 2),
-               total_s=round(time.perf_counter() - started, 1))
-    json_path, md_path = record_paths(args.out, "predict_volume")
-    json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    md_path.write_text(markdown(doc))
-    say(f"wrote {json_path} and {md_path}")
+    record(done, args.out, command=command)
     return 0
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellseg.volume.store import VolumeStore
+from cellseg.volume.store import VolumeStore, level_block_vox
 from cellseg.volume.tasks import DECODE, MERGE, PREDICT, RELABEL, pyramid_task
 from cellseg.volume.worker import RUN_ENV
 
@@ -128,7 +128,8 @@ def build_tasks(store: VolumeStore, spec: Workers, *, context_vox: Sequence[int]
     def pyramid(group: str, after: str) -> None:
         for level in range(1, store.num_levels):
             name = pyramid_task(group, level)
-            tasks[name] = _task(store, name, block=[b << level for b in block], context=(0, 0, 0),
+            own = level_block_vox(block, store.chunk_vox, level)  # in the level's voxels
+            tasks[name] = _task(store, name, block=[b << level for b in own], context=(0, 0, 0),
                                 workers=spec.cpu, spec=spec, run=run)
             edges.append((after, name))
             after = name

@@ -55,8 +55,8 @@ RESUME_KEYS = ("dataset", "roi_nm", "voxel_size_nm", "block_vox", "chunk_vox", "
 
 
 def check_alignment(block_vox: Sequence[int], chunk_vox: Sequence[int]) -> None:
-    """Raise unless a write block of `block_vox` voxels is a whole number of `chunk_vox` chunks (then so is every
-    pyramid level's block, `level_block_vox`).
+    """Raise unless a write block of `block_vox` voxels is a whole number of `chunk_vox` chunks (a pyramid level's
+    block is whole chunks of its level by construction, `level_block_vox`).
 
     Raises:
         ValueError: naming the axis, the block and the chunk.
@@ -67,11 +67,18 @@ def check_alignment(block_vox: Sequence[int], chunk_vox: Sequence[int]) -> None:
                              "choose --block-vox as a multiple of the chunk (default chunk 64)")
 
 
-def level_block_vox(block_vox: Sequence[int], level: int) -> tuple[int, int, int]:
-    """The write block of pyramid level `level`, in that level's voxels: the s0 block (a level's blocks stay whole
-    chunks; each one reads twice its edge from the level below)."""
-    del level  # the same edge at every level: whole chunks everywhere, fewer (larger in nm) blocks up the pyramid
-    return shape3(block_vox)
+def level_block_vox(block_vox: Sequence[int], chunk_vox: Sequence[int], level: int) -> tuple[int, int, int]:
+    """The block of pyramid level `level`, in that level's voxels: the s0 write block halved `level` times, rounded
+    up to whole chunks of the level (so no two blocks write one chunk). Level blocks then cover the s0 block's
+    extent until it is less than a chunk of the level, and the levels are built by as many workers as s0 was,
+    each block as soon as the blocks below it are written.
+
+    Example:
+        >>> level_block_vox((384, 512, 512), (64, 64, 64), 3)
+        (64, 64, 64)
+    """
+    return tuple(int(c) * -(-int(b) // (int(c) << level))
+                 for b, c in zip(shape3(block_vox), shape3(chunk_vox), strict=True))  # type: ignore[return-value]
 
 
 def level_grid(grid: Grid, level: int) -> Grid:

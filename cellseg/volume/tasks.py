@@ -11,8 +11,9 @@ In order (each block of a task waits for the blocks of the tasks before it that 
 | `relabel` | a write block | final ids (`relabel_store_block`) |
 | `pyramid-labels-<L>` | a block of level L | s<L> of every label class from s<L-1> |
 
-Blocks are boxes in s0 voxels of the ROI (`cellseg.volume.plan.Box`); a level-L block covers `block_vox · 2^L`
-s0 voxels, which are `block_vox` voxels of level L: whole chunks at every level.
+Blocks are boxes in s0 voxels of the ROI (`cellseg.volume.plan.Box`); a level-L block is the write block halved
+L times and rounded up to whole chunks of level L (`cellseg.volume.store.level_block_vox`), so each level is built
+in as many blocks as s0 until its chunks are larger than that, and no two blocks write one chunk.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cellseg.volume.plan import Box
-from cellseg.volume.store import LABELS, PROBABILITIES, VolumeStore
+from cellseg.volume.store import LABELS, PROBABILITIES, VolumeStore, level_block_vox
 
 PREDICT, DECODE, MERGE, RELABEL = "predict", "decode", "merge", "relabel"
 PYRAMID = "pyramid"
@@ -62,11 +63,12 @@ def handler(store: VolumeStore, task: str, device: str = "auto") -> Callable[[Bo
 
         group, level = parse_pyramid(task)
         names = store.channels if group == PROBABILITIES else store.classes
+        own = level_block_vox(block, store.chunk_vox, level)
 
         def downsample(box: Box) -> None:
-            offset = [o >> level for o in box[0]]  # s0 voxels → voxels of the level (a multiple of the block)
+            offset = [o >> level for o in box[0]]  # s0 voxels → voxels of the level (a multiple of its block)
             for name in names:
-                downsample_store_block(store.path / group / name, level, offset, block_vox=block)
+                downsample_store_block(store.path / group / name, level, offset, block_vox=own)
 
         return downsample
     if task in (DECODE, MERGE, RELABEL):
