@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job end to end on the embedded synthetic data, from a fresh clone (about 5.5 minutes on 2 CPU cores):
+# The main job end to end on the embedded synthetic data, from a fresh clone (about 6 minutes on 2 CPU cores):
 #   set-up → synthetic `small` dataset → train 3 small models (configs/demo/) → predict the validation and test
-#   crops with 8× TTA → weighted ensemble (weights fitted on the validation crops) → post-processing (parameters
-#   tuned on the validation crops) → submission at the test crops' geometry → validate it → score it in both metric
-#   eras against the held-out truth (leaderboard-style tables) → the ablation table (`cellseg report`).
+#   crops (no TTA and 8× TTA) → `cellseg decide` on the validation crops (per class: models and weights, TTA,
+#   post-processing; decisions.json) → the product path on the test crops: predict-ensemble --decisions →
+#   postprocess --decisions (one segmentation per metric era) → submission at the test crops' geometry → validate it
+#   → score it against the held-out truth (leaderboard-style tables) → the ablation table (`cellseg report`), whose
+#   stage 5 scores what the product path submitted.
 # Re-running reuses whatever exists (data, trained runs, predictions, ensemble, ...): delete OUT_DIR to start over
 # (and whenever DEMO_MODELS changes: the ensemble and the report of other models would be reused or refused).
 #   bash scripts/demo.sh [OUT_DIR]          default OUT_DIR=demo_out
@@ -91,12 +93,15 @@ train_model() {  # a finished run leaves result.json; an interrupted one resumes
   cellseg train "configs/demo/$1.yaml" "data.root=$DATA" "run_dir=$run" "train.device=$DEVICE" --resume auto
 }
 
-predict_model() {  # crops already in the store are skipped; a stamp skips even loading the model on a re-run
-  local store="$PRED/$1.zarr" stamp="$PRED/.$1.complete"
-  if [ -d "$store" ] && [ -f "$stamp" ]; then echo "reusing $store"; return; fi
-  cellseg predict "$RUNS/$1" --crops val --out "$store" --tta 8 --device "$DEVICE"
-  cellseg predict "$RUNS/$1" --crops test --out "$store" --tta 8 --device "$DEVICE"
-  touch "$stamp"
+predict_model() {  # crops already in a store are skipped; a stamp skips even loading the model on a re-run
+  local tta store
+  for tta in 1 8; do
+    store="$PRED/tta$tta/$1.zarr"
+    if [ -d "$store" ] && [ -f "$store.complete" ]; then echo "reusing $store"; continue; fi
+    cellseg predict "$RUNS/$1" --crops val --out "$store" --tta "$tta" --device "$DEVICE"
+    cellseg predict "$RUNS/$1" --crops test --out "$store" --tta "$tta" --device "$DEVICE"
+    touch "$store.complete"
+  done
 }
 
 # Every validation crop of the runs (roles "tuning" and "report", comma-separated ids): the demo scores the held-out
@@ -106,55 +111,92 @@ val_ids() {
   tail -n +2 "$RUNS/${MODELS[0]}/validation_roles.csv" | cut -d, -f1 | sed 's/^crop//' | paste -sd, -
 }
 
-make_ensemble() {
+ERAS=(2025 2026)
+runs() { local m; for m in "${MODELS[@]}"; do echo "$RUNS/$m"; done; }
+stores() { local m; for m in "${MODELS[@]}"; do echo "$PRED/tta1/$m.zarr" "$PRED/tta8/$m.zarr"; done; }
+
+decide() {  # every decision on the validation crops; the member stores predicted above stand for its predictions
+  if [ -f "$OUT/decide/decisions.json" ]; then echo "reusing $OUT/decide/decisions.json"; return; fi
+  cellseg decide $(runs) --out "$OUT/decide" --tune-crops "$(val_ids)" --device "$DEVICE" --reuse $(stores)
+}
+
+# The product path on the test crops, as on the challenge's hidden ones: no truth is read until `leaderboard`.
+predict_decided() {
   if [ -d "$OUT/ensemble.zarr" ]; then echo "reusing $OUT/ensemble.zarr"; return; fi
-  local members=()
-  for m in "${MODELS[@]}"; do members+=("$PRED/$m.zarr"); done
-  cellseg ensemble "${members[@]}" --out "$OUT/ensemble.zarr" --weights auto --crops "$(val_ids)" \
+  cellseg predict-ensemble --decisions "$OUT/decide/decisions.json" --crops test --out "$OUT/ensemble.zarr" \
     --device "$DEVICE"
 }
 
-postprocess() {  # tuned on the validation crops (the store also holds the test crops: never tuned on)
-  local params="$OUT/segmentation.params.json" how=()
-  if [ -f "$params" ]; then how=(--params "$params")
-  else how=(--tune-on "$DATA" --crops $(val_ids | tr , ' ') --params "$params"); fi
-  cellseg postprocess "$OUT/ensemble.zarr" --out "$OUT/segmentation.zarr" "${how[@]}" --device "$DEVICE"
+postprocess() {  # one segmentation per era: each era's leaderboard gets the decoding decided with its metric
+  local era
+  for era in "${ERAS[@]}"; do
+    cellseg postprocess "$OUT/ensemble.zarr" --decisions "$OUT/decide/decisions.json" --metric "$era" \
+      --out "$OUT/segmentation_$era.zarr" --device "$DEVICE"
+  done
 }
 
 # The whole test manifest: `cellseg submit` writes the labels the demo models do not predict as empty arrays, which
 # never score below missing ones (its --help), and the validation checks every row.
 submit() {
-  if [ -f "$OUT/submission.zip" ]; then echo "reusing $OUT/submission.zip"; return; fi
-  cellseg submit "$OUT/segmentation.zarr" --manifest "$DATA/test_crop_manifest.csv" --out "$OUT/submission.zip"
-}
-
-validate() {
-  cellseg validate-submission "$OUT/submission.zip" --manifest "$DATA/test_crop_manifest.csv"
-}
-
-leaderboard() {  # every label of the held-out truth is scored, as on the leaderboard; a re-run refreshes the files
-  for era in 2025 2026; do
-    echo
-    cellseg evaluate "$OUT/submission.zip" "$DATA/ground_truth.zarr" --metric "$era" --json "$OUT/scores_$era.json"
+  local era
+  for era in "${ERAS[@]}"; do
+    if [ -f "$OUT/submission_$era.zip" ]; then echo "reusing $OUT/submission_$era.zip"; continue; fi
+    cellseg submit "$OUT/segmentation_$era.zarr" --manifest "$DATA/test_crop_manifest.csv" \
+      --out "$OUT/submission_$era.zip"
   done
 }
 
-ablation() {  # stage 4 (8x TTA) reads the stores the predict stage wrote instead of predicting again
-  local runs=() stores=()
-  for m in "${MODELS[@]}"; do runs+=("$RUNS/$m"); stores+=("$PRED/$m.zarr"); done
-  cellseg report --runs "${runs[@]}" --out "$OUT/report" --crops test --tune-crops "$(val_ids)" \
-    --device "$DEVICE" --reuse "${stores[@]}"
+validate() {
+  local era
+  for era in "${ERAS[@]}"; do
+    cellseg validate-submission "$OUT/submission_$era.zip" --manifest "$DATA/test_crop_manifest.csv"
+  done
+}
+
+leaderboard() {  # every label of the held-out truth is scored, as on the leaderboard; a re-run refreshes the files
+  local era
+  for era in "${ERAS[@]}"; do
+    echo
+    cellseg evaluate "$OUT/submission_$era.zip" "$DATA/ground_truth.zarr" --metric "$era" \
+      --json "$OUT/scores_$era.json"
+  done
+}
+
+ablation() {  # the member stores predicted above stand for the report's stages 1 and 4
+  cellseg report --runs $(runs) --out "$OUT/report" --crops test --tune-crops "$(val_ids)" \
+    --device "$DEVICE" --reuse $(stores)
+}
+
+same_as_report() {  # the product path's submission scores what the report's stage 5 scores, class by class
+  python - "$OUT" "${ERAS[@]}" <<'PY'
+import json, math, sys
+out, eras = sys.argv[1], sys.argv[2:]
+report = json.load(open(f"{out}/report/report.json"))
+stage5 = next(s for s in report["stages"] if s["key"] == "postprocess")["scores"]
+differ = []
+for era in eras:
+    ours = json.load(open(f"{out}/scores_{era}.json"))["label_scores"]
+    for name, theirs in stage5[era]["classes"].items():
+        key = "combined_score" if "combined_score" in ours[name] else "iou"
+        if not math.isclose(ours[name][key], theirs, abs_tol=1e-9):
+            differ.append(f"{era} {name}: submission {ours[name][key]:.4f}, report {theirs:.4f}")
+print("the submissions score the report's stage 5 class by class in " + ", ".join(eras) if not differ
+      else "DIFFERENT from the report's stage 5: " + "; ".join(differ))
+sys.exit(1 if differ else 0)
+PY
 }
 
 stage "synthetic dataset (preset small)" make_data
 stage "train ${MODELS[*]} (configs/demo/)" each_model train_model
-stage "predict the validation and test crops with 8x TTA" each_model predict_model
-stage "ensemble: weights fitted on the validation crops" make_ensemble
-stage "post-process: parameters tuned on the validation crops" postprocess
-stage "submission at the test crops' geometry" submit
-stage "validate the submission" validate
-stage "leaderboard: score the submission in both eras" leaderboard
+stage "predict the validation and test crops (no TTA, 8x TTA)" each_model predict_model
+stage "decide on the validation crops (decisions.json)" decide
+stage "predict the test crops as decided" predict_decided
+stage "post-process as decided, per era" postprocess
+stage "submissions at the test crops' geometry" submit
+stage "validate the submissions" validate
+stage "leaderboard: score each era's submission" leaderboard
 stage "ablation report (test crops scored, validation crops tuned)" ablation
+stage "the submissions against the report's stage 5" same_as_report
 
 echo
 echo "==> timings ($(getconf _NPROCESSORS_ONLN) CPU cores, OMP_NUM_THREADS=$OMP_NUM_THREADS, DEMO_PARALLEL=$PARALLEL," \
@@ -162,5 +204,6 @@ echo "==> timings ($(getconf _NPROCESSORS_ONLN) CPU cores, OMP_NUM_THREADS=$OMP_
 printf '%s\n' "${TIMINGS[@]}" | tee "$OUT/timings.txt"
 seconds_since "$DEMO_START" "total" | tee -a "$OUT/timings.txt"
 echo
-echo "submission: $OUT/submission.zip; scores: $OUT/scores_2025.json, $OUT/scores_2026.json (all 48 labels of the"
-echo "held-out truth; labels the demo models do not predict are submitted empty); ablation: $OUT/report/report.md"
+echo "decisions: $OUT/decide/decisions.json; submissions: $OUT/submission_2025.zip, $OUT/submission_2026.zip; scores:"
+echo "$OUT/scores_2025.json, $OUT/scores_2026.json (all 48 labels of the held-out truth; labels the demo models do not"
+echo "predict are submitted empty); ablation: $OUT/report/report.md"

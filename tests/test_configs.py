@@ -8,6 +8,7 @@ import pytest
 from cellseg.config import dump, load, load_run_config
 from cellseg.config.jobs import (
     SECTIONS,
+    DecideJob,
     EnsembleJob,
     PostprocessJob,
     PredictEnsembleJob,
@@ -37,13 +38,14 @@ def test_model_configs_are_model_sections(path):
     assert isinstance(from_dict(ModelConfig, read_yaml(path)["model"]), ModelConfig)
 
 
-RECIPES = sorted(p for d in ("infer", "ensemble", "postprocess") for p in (CONFIGS / d).glob("*.y*ml"))
+RECIPES = sorted(p for d in ("infer", "ensemble", "postprocess", "decide") for p in (CONFIGS / d).glob("*.y*ml"))
 JOBS = {  # the section that makes a recipe one for the command, and the keys a recipe leaves to the command line
     PredictJob: ("infer", ["run_dir=runs/unet_3d", "crops=val", "out=p.zarr"]),
     PredictEnsembleJob: ("ensemble", ["crops=test", "out=e.zarr"]),
     EnsembleJob: ("ensemble", ["out=e.zarr", "ensemble.members=[a.zarr, b.zarr]"]),  # stores, not run directories
     PostprocessJob: ("postprocess", ["predictions=e.zarr", "out=s.zarr"]),
     PredictVolumeJob: ("volume", ["dataset=jrc_hela-2", "out=v.zarr", "ensemble.members=[runs/unet_3d]"]),
+    DecideJob: ("decide", ["runs=[runs/unet_3d, runs/unet_2d]", "out=decide"]),
 }
 
 

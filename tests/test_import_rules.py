@@ -11,7 +11,7 @@ README = PACKAGE.parent / "README.md"
 DOWNSTREAM_OF_TRAINING = ("cellseg.infer", "cellseg.postprocess", "cellseg.eval")
 # The layers, top to bottom: each folder or top-level module imports only those before it (the README's map).
 LAYERS = ("classes", "manifests", "logs", "cache", "pool", "config", "data", "fetch", "ingest", "synth", "models",
-          "runtime", "losses", "eval", "infer", "postprocess", "volume", "train", "viz", "report", "cli", "docgen",
+          "runtime", "losses", "eval", "infer", "postprocess", "volume", "train", "viz", "decide", "report", "cli", "docgen",
           "__main__")
 
 

@@ -42,7 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             DATA_ROOT against the challenge metric of --metric, then each class's hierarchy option is tried (a
             group: the union with its predicted atoms; an atom: kept only where it is the most probable positive
             atom; cellseg/postprocess/hierarchy.py) and kept only where it raises the class's score; the result is
-            written to --params (default OUT.params.json) and used. An existing OUT written from the same source with the same settings is
+            written to --params (default OUT.params.json) and used. With --decisions (a decisions.json written by
+            `cellseg decide`), each class is decoded as decided for the --metric era's leaderboard: with its tuned
+            parameters where they beat the plain decoding on the tuning crops, else plainly (p > 0.5,
+            26-connected components). An existing OUT written from the same source with the same settings is
             resumed (finished crops are kept); anything else needs --overwrite. The same --tune-on command run
             again (a requeued job) goes on where it stopped: the classes tuned so far are kept (in
             .PARAMS.json.partial), and a finished parameter file of the same store, data root, metric and crops
@@ -64,7 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="with --tune-on: the crops to tune on (12 or crop12; default: every crop of the store with truth "
                 "in DATA_ROOT, except the report crops of the store's runs, which no decision may touch)")
     option(parser, "--metric", key="postprocess.metric", choices=LazyChoices(), metavar="ERA",
-           help=f"with --tune-on: the scoring era to tune for, %(choices)s (default {DEFAULT_ERA})")
+           help=f"with --tune-on: the scoring era to tune for; with --decisions: the era whose choice is applied; "
+                f"%(choices)s (default {DEFAULT_ERA})")
+    option(parser, "--decisions", key="postprocess.decisions", metavar="DECISIONS.json",
+           help="per-class decoding from `cellseg decide` (instead of --params and --tune-on)")
     option(parser, "--device", key="postprocess.device", metavar="auto|cpu|cuda",
            help="cpu: the numpy/cc3d path; cuda[:N]: the torch path on a GPU; auto (default): cuda when available")
     option(parser, "--grid", key="postprocess.grid", choices=("annotation", "model"),
@@ -99,6 +105,15 @@ def run(args: argparse.Namespace) -> int:
     pp, progress = job.postprocess, show_progress(args)
     pred = open_probabilities(job.predictions)
     device = resolve_device(pp.device)
+    if pp.decisions:
+        from cellseg.decide.apply import postprocess_decided
+        from cellseg.decide.document import Decisions
+
+        seg = postprocess_decided(Decisions.load(pp.decisions), pred, job.out, era=pp.metric, device=device,
+                                  overwrite=job.overwrite, progress=progress, data_root=pp.data_root)
+        print(f"wrote {seg.path}: {len(seg.completed())} crops, {len(seg.channels)} classes, decoded as decided for "
+              f"the {pp.metric} metric ({device})")
+        return 0
     if pp.tune_on:
         from cellseg.postprocess.tuning import tune_store
 

@@ -38,19 +38,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Routed: a CONFIG with `ensemble.routes` (voxel-size bands, each with its runs and weights, "
                     "e.g. configs/ensemble/routed.yaml) predicts each crop once, with the runs of the band of its "
                     "scale (the largest voxel edge of its finest annotation), at their voxel size, all crops into "
-                    "one store; a band may have one run. No RUN_DIR arguments then.\n\n" + PRECEDENCE,
+                    "one store; a band may have one run. No RUN_DIR arguments then.\n\n"
+                    "Decided: --decisions DECIDE_DIR/decisions.json (written by `cellseg decide` on the runs' tuning "
+                    "crops) predicts every class as decided there: its weights (the best single model, the uniform "
+                    "mean or fitted weights) and TTA on or off; the classes with TTA and those without are "
+                    "predicted in one pass each (OUT.zarr.parts/ until OUT.zarr is complete) by the members that "
+                    "carry weight for them. The RUN_DIR arguments may be left out (the file names them); each "
+                    "member's checkpoint, classes and voxel size are checked against the file before anything is "
+                    "predicted. Then `cellseg postprocess OUT.zarr --decisions ...`.\n\n" + PRECEDENCE,
         epilog="example:\n"
                "  cellseg ensemble val/*.zarr --out ens_val.zarr --weights auto\n"
                "  cellseg predict-ensemble runs/unet_3d runs/unet_2d --crops test --out ens_test.zarr "
                "--weights ens_val.zarr/weights.json --overlap 0.25\n"
                "  cellseg predict-ensemble configs/ensemble/eight.yaml crops=test out=ens_test.zarr\n"
-               "  cellseg predict-ensemble configs/ensemble/routed.yaml --crops test --out ens_test.zarr",
+               "  cellseg predict-ensemble configs/ensemble/routed.yaml --crops test --out ens_test.zarr\n"
+               "  cellseg predict-ensemble --decisions decide/decisions.json --crops test --out ens_test.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     option(parser, "--out", key="out", metavar="ENS.zarr", help="ensemble probability store to write")
     option(parser, "--weights", key="ensemble.weights", type=weights_flag, metavar="uniform|w1,w2,...|FILE.json",
            help="'uniform' (default), one weight per run (normalised), or a weights.json written by `cellseg "
                 "ensemble` (e.g. --weights auto on validation predictions)")
+    option(parser, "--decisions", key="ensemble.decisions", metavar="DECISIONS.json",
+           help="per-class weights and TTA from `cellseg decide` (instead of --weights and --tta)")
     option(parser, "--allow-partial", key="ensemble.allow_partial", action="store_true",
            help="runs may have different classes: each class averages the runs that have it")
     add_predict_options(parser, axes_2d=False)
@@ -67,6 +77,15 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(job)
     opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    if job.ensemble.decisions:
+        from cellseg.decide.apply import predict_decided
+        from cellseg.decide.document import Decisions
+
+        decisions = Decisions.load(job.ensemble.decisions)
+        decisions.check_runs(job.ensemble.members, checkpoint=opts.checkpoint)  # before any model is loaded
+        store = predict_decided(decisions, str(job.crops), job.out, opts)
+        print(f"wrote {store.path}: {len(store.completed())} crops, as decided in {decisions.source}")
+        return 0
     if job.ensemble.routes:
         from cellseg.infer.routing import predict_routed
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 import textwrap
 
+from cellseg.cli._args import metric_choices, predict_jobs
 from cellseg.cli._eras import LazyChoices
 from cellseg.config.fields import DEFAULT_ERA
 
@@ -57,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tune-crops", metavar="same|val|IDS",
                         help="training crops the best single model, the ensemble weights and the post-processing "
                              "are chosen on (default: the runs' tuning crops; 'same': the scored crops, biased)")
-    parser.add_argument("--metric", default="all", choices=LazyChoices(_metric_choices), metavar="ERA",
+    parser.add_argument("--metric", default="all", choices=LazyChoices(metric_choices), metavar="ERA",
                         help="scoring eras: all (default: every registered era; both: the same) or one era: "
                              "%(choices)s")
     parser.add_argument("--tune-metric", choices=LazyChoices(), metavar="ERA",
@@ -73,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="processes scoring (crop, label) pairs and tuning the instance classes' post-processing in "
                              "parallel (default: the CPU cores this process may use, at most 32)")
-    parser.add_argument("--predict-jobs", type=_jobs, default="auto", metavar="N|auto",
+    parser.add_argument("--predict-jobs", type=predict_jobs, default="auto", metavar="N|auto",
                         help="processes predicting the members (runs) at once, each into its own store (1: one "
                              "after the other in the report's process; default auto: on CUDA min(runs, 4 per GPU, GPU "
                              "memory GiB // 16 per GPU, with TTA // 32), spread over the GPUs; on CPU 1; a member "
@@ -86,22 +87,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
-
-
-def _metric_choices() -> tuple[str, ...]:
-    from cellseg.report.inputs import metric_choices
-
-    return metric_choices()
-
-
-def _jobs(text: str) -> int | str:
-    """`--predict-jobs`: "auto" or a whole number (its range is checked by `ReportOptions`)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 'auto' or a number of processes ≥ 1") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -217,6 +217,9 @@ class EnsembleConfig:
         routes: `predict-ensemble` only (`ensemble` leaves them out), instead of `members` and `weights`:
             voxel-size bands, each with its own members and weights (`RouteConfig`); every crop is predicted once,
             by the band of its scale, and all crops land in one store, each on its band's grid.
+        decisions: `predict-ensemble` and `predict-volume`: a decisions.json written by `cellseg decide`, instead of
+            `weights` and the TTA setting: per class the members' weights and TTA on or off as decided on the
+            tuning crops; `members`, when given, must be the file's runs (they default to them).
     """
 
     members: tuple[str, ...] = ()
@@ -225,9 +228,13 @@ class EnsembleConfig:
     allow_partial: bool = False
     fit: FitConfig = field(default_factory=FitConfig)
     routes: tuple[RouteConfig, ...] = ()
+    decisions: str | None = None
 
     def __post_init__(self) -> None:
         _check_weights(self.weights, "ensemble.weights", " (--weights)")
+        _check(self.decisions is None or (self.weights == "uniform" and not self.routes),
+               f"ensemble.decisions={self.decisions!r} (--decisions) sets the weights per class: drop "
+               "ensemble.weights (--weights) and ensemble.routes")
         _check(self.grid in ("finest", "first"), f"ensemble.grid={self.grid!r} (--grid): choose 'finest' or 'first'")
         check_routes(self.routes)
 
@@ -250,7 +257,7 @@ class PostprocessConfig:
         crops: with `tune_on`: the crops to tune on, comma-separated ids ("12,crop34"; null: every crop of the
             store with truth in the data root).
         metric: with `tune_on`: the scoring era to tune for, a registered one (`cellseg.eval.eras`; 2026 the
-            current metric).
+            current metric); with `decisions`: the era whose post-processing choice is applied.
         device: "cpu" (numpy, cc3d and scipy), "cuda" or "cuda:N" (torch on a GPU; identical output) or "auto"
             (CUDA when available).
         grid: where the segmentation is written: "annotation" (each crop's label grids, e.g. 2 nm: the probability
@@ -258,6 +265,8 @@ class PostprocessConfig:
             store's grid; `cellseg submit` then upsamples it by nearest neighbour).
         data_root: with grid "annotation": the data root whose manifests and label arrays give the grids (null:
             `tune_on`, else the one the probability store records).
+        decisions: a decisions.json written by `cellseg decide`, instead of `params` and `tune_on`: per class the
+            tuned parameters or the plain decoding (p > 0.5, 26-connected components), as chosen for `metric`.
     """
 
     params: str | None = None
@@ -267,8 +276,12 @@ class PostprocessConfig:
     device: str = "auto"
     grid: Literal["annotation", "model"] = "annotation"
     data_root: str | None = None
+    decisions: str | None = None
 
     def __post_init__(self) -> None:
+        _check(self.decisions is None or (self.params is None and self.tune_on is None),
+               f"postprocess.decisions={self.decisions!r} (--decisions) holds the parameters: drop "
+               "postprocess.params (--params) and postprocess.tune_on (--tune-on)")
         if self.crops is not None:
             _check_ids(self.crops, "postprocess.crops (--crops)", "crop ids such as '12,crop34'")
         _check(self.crops is None or self.tune_on is not None,

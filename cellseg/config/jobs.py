@@ -8,6 +8,7 @@
 | `cellseg ensemble` | `EnsembleJob` | `ensemble` |
 | `cellseg postprocess` | `PostprocessJob` | `postprocess` |
 | `cellseg predict-volume` | `PredictVolumeJob` | `infer`, `ensemble`, `volume` |
+| `cellseg decide` | `DecideJob` | `decide` |
 
 A recipe file may carry the sections of several steps (an ensemble recipe with its `postprocess` settings),
 so that one file describes a pipeline: `load_job` checks a section another command reads against its
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cellseg.config.decide import DecideConfig
 from cellseg.config.fields import _check
 from cellseg.config.inference import EnsembleConfig, InferConfig, PostprocessConfig
 from cellseg.config.load import apply_overrides, deep_merge, from_dict, read_yaml
@@ -37,7 +39,7 @@ from cellseg.config.volume import VolumeConfig
 log = logging.getLogger(__name__)
 J = TypeVar("J")
 SECTIONS: dict[str, type] = {"infer": InferConfig, "ensemble": EnsembleConfig, "postprocess": PostprocessConfig,
-                             "volume": VolumeConfig}
+                             "volume": VolumeConfig, "decide": DecideConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +82,7 @@ class PredictEnsembleJob:
                    "or the routes")
             _check(self.ensemble.weights == "uniform", f"ensemble.weights={self.ensemble.weights!r} with "
                    "ensemble.routes: give the weights per band (ensemble.routes[].weights)")
-        else:
+        elif not self.ensemble.decisions:  # a decisions file names its members
             _check_members(self.ensemble, "run directories: the RUN_DIR arguments")
         _check(self.ensemble.weights != "auto",
                "ensemble.weights=auto (--weights auto) fits on member predictions of validation crops: run "
@@ -105,6 +107,8 @@ class EnsembleJob:
 
     def __post_init__(self) -> None:
         _check_members(self.ensemble, "probability stores: the PRED.zarr arguments")
+        _check(not self.ensemble.decisions, "ensemble.decisions: decisions are applied while predicting: use "
+               "`cellseg predict-ensemble --decisions` (it predicts each class with or without TTA as decided)")
         if self.ensemble.routes:  # a routed recipe also serves to fit one band's weights on its member stores
             log.debug("ensemble.routes: for `cellseg predict-ensemble`; not used by `cellseg ensemble`")
 
@@ -144,16 +148,40 @@ class PredictVolumeJob:
 
     def __post_init__(self) -> None:
         routes, members = self.ensemble.routes, self.ensemble.members
-        _check(bool(routes) != bool(members), "ensemble.members and ensemble.routes: give one of them (run "
-               "directories as the RUN_DIR arguments, or a routed recipe)")
+        _check(bool(routes) != bool(members) or (self.ensemble.decisions and not routes),
+               "ensemble.members and ensemble.routes: give one of them (run directories as the RUN_DIR arguments, "
+               "or a routed recipe)")
         _check(not routes or self.volume.scale_nm is not None, "ensemble.routes: a routed recipe predicts a volume "
                "with one band's members: set volume.scale_nm to the voxel-size scale (nm) of the band to use")
         _check(self.ensemble.weights != "auto", "ensemble.weights=auto: fit the weights on validation predictions "
                "with `cellseg ensemble ... --weights auto` and give the weights.json it writes")
 
 
+@dataclass(frozen=True, kw_only=True)
+class DecideJob:
+    """`cellseg decide`: every decision of the measured pipeline, made on tuning crops, into decisions.json.
+
+    Attributes:
+        runs: `cellseg train` run directories (the RUN_DIR arguments; at least 2, predicting the same classes).
+        out: the working directory (--out): DECIDE_DIR/decisions.json, and the stores and scores a resumed run
+            reuses.
+        data_root: the data root of the tuning crops (--data-root; null: the one the runs were trained on).
+        overwrite: start over in `out` (--overwrite; default: resume a run with the same settings).
+    """
+
+    runs: tuple[str, ...]
+    out: str
+    data_root: str | None = None
+    overwrite: bool = False
+    decide: DecideConfig = field(default_factory=DecideConfig)
+
+    def __post_init__(self) -> None:
+        _check(len(self.runs) >= 2, f"runs: decisions are about an ensemble: give at least 2 run directories (the "
+               f"RUN_DIR arguments), got {len(self.runs)}: {list(self.runs)}")
+
+
 JOBS: dict[str, type] = {"predict": PredictJob, "predict-ensemble": PredictEnsembleJob, "ensemble": EnsembleJob,
-                         "postprocess": PostprocessJob, "predict-volume": PredictVolumeJob}
+                         "postprocess": PostprocessJob, "predict-volume": PredictVolumeJob, "decide": DecideJob}
 
 
 def _check_members(ensemble: EnsembleConfig, what: str) -> None:
@@ -194,6 +222,6 @@ def load_job(cls: type[J], path: str | Path | None, overrides: Sequence[str] = (
     return from_dict(cls, merge_job(cls, path, overrides, flags=flags))
 
 
-__all__ = ["JOBS", "SECTIONS", "EnsembleJob", "PostprocessJob", "PredictEnsembleJob", "PredictJob", "PredictVolumeJob",
+__all__ = ["JOBS", "SECTIONS", "DecideJob", "EnsembleJob", "PostprocessJob", "PredictEnsembleJob", "PredictJob", "PredictVolumeJob",
            "load_job",
            "merge_job", "nest"]

@@ -4,7 +4,7 @@ The crops are the independent samples (the voxels of one crop are strongly corre
 the crops with replacement and recombines their per-crop scores as the era does (a crop drawn twice counts
 twice). Over `DRAWS` draws (seed `SEED`: the same numbers on every run) an interval is the central `LEVEL` of
 the draws (percentiles). A difference is drawn *paired*: the same crops for both sides, so what they share
-(the same hard crops) cancels. The ablation report's intervals (`cellseg.report.bootstrap`) and the ensemble
+(the same hard crops) cancels. The ablation report's intervals (`cellseg.decide.bootstrap`) and the ensemble
 fit's guard (`cellseg.infer.ensemble_fit.guard`) both use it.
 """
 

@@ -14,6 +14,11 @@ Where the output lies (`grid`):
 
 A class with a hierarchy option (`cellseg.postprocess.hierarchy`) has its probability edited on the model grid from
 the crop's other predicted classes before it is decoded, on either grid.
+
+Classes named `plain` (those a decisions file keeps on the plain decoding: `cellseg.decide`) are decoded as the
+evaluators read a binary prediction (`plain_params`: `p > 0.5`, instance classes as 26-connected components, no
+hierarchy option), while the other classes' hierarchy options still read their rivals' tuned thresholds: the
+result is, class by class, the tuned decoding of every class or the plain one.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,10 +50,11 @@ from cellseg.postprocess.native import (
     finish_on_grid,
     iter_decode,
     piece_limit,
+    plain_params,
     segment_class,
     slab_planes,
 )
-from cellseg.postprocess.params import ParamSet
+from cellseg.postprocess.params import ClassParams, ParamSet
 
 log = logging.getLogger(__name__)
 ALGORITHM = "cellseg.postprocess/1"  # bump when a change alters any output voxel
@@ -108,10 +114,19 @@ def open_probabilities(path: str | os.PathLike[str]) -> PredictionStore:
     return store
 
 
-def _class_settings(params: ParamSet, classes: Sequence[str]) -> dict[str, dict[str, Any]]:
+def class_params(params: ParamSet, name: str, plain: Collection[str] = ()) -> ClassParams:
+    """The parameters `name` is decoded with: `plain_params` for a class of `plain`, else `params`'."""
+    return plain_params(name) if name in plain else params.get(name)
+
+
+def _class_settings(params: ParamSet, classes: Sequence[str], plain: Collection[str] = ()
+                    ) -> dict[str, dict[str, Any]]:
     """Class → its settings, as recorded in the output's provenance (no `hierarchy` key when off, as before the
-    option existed, so such stores still resume)."""
-    settings = {c: {"kind": params.get(c).kind, **dataclasses.asdict(params.get(c))} for c in classes}
+    option existed, so such stores still resume; "plain": true for a class of `plain`)."""
+    settings = {}
+    for c in classes:
+        chosen = class_params(params, c, plain)
+        settings[c] = {"kind": chosen.kind, **dataclasses.asdict(chosen), **({"plain": True} if c in plain else {})}
     for entry in settings.values():
         if entry["hierarchy"] is None:
             del entry["hierarchy"]
@@ -119,11 +134,12 @@ def _class_settings(params: ParamSet, classes: Sequence[str]) -> dict[str, dict[
 
 
 def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, grid: GridMode,
-                 overwrite: bool) -> PredictionStore:
+                 overwrite: bool, plain: Collection[str] = (), provenance: Mapping[str, Any] | None = None
+                 ) -> PredictionStore:
     """Create the segmentation store, or reopen one written by the same source and settings (resume)."""
     classes = list(pred.classes)
     settings = {"algorithm": ALGORITHM, "source": str(pred.path.resolve()),
-                "classes": _class_settings(params, classes), "grid": grid}
+                "classes": _class_settings(params, classes, plain), "grid": grid}
     if grid == "annotation":
         settings["decoder"] = DECODER
     if out.exists() and not overwrite:
@@ -136,7 +152,8 @@ def _open_output(out: Path, pred: PredictionStore, params: ParamSet, *, grid: Gr
         log.info("%s: resuming (%d crops already written)", out, len(existing.completed()))
         return existing
     provenance = {"postprocess": settings, "era": params.era, "tuned_on": dict(params.tuned_on),
-                  "scores": {c: dict(s) for c, s in params.scores.items()}, "source_provenance": pred.provenance}
+                  "scores": {c: dict(s) for c, s in params.scores.items()}, "source_provenance": pred.provenance,
+                  **dict(provenance or {})}
     if pred.provenance.get("data_root"):
         provenance["data_root"] = pred.provenance["data_root"]
     return PredictionStore.create(out, kind="segmentation", channels=classes,
@@ -176,22 +193,23 @@ class _Hierarchy:
 
 
 def _segment_one(pred: PredictionStore, crop: str, name: str, writer: CropWriter, *, params: ParamSet,
-                 device: str, hierarchy: _Hierarchy | None = None) -> int | None:
+                 device: str, hierarchy: _Hierarchy | None = None, plain: Collection[str] = ()) -> int | None:
     """Read, segment and write one class of one crop on the writer's grid of that channel; its object count."""
     source, target = pred.grid(crop), writer.grid_of(name)
     prob, boundary = read_class(pred, crop, name)
-    if hierarchy is not None:
+    chosen = class_params(params, name, plain)
+    if hierarchy is not None and chosen.hierarchy:
         prob = hierarchy.edit(name, prob)
     instance = is_instance(name)
     if target == source:
         with _device_lock(device):
-            labels = segment_class(name, prob, boundary, voxel_size_nm=source.voxel_size_nm,
-                                   params=params.get(name), device=device)
+            labels = segment_class(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=chosen,
+                                   device=device)
         del prob, boundary
         writer.write(name, labels)
         return int(labels.max(initial=0)) if instance else None
     with _device_lock(device):
-        coarse = decode_coarse(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=params.get(name),
+        coarse = decode_coarse(name, prob, boundary, voxel_size_nm=source.voxel_size_nm, params=chosen,
                                device=device)
     del prob, boundary
     if _decoded_whole(name, source, target):
@@ -216,7 +234,8 @@ def _planes(target: Grid) -> int:
 def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, params: ParamSet,
                       device: str = "auto", overwrite: bool = False, progress: bool = True,
                       workers: int | None = None, grid: GridMode = "annotation", data_root: str | None = None,
-                      crops: Mapping[int, Crop] | None = None) -> PredictionStore:
+                      crops: Mapping[int, Crop] | None = None, plain: Collection[str] = (),
+                      provenance: Mapping[str, Any] | None = None) -> PredictionStore:
     """Segment every crop of a probability store into a segmentation store (resuming finished crops).
 
     The classes of a crop go through `workers` threads (default: as many as the cores and `CLASS_MEMORY_BYTES`
@@ -228,6 +247,8 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
         grid: "annotation" or "model" (module docstring).
         data_root: where the annotation grids are looked up (default: the store's recorded data root).
         crops: annotation geometry of these crops, overriding the data root's (e.g. a truth store's).
+        plain: classes decoded plainly (`plain_params`, no hierarchy option; module docstring).
+        provenance: recorded beside the settings in the output's provenance (e.g. the decisions applied).
 
     Raises:
         ValueError: the parameters name classes the store lacks; `out` exists with other settings; `workers` < 1;
@@ -243,14 +264,18 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
     if not done:
         raise ValueError(f"{pred.path}: no complete crops to post-process")
     device = resolve(device)
-    seg = _open_output(Path(out), pred, params, grid=grid, overwrite=overwrite)
+    unknown = sorted(set(plain) - set(pred.classes))
+    if unknown:
+        raise ValueError(f"{pred.path}: classes {unknown} to decode plainly are not in the store "
+                         f"({list(pred.classes)})")
+    seg = _open_output(Path(out), pred, params, grid=grid, overwrite=overwrite, plain=plain, provenance=provenance)
     annotation = AnnotationGrids(data_root or pred.provenance.get("data_root"), crops) if grid == "annotation" else None
     todo = [c for c in done if c not in seg]
     for crop in tqdm(todo, desc="postprocess", unit="crop", disable=not progress):
         classes = [c for c in pred.classes if c in pred.crop_channels(crop)]  # a test crop: its scored classes
         grids = annotation.of(pred, crop, classes) if annotation else dict.fromkeys(classes, pred.grid(crop))
         segment_crop(pred, crop, seg, params=params, grids=grids, device=device, workers=workers,
-                     attrs={"grid": grid})
+                     attrs={"grid": grid}, plain=plain)
     if len(todo) < len(done):
         log.info("%d crops were already written", len(done) - len(todo))
     return seg
@@ -258,7 +283,7 @@ def postprocess_store(pred: PredictionStore, out: str | os.PathLike[str], *, par
 
 def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, params: ParamSet,
                  grids: Mapping[str, Grid], device: str, workers: int | None = None,
-                 attrs: Mapping[str, Any] | None = None) -> dict[str, int]:
+                 attrs: Mapping[str, Any] | None = None, plain: Collection[str] = ()) -> dict[str, int]:
     """Segment the classes `grids` names of one crop, each on its grid, into `seg` (committed with the source
     crop's attributes, `attrs` and timings under "postprocess"); returns class → object count (instance classes).
 
@@ -271,12 +296,12 @@ def segment_crop(pred: PredictionStore, crop: str, seg: PredictionStore, *, para
     writer = seg.crop_writer(crop, most_common(list(grids.values())), channels=classes, grids=grids)
     slab = max((math.prod(g.shape_vox[1:]) * _planes(g) for g in grids.values() if g != source), default=0)
     whole = max((math.prod(g.shape_vox) for c, g in grids.items() if _decoded_whole(c, source, g)), default=0)
-    edits = any(params.get(c).hierarchy for c in classes)
+    edits = any(class_params(params, c, plain).hierarchy for c in classes)
     hierarchy = _Hierarchy(pred, crop, classes, params) if edits else None
     threads = workers or class_workers(math.prod(source.shape_vox), slab, whole, hierarchy=edits)
     try:
         counts = map_bounded(lambda name: _segment_one(pred, crop, name, writer, params=params, device=device,
-                                                       hierarchy=hierarchy), classes, threads)
+                                                       hierarchy=hierarchy, plain=plain), classes, threads)
     except ValueError:  # refused input (NaN probabilities): nothing of the crop is kept; a kill keeps it to resume
         writer.discard()
         raise

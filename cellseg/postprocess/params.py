@@ -178,19 +178,28 @@ class ParamSet:
             doc = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not JSON ({err})") from err
+        return cls.from_json(doc, source=str(path))
+
+    @classmethod
+    def from_json(cls, doc: Any, *, source: str) -> ParamSet:
+        """A parameter document (`to_json`), validated as `load` validates a file; `source` names it in errors.
+
+        Raises:
+            ValueError: as `load`.
+        """
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a cellseg post-processing parameter file (no \"format\": \"{FORMAT}\")")
+            raise ValueError(f"{source}: not a cellseg post-processing parameter file (no \"format\": \"{FORMAT}\")")
         if doc.get("version") not in READABLE_VERSIONS:
-            raise ValueError(f"{path}: version {doc.get('version')!r} is not supported (expected one of "
+            raise ValueError(f"{source}: version {doc.get('version')!r} is not supported (expected one of "
                              f"{READABLE_VERSIONS})")
         classes, scores = {}, {}
         for name, entry in dict(doc.get("classes") or {}).items():
-            classes[name], scores[name] = _parse_class(path, name, entry)
+            classes[name], scores[name] = _parse_class(source, name, entry)
         return cls(classes=classes, scores=scores, era=doc.get("era"), tuned_on=dict(doc.get("tuned_on") or {}),
-                   source=str(path))
+                   source=source)
 
 
-def _parse_class(path: Path, name: str, entry: Any) -> tuple[ClassParams, dict[str, float | None]]:
+def _parse_class(path: Path | str, name: str, entry: Any) -> tuple[ClassParams, dict[str, float | None]]:
     where = f"{path}: class {name!r}"
     try:
         get_class(name)

@@ -24,7 +24,7 @@ __all__ = ["Report", "ReportOptions", "run_report"]
 
 def __getattr__(name: str) -> Any:
     """The public names, imported on first use: a process that needs only a light submodule (the bootstrap's
-    pool workers import `cellseg.report.bootstrap`) does not import torch and the whole report."""
+    pool workers import `cellseg.decide.bootstrap`) does not import torch and the whole report."""
     if name == "run_report":
         from cellseg.report.ablation import run_report
 

@@ -3,8 +3,8 @@
 Stages (each keeps everything of the one before and changes one thing):
 
 1. best single model: each run predicts alone (`predict_run`, no TTA; the runs in parallel processes:
-   `cellseg.report.predictions`); in each era, the best of them by its decision score on the tuning crops
-   (`cellseg.report.decisions`; the eras may disagree on which run is best), shown with its scores on the
+   `cellseg.decide.predictions`); in each era, the best of them by its decision score on the tuning crops
+   (`cellseg.decide.ranking`; the eras may disagree on which run is best), shown with its scores on the
    scored crops;
 2. uniform ensemble: the mean of every run's probabilities (`ensemble`, weights "uniform"), for the classes
    where it beats the best single model on the tuning crops (the others keep that model's);
@@ -16,20 +16,22 @@ Stages (each keeps everything of the one before and changes one thing):
 5. + post-processing: parameters tuned on the tuning crops (`tune_store`), applied to stage 4
    (`postprocess_store`).
 
-Stages 2-5 are switched per class (`cellseg.report.switches`): a class the stage does not improve on the
+Stages 2-5 are switched per class (`cellseg.decide.switches`): a class the stage does not improve on the
 tuning crops keeps the previous stage's prediction (stage 3 also the previous stage's weights, for stage 4), and
 the report names those classes. Stage 5's switch is made in
 every era scored, each era's column (and submission) taking the store its own switch kept.
 
 Stages 1-4 are scored as the official evaluator reads a binary prediction (threshold 0.5, instance
-classes as 26-connected components; `cellseg.report.scoring`); stage 5 with its own masks and ids. Every
-number comes with a 95 % crop-bootstrap interval, every change with a paired one (`cellseg.report.bootstrap`),
+classes as 26-connected components; `cellseg.decide.scoring`); stage 5 with its own masks and ids. Every
+number comes with a 95 % crop-bootstrap interval, every change with a paired one (`cellseg.decide.bootstrap`),
 and with the number of crops the era skipped.
 
 Layout of REPORT_DIR (intermediate stores are reused on a re-run with the same settings, so an
 interrupted report resumes; `--overwrite` starts over):
 
     report.md, report.json, *.png      the results
+    decisions.json                     every decision the stages made on the tuning crops, as the product commands
+                                       apply it (`cellseg.decide.document`; `cellseg decide` writes the same file)
     timings.json                       seconds per step of every run so far (rewritten as each step ends)
     report_settings.json               what the stores depend on (runs, crops, data root, tuning era)
     truth.zarr                         the scored crops' truth in the evaluator's layout
@@ -47,94 +49,43 @@ interrupted report resumes; `--overwrite` starts over):
     stores/.ensemble_*.zarr.partial    an ensemble a cut report was writing: the next run adds the crops it lacks
 
 A member's store named by `--reuse` (`cellseg predict`'s, holding every crop from the same checkpoint and
-settings: `cellseg.report.reuse`) is read where it is instead of predicting into stores/predict_tta*.
+settings: `cellseg.decide.reuse`) is read where it is instead of predicting into stores/predict_tta*.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
-from cellseg.postprocess.apply import MAX_CLASS_THREADS
-from cellseg.report.bootstrap import uncertainties
-from cellseg.report.decisions import choose_best
-from cellseg.report.inputs import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
-from cellseg.report.render import write_reports
-from cellseg.report.results import SETTINGS_FILE, Layout, Report, ReportOptions, StageResult
-from cellseg.report.reuse import open_candidates
-from cellseg.report.scoring import (
+from cellseg.decide.bootstrap import uncertainties
+from cellseg.decide.build import build_decisions
+from cellseg.decide.inputs import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
+from cellseg.decide.options import SETTINGS_FILE, Layout, StageResult
+from cellseg.decide.ranking import choose_best
+from cellseg.decide.reuse import open_candidates
+from cellseg.decide.run import prepare_dir
+from cellseg.decide.scoring import (
     ScoreJob,
     plain_segmentations,
     score_segmentations,
     thresholding_of,
 )
-from cellseg.report.stages import TTA_TRANSFORMS, Stores, make_stores, single_jobs, single_key
-from cellseg.report.timings import TIMINGS_FILE, Timings, write_atomic
-from cellseg.report.truth import build_truth, truth_labels
+from cellseg.decide.stages import TTA_TRANSFORMS, Stores, make_stores, single_jobs, single_key
+from cellseg.decide.timings import TIMINGS_FILE, Timings
+from cellseg.decide.truth import build_truth, truth_labels
+from cellseg.postprocess.apply import MAX_CLASS_THREADS
+from cellseg.report.render import write_reports
+from cellseg.report.results import Report, ReportOptions
 
 log = logging.getLogger(__name__)
 # what --overwrite removes
-OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "report.md", "report.json", TIMINGS_FILE, SETTINGS_FILE)
+OUTPUTS = ("stores", "truth.zarr", "truth_tuning.zarr", "decisions.json", "report.md", "report.json", TIMINGS_FILE,
+           SETTINGS_FILE)
 FIGURE_PATTERNS = ("overall.png", "classes_*.png", "overlay_*.png")  # ... and these (cellseg.report.figures)
-
-
-
-
-# --------------------------------------------------------------------------------------------- the directory
-
-
-def _remove_outputs(root: Path) -> None:
-    for name in OUTPUTS:
-        path = root / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    for pattern in FIGURE_PATTERNS:
-        for png in root.glob(pattern):
-            png.unlink()
-
-
-def prepare_dir(layout: Layout, settings: dict[str, Any], *, overwrite: bool) -> bool:
-    """Create the report directory, or reopen one made with the same settings; True when resuming.
-
-    Raises:
-        ValueError: the directory holds something else, or a report made with other settings (without
-            `overwrite`).
-    """
-    root = layout.root
-    if root.exists() and any(root.iterdir()) and not layout.settings.is_file():
-        # Even with --overwrite: only an earlier report is ever deleted, never a directory of other things.
-        raise ValueError(f"{root} exists and is not a cellseg report directory (no {SETTINGS_FILE}); choose another "
-                         "--out")
-    if overwrite and root.exists():
-        _remove_outputs(root)
-    if layout.settings.is_file():
-        old = json.loads(layout.settings.read_text())
-        differ = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-        if differ:
-            lines = "; ".join(f"{k}: then {old.get(k)!r}, now {settings.get(k)!r}" for k in differ)
-            raise ValueError(f"{root}: holds a report made with other settings ({lines}); pass --overwrite to "
-                             "start over or choose another --out")
-        log.info("%s: resuming (stores of the earlier run with the same settings are reused)", root)
-        return True
-    layout.stores.mkdir(parents=True, exist_ok=True)
-    write_atomic(layout.settings, json.dumps(settings, indent=2) + "\n")
-    return False
-
-
-
-
-# ------------------------------------------------------------------------------------------------- scoring
-
-
-
-
 
 
 def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str], chosen: Mapping[str, Mapping[str, Any]]
@@ -152,25 +103,11 @@ def best_single_stage(singles: Sequence[StageResult], eras: Sequence[str], chose
                        scores={era: s.scores[era] for era, s in best.items()}), names
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def ensemble_stages(stores: Stores) -> list[tuple[str, str, PredictionStore]]:
     """Stages 2-4 as (key, title, probability store): scored as thresholded probabilities."""
     return [("uniform", "2. uniform ensemble", stores.uniform),
             ("weighted", "3. weighted ensemble (fitted weights)", stores.weighted),
             ("tta", f"4. + TTA ({TTA_TRANSFORMS}×)", stores.with_tta)]
-
-
 
 
 def score_jobs(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan
@@ -243,7 +180,7 @@ def run_report(opts: ReportOptions) -> Report:
     layout = Layout(Path(opts.out))
     resuming = prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint,
                                                 tune_metric=opts.tuning_era, overlap=opts.overlap),
-                           overwrite=opts.overwrite)
+                           overwrite=opts.overwrite, outputs=OUTPUTS, patterns=FIGURE_PATTERNS)
     log.info("report on %d runs (%s); scored crops: %s; tuning crops: %s", len(runs),
              ", ".join(r.name for r in runs), ", ".join(plan.scored), ", ".join(plan.tuning))
     timings = Timings(layout.root / TIMINGS_FILE, resuming=resuming)
@@ -251,6 +188,7 @@ def run_report(opts: ReportOptions) -> Report:
         truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
             layout.truth, plan.scored, runs[0].classes, root)
     stores = make_stores(runs, root, plan, layout, opts, timings)
+    build_decisions(runs, stores, plan, opts, root).save(layout.decisions)  # what the product commands apply
     singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root, timings)
     with timings.step("crop-bootstrap intervals"):
         uncertainty = uncertainties({name: {era: [s.scores[era].document for s in rows] for era in opts.eras}

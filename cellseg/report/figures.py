@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from cellseg.decide.options import Layout, StageResult
 from cellseg.eval.eras import ERA_TITLES
-from cellseg.report.results import Layout, Report, StageResult
+from cellseg.report.results import Report
 from cellseg.viz import load_prediction_slice, prediction_figure, save_png, scores_figure
 from cellseg.viz.figure import new_figure
 from cellseg.viz.palette import KIND_COLORS

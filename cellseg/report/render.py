@@ -3,7 +3,7 @@ single models, per-class tables per era, timings), `report.json` (everything, wi
 document) and the table printed on the console. Every table names its metric era; scores of the two eras are
 not comparable. Every overall number carries its 95 % crop-bootstrap interval in brackets, every change its
 paired interval ("within noise" when it holds 0), and every era the number of crops it skipped
-(`cellseg.report.bootstrap`, `cellseg.report.decisions`). Non-finite scores (the 2025 era's NaN overall when
+(`cellseg.decide.bootstrap`, `cellseg.decide.ranking`). Non-finite scores (the 2025 era's NaN overall when
 a kind of class is absent) read "n/a" / null.
 """
 
@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from cellseg import __version__
+from cellseg.decide.bootstrap import DRAWS, SEED, Interval, within_noise
+from cellseg.decide.options import StageResult
+from cellseg.decide.ranking import decision_overall, skipped_count
+from cellseg.decide.scoring import PLAIN_RULE, EraScores
 from cellseg.eval.eras import ERA_TITLES
 from cellseg.eval.rules import is_scored_as_instance, nan_to_none
-from cellseg.report.bootstrap import DRAWS, SEED, Interval, within_noise
-from cellseg.report.decisions import decision_overall, skipped_count
-from cellseg.report.results import Report, StageResult
-from cellseg.report.scoring import PLAIN_RULE, EraScores
+from cellseg.report.results import Report
 
 FORMAT = "cellseg-ablation-report"
 VERSION = 1

@@ -9,8 +9,8 @@ import numpy as np
 from cellseg.cli import main as cli
 from cellseg.data.crops import Catalog
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.decide.scoring import plain_segmentation
 from cellseg.infer.crop_plan import scored_channels
-from cellseg.report.scoring import plain_segmentation
 from cellseg.viz.slices import load_prediction_slice
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cellseg.report.bootstrap import uncertainties, within_noise
-from cellseg.report.decisions import crop_scores_of, skipped_count
+from cellseg.decide.bootstrap import uncertainties, within_noise
+from cellseg.decide.ranking import crop_scores_of, skipped_count
 
 
 def stage_uncertainty(documents: list[dict], era: str) -> dict:

@@ -29,10 +29,9 @@ from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.write import process_alive
-from cellseg.infer.predict import predict_run
-from cellseg.report import ReportOptions
-from cellseg.report.inputs import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
-from cellseg.report.predictions import (
+from cellseg.decide.inputs import CropPlan, RunInfo, check_runs, checkpoint_file, plan_crops
+from cellseg.decide.options import Layout
+from cellseg.decide.predictions import (
     BackgroundPredictions,
     _init_worker,
     auto_jobs,
@@ -41,8 +40,9 @@ from cellseg.report.predictions import (
     predict_jobs,
     visible_gpus,
 )
-from cellseg.report.results import Layout
-from cellseg.report.scoring import plain_segmentation, plain_segmentations
+from cellseg.decide.scoring import plain_segmentation, plain_segmentations
+from cellseg.infer.predict import predict_run
+from cellseg.report import ReportOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,9 +127,10 @@ def test_finished_stores_need_no_process_until_their_checkpoint_changes(report_r
 REPORT_PROCESS = """
 import logging, sys
 from pathlib import Path
-from cellseg.report.inputs import check_runs, plan_crops
-from cellseg.report.predictions import predict_all
-from cellseg.report.results import Layout, ReportOptions
+from cellseg.decide.inputs import check_runs, plan_crops
+from cellseg.decide.predictions import predict_all
+from cellseg.decide.options import Layout
+from cellseg.report.results import ReportOptions
 
 logging.basicConfig(level=logging.INFO)
 runs_dirs, root, out = sys.argv[1:3], Path(sys.argv[3]), Path(sys.argv[4])

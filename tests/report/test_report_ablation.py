@@ -18,6 +18,16 @@ from cellseg.cli import main as cli
 from cellseg.data.grid import Grid
 from cellseg.data.prediction_store import PredictionStore
 from cellseg.data.split import read_datasplit
+from cellseg.decide.inputs import check_runs, plan_crops
+from cellseg.decide.options import Layout
+from cellseg.decide.scoring import (
+    ScoreJob,
+    plain_segmentation,
+    score_segmentations,
+    scores_file,
+    scoring_beside,
+    thresholding_of,
+)
 from cellseg.eval.eras import ERAS
 from cellseg.eval.io import open_source
 from cellseg.eval.relabel import relabel_26
@@ -32,16 +42,6 @@ from cellseg.postprocess.native import (
 )
 from cellseg.report import ReportOptions, run_report
 from cellseg.report.ablation import Stores, score_jobs
-from cellseg.report.inputs import check_runs, plan_crops
-from cellseg.report.results import Layout
-from cellseg.report.scoring import (
-    ScoreJob,
-    plain_segmentation,
-    score_segmentations,
-    scores_file,
-    scoring_beside,
-    thresholding_of,
-)
 
 STAGE_KEYS = ("uniform", "weighted", "tta", "postprocess")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -58,13 +58,6 @@ def plain_jobs(runs, stores, layout, plan):
 def _options(runs, out, **kw) -> ReportOptions:
     base = {"crops": "501", "tune_crops": "val", "overlap": 0.0, "slices": 1, "device": "cpu", "progress": False}
     return ReportOptions(runs=tuple(str(r) for r in runs), out=str(out), **{**base, **kw})
-
-
-@pytest.fixture(scope="module")
-def report_dir(report_runs, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("report") / "report"
-    run_report(_options(report_runs, out))
-    return out
 
 
 def _doc(report_dir: Path) -> dict:
@@ -174,9 +167,9 @@ def test_stage_4_keeps_a_member_whose_grid_the_ensemble_takes(tmp_path):
     """Of two members, one of weight 0 everywhere but on a finer grid: stage 4 still predicts it, so that its
     ensemble has stage 3's grid (grid "finest")."""
     from cellseg.config.inference import EnsembleConfig
+    from cellseg.decide.stages import tta_members
     from cellseg.infer.ensemble import ensemble
     from cellseg.infer.weights import WEIGHTS_FILE
-    from cellseg.report.stages import tta_members
 
     def member(name: str, grid: Grid) -> Path:
         store = PredictionStore.create(tmp_path / f"{name}.zarr", kind="probabilities", channels=("mito",),
@@ -360,7 +353,7 @@ def test_other_settings_in_the_same_directory_need_overwrite(report_dir, report_
 
 def test_a_directory_that_is_not_a_report_is_never_touched(report_runs, tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
-    with pytest.raises(ValueError, match="not a cellseg report directory"):
+    with pytest.raises(ValueError, match="not a cellseg decide or report directory"):
         run_report(_options(report_runs, tmp_path, overwrite=True))
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
@@ -436,7 +429,7 @@ def test_validation_crops_are_scored_on_the_report_crops_and_tuned_on_the_tuning
 
 
 def test_the_table_has_intervals_changes_and_skipped_counts(report_dir):
-    from cellseg.report.bootstrap import DRAWS, SEED
+    from cellseg.decide.bootstrap import DRAWS, SEED
 
     doc = _doc(report_dir)
     assert doc["bootstrap"] == {"unit": "scored crop", "draws": DRAWS, "seed": SEED, "level": 0.95,

@@ -48,7 +48,7 @@ def test_scores_switches_and_intervals_do_not_depend_on_the_workers(report_runs,
 
 def test_the_stages_see_when_the_scoring_beside_them_is_done(tmp_path):
     # Stage 2's switch takes every scoring worker once the single models' scoring beside the stages has finished.
-    from cellseg.report.scoring import scoring_beside
+    from cellseg.decide.scoring import scoring_beside
 
     with scoring_beside([], ["2026"], workers=1, plain_processes=1) as scoring:
         scoring.all.result(timeout=60)

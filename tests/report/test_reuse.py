@@ -13,13 +13,13 @@ import pytest
 from cellseg.cli import main as cli
 from cellseg.config.inference import InferConfig
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.decide.inputs import check_runs, plan_crops
+from cellseg.decide.options import Layout
+from cellseg.decide.predictions import predict_all
+from cellseg.decide.reuse import open_candidates
+from cellseg.decide.scoring import plain_segmentation
 from cellseg.infer.predict import predict_run
 from cellseg.report import ReportOptions
-from cellseg.report.inputs import check_runs, plan_crops
-from cellseg.report.predictions import predict_all
-from cellseg.report.results import Layout
-from cellseg.report.reuse import open_candidates
-from cellseg.report.scoring import plain_segmentation
 
 OVERLAP = 0.0  # the report's and the stores' (no overlap: fast on 2 cores)
 

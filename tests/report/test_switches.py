@@ -12,11 +12,10 @@ import pytest
 from crafted import crop_truth
 
 from cellseg.data.prediction_store import PredictionStore
-from cellseg.infer.weights import WEIGHTS_FILE
-from cellseg.report.inputs import CropPlan
-from cellseg.report.results import Layout
-from cellseg.report.scoring import ScoreJob, plain_segmentation
-from cellseg.report.switches import (
+from cellseg.decide.inputs import CropPlan
+from cellseg.decide.options import Layout
+from cellseg.decide.scoring import ScoreJob, plain_segmentation
+from cellseg.decide.switches import (
     stage_switch,
     switch_postprocess,
     switch_tta,
@@ -24,7 +23,8 @@ from cellseg.report.switches import (
     switch_weighted,
     switched_off,
 )
-from cellseg.report.truth import build_truth
+from cellseg.decide.truth import build_truth
+from cellseg.infer.weights import WEIGHTS_FILE
 
 CLASSES = ("mito", "er")
 CROPS = ("crop1", "crop2", "crop3")

@@ -2,13 +2,13 @@
 each decoded two ways and scored in every era by cellseg's evaluator, with crop-bootstrap intervals.
 
 - "plain": probability > 0.5 per class, instance classes as 26-connected components — nnU-Net's own decoding of
-  region outputs (sigmoid > 0.5, connected components), and the report's stages 1-4 (`cellseg.report.scoring`).
+  region outputs (sigmoid > 0.5, connected components), and the report's stages 1-4 (`cellseg.decide.scoring`).
 - "tuned": cellseg's post-processing (thresholds, seeded watershed, hierarchy options) tuned on the arm's own
   predictions of the tuning crops (`cellseg.postprocess.tuning.tune_store`, presence-aware), then applied to its
   test crops.
 
 Every number has a 95 % crop-bootstrap interval, and every arm's difference from the first arm a *paired* one
-(the same draws of crops for both: `cellseg.report.bootstrap`).
+(the same draws of crops for both: `cellseg.decide.bootstrap`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.decide.bootstrap import uncertainties, within_noise
+from cellseg.decide.scoring import ScoreJob, score_segmentations
+from cellseg.decide.truth import build_truth
 from cellseg.eval.eras import ERAS
 from cellseg.eval.rules import nan_to_none
-from cellseg.report.bootstrap import uncertainties, within_noise
-from cellseg.report.scoring import ScoreJob, score_segmentations
-from cellseg.report.truth import build_truth
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Steps (what `scripts/demo.sh` does, through the library):
 2. the three demo models `configs/demo/{unet_3d,resnet_3d,unet_2d}.yaml` trained on the CPU side by side, one
    process each (`--quick`: `configs/smoke/unet_3d.yaml` and `resnet_3d.yaml`, 2 steps, 16³ patches);
 3. each predicts the validation and test crops with 8× TTA (`--quick`: 1);
-4. crops by role (`cellseg.report.inputs`, as `cellseg report` plans them): decisions are made on the runs'
+4. crops by role (`cellseg.decide.inputs`, as `cellseg report` plans them): decisions are made on the runs'
    *tuning* crops only; the *scored* crops are the test crops (held-out truth in `ground_truth.zarr`) and the
    runs' *report* crops, never a tuning crop (`--decide-on validation`: decisions on every validation crop, the
    test crops alone scored);
@@ -24,7 +24,7 @@ Steps (what `scripts/demo.sh` does, through the library):
 7. each row written as a submission at the truth's geometry and scored by `cellseg evaluate`'s code in both eras
    against the scored crops' truth (built as `cellseg report` builds it); pooled per crop voxel size with each
    era's official rule, with 95 % crop-bootstrap intervals and paired intervals of every change
-   (`tables.py`, `cellseg.report.bootstrap`);
+   (`tables.py`, `cellseg.decide.bootstrap`);
 8. the same decoding comparison for ideal probabilities: each truth label of the scored crops (every tested
    class it has), its area fraction on the ensemble's 8 nm grid, decoded both ways with default parameters:
    what the decoding alone changes, whatever the models' quality.

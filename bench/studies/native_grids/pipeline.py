@@ -83,9 +83,9 @@ def uniform_store(work: Path, members: list[Path]) -> Any:
 
 def crop_roles(runs: list[Path], root: Path) -> dict[str, str]:
     """Crop → "tuning" (decisions are made on it), "report" (scored) or "test" (scored, held-out truth), as
-    `cellseg report` plans them (`cellseg.report.inputs`: the runs' validation_roles.csv, the root's test crops)."""
+    `cellseg report` plans them (`cellseg.decide.inputs`: the runs' validation_roles.csv, the root's test crops)."""
     from cellseg.data.crops import Catalog
-    from cellseg.report.inputs import check_runs, test_crops, validation_crops
+    from cellseg.decide.inputs import check_runs, test_crops, validation_crops
 
     infos = check_runs(runs, checkpoint="last")
     roles = {c: "tuning" for c in validation_crops(infos, None, "tuning")}
@@ -99,7 +99,7 @@ def crop_roles(runs: list[Path], root: Path) -> dict[str, str]:
 
 def truth_store(path: Path, crops: list[str], classes: Any, root: Path) -> Path:
     """The truth of `crops` in the evaluator's layout, as `cellseg report` builds it (built once)."""
-    from cellseg.report.truth import build_truth
+    from cellseg.decide.truth import build_truth
 
     if not path.is_dir():
         build_truth(path, crops, classes, root)

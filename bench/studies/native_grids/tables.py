@@ -3,7 +3,7 @@
 Bands: each crop's labels' voxel size (z×y×x nm), "finer than the model" (every axis at most the model's voxel
 size, one finer: where decoding on the annotation grid can change anything) and "all". Each row's per-crop
 scores are pooled per band and era with the era's official rule (`cellseg.eval.crop_score.combine`); the 95 %
-intervals resample the band's crops (`cellseg.report.bootstrap`: the same draws for every row of a band, so
+intervals resample the band's crops (`cellseg.decide.bootstrap`: the same draws for every row of a band, so
 a change between two rows is bootstrapped paired). A band of one crop has point intervals: no noise estimate.
 """
 
@@ -67,9 +67,9 @@ def pool_section(rows: Mapping[str, Mapping[str, Any]], roles: Mapping[str, str]
 
     `rows`: row → era → crop → label → scores (the evaluator's per-crop scores); every row scores the same crops.
     """
+    from cellseg.decide.bootstrap import DRAWS, LEVEL, SEED, draws, interval, part_draws, within_noise
     from cellseg.eval.crop_score import combine
     from cellseg.eval.eras import get_era
-    from cellseg.report.bootstrap import DRAWS, LEVEL, SEED, draws, interval, part_draws, within_noise
 
     first = next(iter(rows.values()))["2026"]
     bands = bands_of(first, model_voxel_nm)

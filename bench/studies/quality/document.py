@@ -125,7 +125,7 @@ def weights_table(report: Mapping[str, Any]) -> list[str]:
 
 def switch_line(report: Mapping[str, Any]) -> list[str]:
     """How many classes each per-class stage switch turned off on the validation crops (the report's
-    `stage_switches`; `cellseg.report.switches`), as one line; empty without switches. The stage titles are the
+    `stage_switches`; `cellseg.decide.switches`), as one line; empty without switches. The stage titles are the
     report's own (`SWITCHED`, imported here: its module imports torch)."""
     from cellseg.report.render import SWITCHED, other_eras
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cellseg.report.inputs import RunInfo, checkpoint_file
+from cellseg.decide.inputs import RunInfo, checkpoint_file
 
 if TYPE_CHECKING:
     from cellseg.config.inference import InferConfig
@@ -71,7 +71,7 @@ def open_candidates(paths: Sequence[str], runs: Sequence[RunInfo]) -> list[Candi
 
 def store_differences(run: RunInfo, path: Path, crops: Sequence[str], infer: InferConfig) -> list[str]:
     """Why the store at `path` does not stand for the prediction of `run` the report makes with `infer`
-    (`cellseg.report.predictions.infer_config`; module docstring); empty when it does."""
+    (`cellseg.decide.predictions.infer_config`; module docstring); empty when it does."""
     from cellseg.data.prediction_store import PredictionStore
 
     try:

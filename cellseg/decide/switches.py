@@ -39,14 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import BOUNDARY_SUFFIX, PredictionStore
+from cellseg.decide.inputs import CropPlan
+from cellseg.decide.options import Layout, StageResult
+from cellseg.decide.ranking import choose_best, crop_scores_of
+from cellseg.decide.scoring import ScoreJob, plain_segmentation, score_segmentations
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import Era
 from cellseg.infer.merge import merge_classes
 from cellseg.infer.weights import WEIGHTS_FILE
-from cellseg.report.decisions import choose_best, crop_scores_of
-from cellseg.report.inputs import CropPlan
-from cellseg.report.results import Layout, StageResult
-from cellseg.report.scoring import ScoreJob, plain_segmentation, score_segmentations
 from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger(__name__)

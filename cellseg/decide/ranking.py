@@ -15,9 +15,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cellseg.decide.options import StageResult
 from cellseg.eval.decision import decide
 from cellseg.eval.eras import Era
-from cellseg.report.results import StageResult
 
 
 def crop_scores_of(document: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -13,21 +13,21 @@ from typing import Any
 
 from cellseg.config.inference import EnsembleConfig, FitConfig
 from cellseg.data.prediction_store import PredictionStore
-from cellseg.eval.eras import Era
-from cellseg.infer.members import ensemble_grid
-from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
-from cellseg.postprocess.apply import MAX_CLASS_THREADS
-from cellseg.report.inputs import CropPlan, RunInfo
-from cellseg.report.predictions import BackgroundPredictions, predict_all, predict_jobs
-from cellseg.report.results import Layout, ReportOptions
-from cellseg.report.scoring import (
+from cellseg.decide.inputs import CropPlan, RunInfo
+from cellseg.decide.options import DecideOptions, Layout
+from cellseg.decide.predictions import BackgroundPredictions, predict_all, predict_jobs
+from cellseg.decide.scoring import (
     Beside,
     ScoreJob,
     scoring_beside,
 )
-from cellseg.report.switches import switch_postprocess, switch_tta, switch_uniform, switch_weighted
-from cellseg.report.timings import Timings
-from cellseg.report.truth import build_truth
+from cellseg.decide.switches import switch_postprocess, switch_tta, switch_uniform, switch_weighted
+from cellseg.decide.timings import Timings
+from cellseg.decide.truth import build_truth
+from cellseg.eval.eras import Era
+from cellseg.infer.members import ensemble_grid
+from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
+from cellseg.postprocess.apply import MAX_CLASS_THREADS
 
 log = logging.getLogger(__name__)
 TTA_TRANSFORMS = 8
@@ -88,10 +88,10 @@ class Stores:
     with_tta: PredictionStore  # TTA switched off for the classes it does not help
     postprocessed: dict[str, PredictionStore]  # era → post-processing switched off for the classes it does not help
     params: Any  # the tuned `ParamSet`
-    switches: dict[str, Any]  # "uniform", "weighted", "tta", "postprocess" → `cellseg.report.switches` documents
+    switches: dict[str, Any]  # "uniform", "weighted", "tta", "postprocess" → `cellseg.decide.switches` documents
 
 
-def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions,
+def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Layout, opts: DecideOptions,
                 timings: Timings) -> Stores:
     """Predict, ensemble and post-process: every store of stages 1-5 (reusing finished ones)."""
     with timings.step(f"1. single models: predict {len(plan.predicted)} crops, no TTA",
@@ -111,7 +111,7 @@ def make_stores(runs: Sequence[RunInfo], root: Path, plan: CropPlan, layout: Lay
 
 
 def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[str, ScoreJob], truth: Path,
-                  root: Path, plan: CropPlan, layout: Layout, opts: ReportOptions, timings: Timings,
+                  root: Path, plan: CropPlan, layout: Layout, opts: DecideOptions, timings: Timings,
                   scoring: Beside) -> Stores:
     """Stages 2-5 from the single models' stores `tta1` and their jobs on the tuning crops (`make_stores`);
     `scoring`: the single models' scoring beside the stages, those on the tuning crops first."""

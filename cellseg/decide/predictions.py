@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cellseg import logs
-from cellseg.report.inputs import CropPlan, RunInfo
-from cellseg.report.results import Layout, ReportOptions, check_predict_jobs
-from cellseg.report.reuse import open_candidates, reused_store, store_differences
+from cellseg.decide.inputs import CropPlan, RunInfo
+from cellseg.decide.options import DecideOptions, Layout, check_predict_jobs
+from cellseg.decide.reuse import open_candidates, reused_store, store_differences
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
@@ -91,7 +91,7 @@ def auto_jobs(members: int, gpus: int, gib_per_gpu: int, *, tta: int) -> int:
     return max(1, min(members, gpus * MAX_AUTO_JOBS, gpus * (gib_per_gpu // per_job)))
 
 
-def infer_config(opts: ReportOptions, tta: int, *, progress: bool) -> InferConfig:
+def infer_config(opts: DecideOptions, tta: int, *, progress: bool) -> InferConfig:
     """How every member predicts in a report stage."""
     from cellseg.config.inference import InferConfig
 
@@ -228,10 +228,10 @@ def _predict_in_processes(members: Sequence[tuple[RunInfo, Path]], crops: str, p
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *, tta: int,
+def predict_all(runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: DecideOptions, *, tta: int,
                 skip: Callable[[RunInfo], bool] | None = None) -> list[Path]:
     """Every run's predictions of every crop the report needs (a finished store is only checked; a store named by
-    `opts.reuse` that stands for the prediction is used as it is, `cellseg.report.reuse`), in
+    `opts.reuse` that stands for the prediction is used as it is, `cellseg.decide.reuse`), in
     `opts.predict_jobs` processes (module docstring); the stores' paths, in the order of `runs`. A run for which
     `skip` is true when its turn comes is not predicted (its store is left as it is).
 
@@ -299,7 +299,7 @@ class BackgroundPredictions:
     ensembling and weight fit); `keep` narrows the runs to predict before their turn comes (the others are
     skipped, those already begun finish), `result` waits for the predictions and raises what they raised."""
 
-    def __init__(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, *,
+    def __init__(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: DecideOptions, *,
                  tta: int) -> None:
         self._keep: set[Path] | None = None
         self._lock = threading.Lock()
@@ -308,7 +308,7 @@ class BackgroundPredictions:
                                         name=f"predict-tta{tta}")
         self._thread.start()
 
-    def _run(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: ReportOptions, tta: int) -> None:
+    def _run(self, runs: Sequence[RunInfo], layout: Layout, plan: CropPlan, opts: DecideOptions, tta: int) -> None:
         try:
             self._outcome = predict_all(runs, layout, plan, opts, tta=tta, skip=self._skip)
         except BaseException as err:  # raised in `result`, on the thread that waits

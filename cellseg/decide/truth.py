@@ -25,7 +25,7 @@ from cellseg.data.arrays import MultiscaleImage
 from cellseg.data.crops import Catalog
 from cellseg.data.crops import crop_id as crop_id_of
 from cellseg.data.write import atomic_dir, write_array
-from cellseg.report.inputs import TRUTH_STORE
+from cellseg.decide.inputs import TRUTH_STORE
 
 log = logging.getLogger(__name__)
 
