@@ -258,13 +258,14 @@ def expected(quick: bool) -> list[str]:
 
 
 def measure(name: str, spec: dict[str, Any], root: Path, stores: Path, *, chunk: int, quick: bool) -> dict[str, Any]:
-    """One measurement into its own store (replaced: this benchmark's own output)."""
+    """One measurement into its own store, removed once measured (this benchmark's own output)."""
     out = stores / f"{name.replace(' ', '_').replace(',', '').replace('+', 'plus')}.zarr"
     if out.exists():
         shutil.rmtree(out)
     config = job(spec["members"], root, out, tta=spec["tta"], block=spec["block"], chunk=chunk, quick=quick,
                  roi_vox=spec["roi_vox"], instances=spec["instances"])
     row = blockwise(config) if spec["engine"] == "daisy" else single_process(config)
+    shutil.rmtree(out)  # measured: a store of 10⁸-10⁹ voxels × every channel is not kept (disk)
     edge, depth = spec["block"]
     return {**row, "members": len(spec["members"]), "tta": spec["tta"], "engine": spec["engine"],
             "block": "columns" if depth == 0 else "cubes", "block_vox": edge}

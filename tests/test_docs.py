@@ -20,7 +20,8 @@ from cellseg.docgen.cli_ref import commands, usage, walk
 from cellseg.docgen.config_ref import config_keys, field_docs, parse_attributes, type_text, undocumented_keys
 from cellseg.docgen.markdown import anchor, escape
 
-HANDWRITTEN = ("architecture.md", "hpc.md", "real_data.md", "quality.md", "viewing.md")
+HANDWRITTEN = ("architecture.md", "hpc.md", "real_data.md", "quality.md", "viewing.md", "decisions.md", "usage.md",
+               "demo.md", "benchmarks.md")
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +264,32 @@ def test_nested_subcommands_aliases_and_usage_wrapping() -> None:
     assert all(len(line) <= 100 for line in lines) and len(lines) > 1
     assert all(line.startswith(" " * len("cellseg show crop ")) for line in lines[1:])
     assert text.split()[-2:] == ["root", "crop_id"]  # positionals last, as argparse prints them
+
+
+# ------------------------------------------------------------------------------- numbers quoted from records
+
+
+def test_numbers_quoted_from_benchmark_records_match_them() -> None:
+    from cellseg.docgen import records
+
+    assert records.quotes(records.pages()), "no page quotes a record: the README's headline numbers should"
+    assert records.drift() == [], f"regenerate with `{REGENERATE}` and commit"
+
+
+def test_a_quoted_number_that_drifted_or_names_nothing_is_reported_and_rewritten(tmp_path: Path) -> None:
+    from cellseg.docgen import records
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "bench" / "results" / "r.json").write_text('{"a": {"b": [1.5, 120.0]}, "c": 3}')
+    page = tmp_path / "README.md"
+    page.write_text("x <!-- record r.json:a.b.1 .1f/60 -->1.9<!-- /record --> min, "
+                    "gain <!-- record r.json:a.b.0 / :c * 100 .0f -->50<!-- /record --> %, "
+                    "<!-- record r.json:a.z .1f -->7<!-- /record -->\n")
+    drift = records.drift(tmp_path)
+    assert drift == ["README.md:1: r.json:a.b.1 gives 2.0, the page says 1.9",
+                     "README.md:1: r.json:a.z r.json: no 'z' in a.z"]
+    assert records.write(tmp_path) == [page]
+    assert "-->2.0<!-- /record --> min" in page.read_text() and "-->7<!--" in page.read_text()  # unresolved: kept
+    with pytest.raises(KeyError, match=r"not FILE\.json:KEY\.PATH"):
+        records.evaluate("r.json:a.b.0 ^ 2", tmp_path / "bench" / "results")

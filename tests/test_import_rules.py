@@ -1,15 +1,16 @@
 """The package's house rules, checked on its imports (imports inside functions count): the folders and top-level
-modules form layers, in the order of the README's layout map, and each imports only the layers above it; no circles
-between modules or between folders; inference, post-processing and scoring never import the training code."""
+modules form layers, in the order of the layout map in docs/architecture.md, and each imports only the layers above
+it; no circles between modules or between folders; inference, post-processing and scoring never import the training
+code."""
 
 import ast
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cellseg"
-README = PACKAGE.parent / "README.md"
+MAP_PAGE = PACKAGE.parent / "docs" / "architecture.md"  # its "## Layout" section holds the map
 DOWNSTREAM_OF_TRAINING = ("cellseg.infer", "cellseg.postprocess", "cellseg.eval")
-# The layers, top to bottom: each folder or top-level module imports only those before it (the README's map).
+# The layers, top to bottom: each folder or top-level module imports only those before it (the layout map).
 LAYERS = ("classes", "manifests", "logs", "cache", "pool", "config", "data", "fetch", "ingest", "synth", "models",
           "runtime", "losses", "eval", "infer", "postprocess", "volume", "train", "viz", "decide", "report", "cli", "docgen",
           "__main__")
@@ -94,9 +95,9 @@ def _folder(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def _readme_map() -> list[str]:
-    """The entries of the README's layout map under `cellseg/`, top to bottom (`classes` for `classes.py`)."""
-    section = README.read_text(encoding="utf-8").split("\n## Layout\n", 1)[1]
+def _documented_map() -> list[str]:
+    """The entries of the layout map under `cellseg/`, top to bottom (`classes` for `classes.py`)."""
+    section = MAP_PAGE.read_text(encoding="utf-8").split("\n## Layout\n", 1)[1]
     lines = section.split("```", 2)[1].splitlines()
     entries = []
     for line in lines[lines.index("cellseg/") + 1:]:
@@ -108,8 +109,8 @@ def _readme_map() -> list[str]:
     return entries
 
 
-def test_the_tested_layers_are_the_readme_map():
-    assert _readme_map() == list(LAYERS)
+def test_the_tested_layers_are_the_documented_map():
+    assert _documented_map() == list(LAYERS)
 
 
 def test_every_folder_and_top_level_module_is_a_layer():

@@ -4,6 +4,7 @@ ensemble over a whole dataset (or a world ROI of it), block by block on the dais
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from cellseg.cli._recipe import (
     PRECEDENCE,
@@ -52,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     option(parser, "--dataset", key="dataset", metavar="NAME", help="the dataset to predict, e.g. jrc_hela-2")
     option(parser, "--out", key="out", metavar="OUT.zarr", help="the volume store to write")
-    option(parser, "--root", key="infer.data_root", metavar="DIR",
+    option(parser, "--data-root", "--root", key="infer.data_root", metavar="DIR",
            help="data root holding the dataset (default: the first run's data.root)")
     option(parser, "--roi-nm", key="volume.roi_nm", metavar="z0:z1,y0:y1,x0:x1",
            help="world region in nm (default: the whole EM volume at the members' voxel size)")
@@ -75,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="continue OUT.zarr written with the same settings, skipping finished blocks")
     option(parser, "--weights", key="ensemble.weights", type=weights_flag, metavar="uniform|w1,w2,...|FILE.json",
            help="ensemble weights (as predict-ensemble; default uniform)")
+    option(parser, "--decisions", key="ensemble.decisions", metavar="DECISIONS.json",
+           help="per-class members, weights and TTA from `cellseg decide` (instead of --weights and --tta; the "
+                "RUN_DIR arguments may be left out); --instances decodes with its own parameter file")
     option(parser, "--checkpoint", key="infer.checkpoint", metavar="best|last|PATH",
            help="which checkpoint of each run (default best)")
     option(parser, "--overlap", key="infer.overlap", type=float, help="fraction of a tile shared with its neighbour")
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     job = resolve(PredictVolumeJob, args)
     if args.print_config:
         return print_config(job)
-    result = predict_volume(job, progress=show_progress(args, job.infer.progress))
+    decided = _decided(job) if job.ensemble.decisions else None
+    result = predict_volume(job, progress=show_progress(args, job.infer.progress), decided=decided)
     print(f"{job.out}: {result.tasks.get('predict', {}).get('completed', 0)} blocks predicted, "
           f"{result.predict_mvox_s:.2f} Mvox/s, {result.wall_s:.1f} s; summary in {job.out}/summary.json")
     for f in result.failed:
@@ -99,3 +104,17 @@ def run(args: argparse.Namespace) -> int:
     for where, message in result.errors.items():
         print(f"  error ({where}): {message}")
     return 0 if result.ok else 1
+
+
+def _decided(job: Any) -> Any:
+    """The job's decisions file as the volume driver takes it, checked against its runs before any block."""
+    from cellseg.decide.apply import applied, check_inference
+    from cellseg.decide.document import Decisions
+    from cellseg.volume.driver import Decided
+
+    decisions = Decisions.load(job.ensemble.decisions)
+    run_dirs = decisions.check_runs(job.ensemble.members, checkpoint=job.infer.checkpoint)
+    check_inference(decisions, job.infer)
+    return Decided(run_dirs=tuple(str(r) for r in run_dirs), weights=decisions.weights,
+                   tta_classes=frozenset(decisions.tta_classes()), tta=decisions.tta_transforms(),
+                   provenance=applied(decisions))

@@ -127,7 +127,7 @@ def run_decide(opts: DecideOptions) -> Decisions:
         if not layout.truth.is_dir():
             build_truth(layout.truth, plan.tuning, runs[0].classes, root)
     stores = make_stores(runs, root, plan, layout, opts, timings)
-    decisions = build_decisions(runs, stores, plan, opts, root)
+    decisions = build_decisions(runs, stores, plan, opts, root, layout)
     decisions.save(layout.decisions)
     log.info("wrote %s", layout.decisions)
     return Decisions.load(layout.decisions)

@@ -111,7 +111,8 @@ def switch_uniform(uniform: PredictionStore, singles: Mapping[str, ScoreJob], la
     on_tuning = [StageResult(key=name, title=name, store=str(job.seg), scores=s)
                  for (name, job), s in zip(singles.items(), scores[:-1], strict=True)]
     best = choose_best(on_tuning, [era], names)[era]["index"]
-    switch = stage_switch(dict(scores[best][era].classes), dict(scores[-1][era].classes))
+    switch = stage_switch(decision_classes(scores[best][era].document, era),
+                          decision_classes(scores[-1][era].document, era))
     off = switched_off(switch)
     log.info("uniform ensemble switched off for %s (they keep %s)", off or "no class", names[best])
     doc = {"classes": switch, "off": off, "best_single": names[best]}

@@ -2,10 +2,12 @@
 
 - `docs/config.md`: every section and key of `cellseg/config/schema.py` (type, default, documentation) and
   the `model.params` of every registered architecture (`config_ref.py`);
-- `docs/cli.md`: every `cellseg` command and sub-command, from the argparse parsers (`cli_ref.py`).
+- `docs/cli.md`: every `cellseg` command and sub-command, from the argparse parsers (`cli_ref.py`);
+- the numbers the README and the other docs quote from benchmark records, rewritten from the records
+  (`records.py`).
 
-    python -m cellseg.docgen            # regenerate both files
-    python -m cellseg.docgen --check    # exit 1 when either is stale (tests/test_docs.py does the same)
+    python -m cellseg.docgen            # regenerate both files and every quoted number
+    python -m cellseg.docgen --check    # exit 1 when a page is stale or a number drifted (tests/test_docs.py too)
 
 Example:
     >>> from cellseg.docgen import render_all
@@ -62,13 +64,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale pages (exit 1 if any)")
     parser.add_argument("--docs-dir", type=Path, default=DOCS_DIR, help=f"output folder (default {DOCS_DIR})")
     args = parser.parse_args(argv)
+    from cellseg.docgen import records
+
     if args.check:
         stale = stale_files(args.docs_dir)
         for name in stale:
             print(f"{args.docs_dir / name} is stale: run `{REGENERATE}`", file=sys.stderr)
-        return 1 if stale else 0
-    changed = write_pages(args.docs_dir)
-    print(f"wrote {', '.join(str(args.docs_dir / n) for n in changed)}" if changed else "docs are up to date")
+        drifted = records.drift()
+        for line in drifted:
+            print(f"{line}: run `{REGENERATE}`", file=sys.stderr)
+        return 1 if stale or drifted else 0
+    changed = [str(args.docs_dir / n) for n in write_pages(args.docs_dir)]
+    changed += [str(p) for p in records.write()]
+    print(f"wrote {', '.join(changed)}" if changed else "docs are up to date")
     return 0
 
 

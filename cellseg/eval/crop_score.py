@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cellseg.eval.eras import CropScores, Era, Scores, ScoringEra, get_era
-from cellseg.eval.presence import TRUTH_KEY, informative
+from cellseg.eval.presence import TRUTH_KEY, combine_for_decision
 from cellseg.eval.relabel import relabel_26
 from cellseg.eval.resample import Aligned, Target
 from cellseg.eval.rules import is_scored_as_instance
@@ -71,13 +71,13 @@ def combine(crop_scores: CropScores, era: Era | ScoringEra, *, decision: bool = 
     and `voxel_size`, as the functions above return them plus those two keys).
 
     Args:
-        decision: decision mode (`ScoringEra.combine_decision`): a crop the era skips counts as its worst
-            case instead of nothing, and each class is combined over the crops where it has foreground only
-            (`cellseg.eval.presence.informative`: a class with none is left out of the result). Every decision
-            cellseg makes uses it (`cellseg.eval.decision`); the official scores (False) are what is reported.
+        decision: decision mode (`cellseg.eval.presence.combine_for_decision`): a crop the era skips counts as
+            its worst case instead of nothing, and each class's crops with foreground and its crops without weigh
+            half each (a class with no crop of foreground is left out of the result). Every decision cellseg makes
+            uses it (`cellseg.eval.decision`); the official scores (False) are what is reported.
     """
     rules = get_era(era)
-    return rules.combine_decision(informative(crop_scores)) if decision else rules.combine(crop_scores)
+    return combine_for_decision(crop_scores, rules) if decision else rules.combine(crop_scores)
 
 
 def align_prediction(array: Any, attrs: dict[str, Any], *, instance: bool, target: Target,

@@ -6,9 +6,10 @@ post-processing parameters, the best single model of a report) ranks candidates 
 1. counts a crop the era's combining skips as its worst case (`ScoringEra.combine_decision`): under the
    2026 rules a crop with too many predicted objects adds nothing to the class pools, so shattering a poor
    crop into fragments raises the official class score; here it scores as no match at all;
-2. uses, per class, only the crops where the class has foreground (`cellseg.eval.presence`): on a crop
-   without it a candidate wins by predicting nothing, so such crops would reward suppression; a class with
-   no positive crop takes no part, and when no class has one every candidate ties (`NO_EVIDENCE`, score 0);
+2. weighs, per class, the crops where it has foreground and those where it is annotated but absent half and half
+   (`cellseg.eval.presence`): scored as the leaderboard scores them, the absent crops would reward suppression;
+   left out, they would reward hallucination; a class with no positive crop takes no part, and when no class has
+   one every candidate ties (`NO_EVIDENCE`, score 0);
 3. is defined for the classes being ranked (`ranking_score`): the overall score needs both kinds of class
    (2025: NaN without one; 2026: 0 for the missing kind, the same for every candidate), so with one kind
    the ranking falls back to that kind's mean, else to the mean class score, and says so.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellseg.eval.eras import CropScores, Era, Scores, ScoringEra, get_era
-from cellseg.eval.presence import informative, positive_counts
+from cellseg.eval.presence import combine_for_decision, positive_counts
 from cellseg.eval.rules import is_scored_as_instance
 
 OVERALL = "overall_score"
@@ -87,8 +88,8 @@ class Decision:
     Attributes:
         era: the era's name.
         official: `ScoringEra.combine` of the crops (what the leaderboard would say).
-        decision: `ScoringEra.combine_decision` of the positive crops (skipped crops at their worst case;
-            classes without a positive crop left out).
+        decision: `cellseg.eval.presence.combine_for_decision` (skipped crops at their worst case; positive
+            and absent crops half and half; classes without a positive crop left out).
         skipped: (crop, label) left out of `official`.
         ranking: `ranking_score(decision)`.
         positive: label -> (crops with its foreground, crops scored).
@@ -127,7 +128,7 @@ def decide(crop_scores: CropScores, era: Era | ScoringEra) -> Decision:
         ValueError: an unknown era, or skipped scores without the counts their worst case needs.
     """
     rules = get_era(era)
-    decision = rules.combine_decision(informative(crop_scores))
+    decision = combine_for_decision(crop_scores, rules)
     ranking = ranking_score(decision) if decision["label_scores"] else Ranking(
         0.0, NO_EVIDENCE, "no class has foreground on any tuning crop: every candidate ties")
     return Decision(era=rules.name, official=rules.combine(crop_scores), decision=decision,

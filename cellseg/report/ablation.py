@@ -188,7 +188,7 @@ def run_report(opts: ReportOptions) -> Report:
         truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
             layout.truth, plan.scored, runs[0].classes, root)
     stores = make_stores(runs, root, plan, layout, opts, timings)
-    build_decisions(runs, stores, plan, opts, root).save(layout.decisions)  # what the product commands apply
+    build_decisions(runs, stores, plan, opts, root, layout).save(layout.decisions)  # what the product commands apply
     singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root, timings)
     with timings.step("crop-bootstrap intervals"):
         uncertainty = uncertainties({name: {era: [s.scores[era].document for s in rows] for era in opts.eras}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,30 @@ from cellseg.volume.plan import (
     parse_roi_nm,
     roi_of,
 )
-from cellseg.volume.predict import resolve_members, route_members, settings_of, volume_channels
+from cellseg.volume.predict import (
+    resolve_decided,
+    resolve_members,
+    route_members,
+    settings_of,
+    volume_channels,
+)
 from cellseg.volume.run import RunResult, Workers, run_tasks, visible_gpus
 from cellseg.volume.store import VolumeStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decided ensemble (`cellseg predict-volume --decisions`), as its decisions file gives it: the runs, the
+    weights per channel (one per run), the classes predicted with `tta` transforms, and what the store records of
+    the file (`provenance`: its path and sha256, compared when the run resumes)."""
+
+    run_dirs: tuple[str, ...]
+    weights: Mapping[str, Sequence[float]]
+    tta_classes: frozenset[str]
+    tta: int
+    provenance: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -49,8 +68,9 @@ def _instance_halo(classes: list[str], known: Sequence[str], source: str, voxel_
     return tuple(max(h[d] for h in halos) for d in range(3))  # type: ignore[return-value]
 
 
-def prepare(job: Any) -> Prepared:
-    """Check everything a `PredictVolumeJob` needs and create (or, with `volume.resume`, reopen) its store.
+def prepare(job: Any, decided: Decided | None = None) -> Prepared:
+    """Check everything a `PredictVolumeJob` needs and create (or, with `volume.resume`, reopen) its store; with
+    `decided`, its members, weights and per-class TTA instead of the job's.
 
     Raises:
         ValueError, FileNotFoundError, FileExistsError, OSError: bad input, named, before any block is predicted.
@@ -58,12 +78,16 @@ def prepare(job: Any) -> Prepared:
     from cellseg.volume.plan import check_disk
 
     opts, vol, ens = job.infer, job.volume, job.ensemble
-    if ens.routes:
+    if opts.axes_2d != "z":
+        raise ValueError(f"infer.axes_2d={opts.axes_2d!r}: predict-volume slices 2D members across z only; predict "
+                         "crops with `cellseg predict --axes-2d zyx` instead")
+    if decided is not None:
+        members = resolve_decided(decided.run_dirs, decided.weights, decided.tta_classes, tta=decided.tta, opts=opts)
+    elif ens.routes:
         band = route_members(ens.routes, float(vol.scale_nm))
-        run_dirs, weights = list(band.members), band.weights
+        members = resolve_members(list(band.members), band.weights, allow_partial=ens.allow_partial, opts=opts)
     else:
-        run_dirs, weights = list(ens.members), ens.library_weights()
-    members = resolve_members(run_dirs, weights, allow_partial=ens.allow_partial, opts=opts)
+        members = resolve_members(list(ens.members), ens.library_weights(), allow_partial=ens.allow_partial, opts=opts)
     classes, channels = volume_channels(members.plan, vol.classes)
     root = opts.data_root or members.runs[0].cfg.data.root
     em_url = dataset_em(root, job.dataset)
@@ -75,12 +99,14 @@ def prepare(job: Any) -> Prepared:
         label_bytes = [8 if is_instance(c) else 1 for c in classes] if instances else []
         check_disk(job.out, estimate_bytes(grid, channels, label_bytes), compression=vol.disk_compression)
     settings = settings_of(opts, em_url=em_url, allow_partial=ens.allow_partial,
-                           extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm})
+                           extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm,
+                                  "decisions": None if decided is None else dict(decided.provenance)})
+    transforms = members.transforms(opts)
     store = VolumeStore.create(job.out, dataset=job.dataset, data_root=str(root), grid=grid,
                                block_vox=vol.block_shape(grid.shape_vox[0]), chunk_vox=(vol.chunk_vox,) * 3,
                                classes=classes, channels=channels,
                                instance_classes=[c for c in classes if is_instance(c)],
-                               instances=instances, members=members.summary(opts), tta=opts.tta, settings=settings,
+                               instances=instances, members=members.summary(opts), tta=max(transforms), settings=settings,
                                resume=vol.resume)
     gpus = visible_gpus(opts.device)
     if opts.device == "cuda" and not gpus:
@@ -93,9 +119,9 @@ def prepare(job: Any) -> Prepared:
     return Prepared(store, workers, context_vox(patches, opts.overlap), halo)
 
 
-def predict_volume(job: Any, *, progress: bool = True) -> RunResult:
+def predict_volume(job: Any, *, progress: bool = True, decided: Decided | None = None) -> RunResult:
     """Check, create the store and run every task; the result says which blocks failed (`summary.json` too)."""
-    prepared = prepare(job)
+    prepared = prepare(job, decided)
     store = prepared.store
     log.info("%s: %s voxels at %s nm in blocks of %s, %d prediction workers%s", store.path,
              "×".join(map(str, store.grid.shape_vox)), "×".join(f"{v:g}" for v in store.grid.voxel_size_nm),

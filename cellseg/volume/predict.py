@@ -6,13 +6,20 @@ uses (`cellseg.infer.fused`): each member streams its sliding window (`predict_s
 The driver resolves the members once (`resolve_members`: run directories, one voxel size, channels, weights) and
 records them in the store; each worker rebuilds the same ensemble from the store alone (`BlockPredictor.of`),
 so a worker started anywhere (a subprocess, an `srun`) needs only the store's path.
+
+Decided (`resolve_decided`, `cellseg predict-volume --decisions`): each class its own members, weights and TTA. A
+run then takes part once per number of transforms its classes need: as a member with 8 transforms weighing the
+classes with TTA, and as one with 1 transform weighing the others (its model loaded once). Each channel's weighted
+mean is over the members with a positive weight for it, so a block holds what `predict-ensemble --decisions`
+writes for a crop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +29,7 @@ import torch
 from cellseg import runtime
 from cellseg.config.inference import InferConfig, RouteConfig
 from cellseg.data.arrays import MultiscaleImage
-from cellseg.data.prediction_store import boundary_channel
+from cellseg.data.prediction_store import BOUNDARY_SUFFIX, boundary_channel
 from cellseg.infer.columns import chunked_slabs
 from cellseg.infer.engine import predict_slabs
 from cellseg.infer.fused import (
@@ -41,26 +48,33 @@ from cellseg.volume.plan import Box, lattice_box, sub_grid
 from cellseg.volume.store import PROBABILITIES, VolumeStore
 
 log = logging.getLogger(__name__)
-# InferConfig keys a worker rebuilds its windows with (recorded in the store's "settings")
-WINDOW_KEYS = ("tta", "overlap", "blend", "checkpoint", "batch_size", "tta_fold", "compile")
+# InferConfig keys that belong to one process, not to the run: a worker sets its own (`BlockPredictor.of`)
+PROCESS_KEYS = ("device", "progress", "overwrite")
 
 
 @dataclass(frozen=True)
 class Members:
-    """The resolved members: loaded runs (on the driver: CPU), their common voxel size, channels and weights."""
+    """The resolved members: loaded runs (on the driver: CPU), their common voxel size, channels and weights; `tta`:
+    the transforms each member asks for (None: `InferConfig.tta` for every member)."""
 
     runs: list[LoadedRun]
     voxel_size_nm: tuple[float, float, float]
     plan: ChannelPlan
     weights: Weights
+    tta: tuple[int, ...] | None = None
+
+    def transforms(self, opts: InferConfig) -> list[int]:
+        """The transforms each member predicts with, as its model has them (a 2D model has 8 in-plane ones)."""
+        asked = self.tta or (opts.tta,) * len(self.runs)
+        return [len(run_transforms(r, n)) for r, n in zip(self.runs, asked, strict=True)]
 
     def summary(self, opts: InferConfig) -> list[dict[str, Any]]:
-        """What the store records per member (enough for a worker to rebuild it)."""
+        """What the store records per member (enough for a worker to rebuild it): its effective transforms."""
         return [{"run": str(r.run_dir.resolve()), "checkpoint": str(r.checkpoint.resolve()),
                  "architecture": r.cfg.model.name, "step": r.step, "weights_kind": r.weights,
-                 "patch_vox": list(r.cfg.data.patch_shape_vox), "tta": len(run_transforms(r, opts.tta)),
+                 "patch_vox": list(r.cfg.data.patch_shape_vox), "tta": tta,
                  "weights": {c: self.weights.per_channel[c][i] for c in self.plan.channels}}
-                for i, r in enumerate(self.runs)]
+                for i, (r, tta) in enumerate(zip(self.runs, self.transforms(opts), strict=True))]
 
 
 def route_members(routes: Sequence[RouteConfig], scale_nm: float) -> RouteConfig:
@@ -93,6 +107,38 @@ def resolve_members(run_dirs: Sequence[str | Path], weights: str | Sequence[floa
     views = [RunChannels.of(r) for r in runs]
     plan = plan_channels(views, allow_partial=allow_partial)  # type: ignore[arg-type]
     return Members(runs, voxel_size, plan, choose_weights(weights, plan, views))
+
+
+def resolve_decided(run_dirs: Sequence[str | Path], per_channel: Mapping[str, Sequence[float]],
+                    tta_classes: Collection[str], *, tta: int, opts: InferConfig) -> Members:
+    """The members of a decided ensemble (module docstring): for each of `tta` and 1 transforms that some class
+    needs, every run with a positive weight on such a class's channels, weighing those channels only.
+
+    Args:
+        per_channel: channel → one weight per run (a decisions file's weights), in the order of `run_dirs`.
+        tta_classes: the classes predicted with `tta` transforms; the others with one.
+
+    Raises:
+        ValueError: as `resolve_members`; a channel without weights.
+    """
+    loaded = resolve_members(run_dirs, "uniform", allow_partial=False, opts=opts)
+    missing = [c for c in loaded.plan.channels if c not in per_channel]
+    if missing:
+        raise ValueError(f"no decided weights for channels {missing}")
+    origin, asked, weights = [], [], []  # per member: the run it is, its transforms, its weight per channel
+    for n, with_tta in ((tta, True), (1, False)):
+        for i in range(len(loaded.runs)):
+            row = {c: float(per_channel[c][i]) if (c.removesuffix(BOUNDARY_SUFFIX) in tta_classes) == with_tta
+                   else 0.0 for c in loaded.plan.channels}
+            if any(v > 0 for v in row.values()):
+                origin.append(i)
+                asked.append(n)
+                weights.append(row)
+    members_of = {c: tuple(k for k, i in enumerate(origin) if i in loaded.plan.members_of[c])
+                  for c in loaded.plan.channels}
+    chosen = Weights({c: tuple(w[c] for w in weights) for c in loaded.plan.channels}, "decided")
+    return Members([loaded.runs[i] for i in origin], loaded.voxel_size_nm, replace(loaded.plan, members_of=members_of),
+                   chosen, tuple(asked))
 
 
 def volume_channels(plan: ChannelPlan, classes: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -140,17 +186,22 @@ class BlockPredictor:
         from cellseg.volume.plan import open_em
 
         settings = store.attrs["settings"]
-        opts = InferConfig(**{k: settings[k] for k in WINDOW_KEYS if k in settings}, device=device)  # type: ignore[arg-type]
+        opts = InferConfig(**settings["infer"], device=device)
         dev = runtime.init_distributed(opts.device).device
-        runs = [load_run(m["run"], m["checkpoint"], device=dev, data_root=store.attrs["data_root"])
-                for m in store.attrs["members"]]
+        recorded = store.attrs["members"]
+        loaded: dict[tuple[str, str], LoadedRun] = {}  # a run taking part with two numbers of transforms: loaded once
+        for m in recorded:
+            key = (m["run"], m["checkpoint"])
+            if key not in loaded:
+                loaded[key] = load_run(m["run"], m["checkpoint"], device=dev, data_root=store.attrs["data_root"])
+        runs = [loaded[(m["run"], m["checkpoint"])] for m in recorded]
         views = [RunChannels.of(r) for r in runs]
         plan = plan_channels(views, allow_partial=bool(settings.get("allow_partial")))  # type: ignore[arg-type]
-        per_channel = {c: tuple(float(m["weights"].get(c, 0.0)) for m in store.attrs["members"])
-                       for c in plan.channels}
+        per_channel = {c: tuple(float(m["weights"].get(c, 0.0)) for m in recorded) for c in plan.channels}
         precision = runtime.resolve_precision("auto", dev)
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
-        members = [Member.of(r, opts, precision) for r in runs]
+        members = [Member.of(r, replace(opts, tta=int(m.get("tta", opts.tta))), precision)
+                   for r, m in zip(runs, recorded, strict=True)]
         return cls(store, members, Weights(per_channel, "recorded"), plan, open_em(settings["em_url"],
                                                                                       store.attrs["dataset"]), opts)
 
@@ -196,6 +247,7 @@ class BlockPredictor:
 
 
 def settings_of(opts: InferConfig, *, em_url: str, allow_partial: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The store's "settings": the window keys, where the EM is, and the caller's `extra` entries."""
-    return {**{k: getattr(opts, k) for k in WINDOW_KEYS}, "em_url": em_url, "allow_partial": allow_partial,
-            **dict(extra)}
+    """The store's "settings": the inference settings as one object ("infer": every `InferConfig` key but the
+    per-process ones, `PROCESS_KEYS`), where the EM is, and the caller's `extra` entries."""
+    infer = {k: v for k, v in dataclasses.asdict(opts).items() if k not in PROCESS_KEYS}
+    return {"infer": infer, "em_url": em_url, "allow_partial": allow_partial, **dict(extra)}

@@ -66,6 +66,10 @@ def test_the_file_holds_the_reports_decisions(report_dir, report_runs):
         for era, on in choice["postprocess"].items():
             assert on == switches["postprocess"]["eras"][era]["classes"][name]["on"]
             assert choice["evidence"][f"postprocess_{era}"]["on"] == on
+        for evidence in choice["evidence"].values():  # one tuning crop: every draw is that crop, a point
+            low, high = evidence["gain_interval"]
+            gain = None if None in (evidence["score"], evidence["replaced"]) else evidence["score"] - evidence["replaced"]
+            assert (low, high) == (None, None) if gain is None else low == pytest.approx(gain) == high
     assert doc["postprocess_params"]["classes"] == report["postprocess_params"]["classes"]
 
 
