@@ -48,9 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-root", metavar="ROOT",
                         help="take ROOT/test_crop_manifest.csv as the manifest (default: the data root PREDICTIONS "
                              "records, when it has a test manifest)")
-    parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=DEFAULT_ERA,
-                        help="the scoring era whose packaged official test manifest is used when no other manifest "
-                             f"is given: %(choices)s (default {DEFAULT_ERA}; each era names its manifest)")
+    parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=None,
+                        help="the scoring era the submission is for: its packaged official test manifest is used "
+                             "when no other manifest is given, and a segmentation decoded as decided for another "
+                             f"era (`postprocess --decisions --metric`) is refused: %(choices)s (default: the era "
+                             f"the segmentation was decoded for, else {DEFAULT_ERA})")
     add_era_alias(parser)
     parser.add_argument("--out", required=True, help="submission zip to write")
     parser.add_argument("--labels", nargs="+", metavar="LABEL", help="only these labels")
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     check_threshold(args.threshold)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    args.metric = _decided_era(args.predictions, args.metric)
     crops, source = _manifest(args)
     print(f"manifest: {source}")
     if args.labels:
@@ -115,6 +118,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {len(left_out)} labels the prediction lacks, each scored as missing (2026: every voxel of "
               f"its crop a false negative; see validate-submission): {_listing(left_out)}")
     return 0
+
+
+def _decided_era(predictions: str, metric: str | None) -> str:
+    """The era of the submission: `metric`, else the one the segmentation was decoded for as decided (its
+    provenance's "decisions", `cellseg postprocess --decisions`), else `DEFAULT_ERA`.
+
+    Raises:
+        ValueError: `metric` names another era than the one the segmentation was decided for.
+    """
+    from cellseg.data.prediction_store import PredictionStore
+
+    try:
+        decided = PredictionStore.open(predictions).provenance.get("decisions") or {}
+    except (OSError, ValueError):  # not a store cellseg wrote: nothing was decided for it
+        decided = {}
+    era = decided.get("era")
+    if era is None:
+        return metric or DEFAULT_ERA
+    if metric is not None and metric != era:
+        raise ValueError(f"{predictions}: decoded as decided for the {era} metric ({decided.get('file')}), not for "
+                         f"{metric}: run `cellseg postprocess --decisions ... --metric {metric}` for a {metric} "
+                         "submission, or drop --metric")
+    print(f"decoded as decided for the {era} metric ({decided.get('file')})")
+    return era
 
 
 def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:

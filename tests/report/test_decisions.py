@@ -93,6 +93,9 @@ def test_the_product_path_gives_the_reports_stage_5_and_its_scores(product, repo
     assert _arrays_equal(ours, PredictionStore.open(stage5), "crop501") == []
     assert ours.provenance["decisions"]["era"] == era
     truth = report_dir / "truth.zarr"
+    other = "2025" if era == "2026" else "2026"
+    assert cli(["-q", "submit", str(seg), "--truth", str(truth), "--metric", other, "--out", str(sub)]) == 2
+    assert not sub.exists()  # decoded for another era's leaderboard: refused
     assert cli(["-q", "submit", str(seg), "--truth", str(truth), "--out", str(sub)]) == 0
     scores = product / f"scores_{era}.json"
     assert cli(["-q", "evaluate", str(sub), str(truth), "--metric", era, "--json", str(scores)]) == 0
