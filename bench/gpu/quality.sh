@@ -8,6 +8,9 @@
 #                                                     # 75: `train report` again while jobs were stopped, else report
 #   OUT=OUT bash bench/gpu/quality.sh report          # cellseg report over the 8 runs + the result files; exit 75:
 #                                                     # again (it resumes: stores, tuned classes, evaluations)
+#   OUT=OUT bash bench/gpu/quality.sh product         # the report's decisions.json through predict-ensemble
+#                                                     # --decisions, postprocess --decisions, submit, evaluate on the
+#                                                     # same test crops: quality_product.json (equal to stage 5?)
 # On one GPU: setup, then `train` (first wave: resnet_3d, unet_3d, swin_2d, unet_2d), `train report` (second wave:
 # swin_3d, vit_3d, resnet_2d, vit_2d; then the report's start), then `report`.
 # Extra arguments go to `python -m bench.studies.quality` (at setup: e.g. --budget-min 5, --set unet_3d:optim.name=sgd,
@@ -17,7 +20,7 @@
 # starts with setup. Only result files reach OUT: quality_<step>.json and .log (train: quality_train_gpu.csv, the
 # GPU's utilisation); the report step writes quality.md, quality.json and the PNGs. Needs the wheels the image lacks in .whl (docs/quality.md says which).
 set -uo pipefail
-STEP="${1:?usage: bash bench/gpu/quality.sh setup|train|report [bench.studies.quality options]}"; shift
+STEP="${1:?usage: bash bench/gpu/quality.sh setup|train|report|product [bench.studies.quality options]}"; shift
 OUT="${OUT:-bench_out}"; WORK="${WORK:-/tmp/quality}"
 export CELLSEG_CACHE="${CELLSEG_CACHE:-/tmp/cellseg_cache}"  # compiled kernels, boundary caches: shared by the jobs
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -118,6 +118,14 @@ def test_decide_makes_the_reports_decisions_from_the_tuning_crops_alone(report_d
     assert ours.weights == theirs.weights and ours.members == theirs.members
     assert ours.params["classes"] == theirs.params["classes"]
     assert list(truth_labels(out / "truth.zarr")) == ["crop2"]  # the tuning crop alone was scored
+    # run again (a killed job's next start): every stage is read back, the same decisions are written
+    assert cli(["-q", "decide", *map(str, report_runs), "--out", str(out), "--tune-crops", "val", *CPU,
+                "--reuse", *stores]) == 0
+    steps = json.loads((out / "timings.json").read_text())[-1]
+    # (the members' predictions are the --reuse stores, outside DECIDE_DIR: read, never written, either time)
+    assert all(s["resumed"] for s in steps if s["step"][0].isdigit() and "predict" not in s["step"]), steps
+    again = Decisions.load(out / "decisions.json")
+    assert again.classes == ours.classes and again.weights == ours.weights and again.params == ours.params
 
 
 def _edited(report_dir: Path, tmp_path: Path, edit) -> Path:

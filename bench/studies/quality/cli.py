@@ -1,4 +1,5 @@
-"""Command line and the steps: `check`, `setup`, `train`, `report` (or `all`), each resuming from the work folder."""
+"""Command line and the steps: `check`, `setup`, `train`, `report` (or `all`), and `product` (the report's decisions
+through the product commands: `bench.studies.quality.product`), each resuming from the work folder."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from bench.studies.quality.plan import (
 )
 from bench.studies.quality.schedule import EXIT_RESUMABLE, Scheduler, job_done, read_schedule
 
-STEPS = ("check", "setup", "train", "report")
+STEPS = ("check", "setup", "train", "report", "product")
 REPORT_FIGURES = {"overall.png": "quality_overall.png", "classes_2026.png": "quality_classes_2026.png",
                   "report.md": "quality_report.md"}  # cellseg report's files worth bringing back, renamed
 EXIT_BAD_INPUT = 2
@@ -404,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if step == "setup":
                 setup(asked, work, args.out, args)
                 continue
-            if step == "report" and load_plan(work) is None:
+            if step in ("report", "product") and load_plan(work) is None:
                 raise FileNotFoundError(f"{work}: no {PLAN_FILE}, nothing trained there: run setup and train")
             if step == "train" and not ready(work):
                 setup(load_plan(work) or asked, work, args.out, args)  # nothing there: start over cleanly
@@ -413,6 +414,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if differences:
                 print(f"using the settings of {work / PLAN_FILE} ({differences}); setup --fresh changes them",
                       file=sys.stderr)
+            if step == "product":
+                from bench.studies.quality.product import product
+
+                code = product(work, args.out, settings.device,
+                               lambda cmd, left: run_in_session(cmd, timeout_s=max(left, 1.0)),
+                               deadline=started + 60 * args.step_limit_min - 20)
+                if code:
+                    return code
+                continue
             run = train if step == "train" else report
             code = run(settings, work, args.out, args, started=started)
             if code:

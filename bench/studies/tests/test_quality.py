@@ -465,3 +465,12 @@ def test_sigterm_to_a_step_quits_its_daemon(tmp_path: Path, monkeypatch: pytest.
         assert step.wait(timeout=30) == 128 + signal.SIGTERM
     assert not (folder / "pipe" / "control").exists()  # quit before the step ended: the next one can start
     assert (folder / "log" / "calls").read_text().split() == ["start", "quit"]
+
+
+def test_the_product_step_submits_what_the_report_scored_as_stage_5(quick: tuple[Path, Path]) -> None:
+    out, work = quick
+    assert load().main(["product", "--quick", "--out", str(out), "--work", str(work)]) == 0
+    doc = json.loads((out / "quality_product.json").read_text())
+    for era, row in doc["eras"].items():
+        assert row["largest_class_difference"] == 0.0, era
+        assert row["submission_overall"] == pytest.approx(row["report_stage5_overall"], abs=1e-12), era
