@@ -40,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             by default every decision (best single model, weights, post-processing) is made on the *tuning*
             crops and `--crops val` scores the *report* crops, which no decision touches; every number comes
             with a crop-bootstrap interval. `--tune-crops same` tunes on the scored crops (optimistically
-            biased; the report says so)."""),
+            biased; the report says so). The decisions are written to REPORT_DIR/decisions.json, what
+            `predict-ensemble --decisions` and `postprocess --decisions` apply; `--decisions FILE` scores a
+            file made before (by `cellseg decide` or another report) instead of deciding: the stages are
+            what it says, predicted on the scored crops alone."""),
         epilog="examples:\n"
                "  cellseg report --runs runs/unet_3d runs/resnet_3d --out reports/val\n"
                "  cellseg report --runs runs/unet_3d runs/unet_2d --out reports/test --crops test --tune-crops val",
@@ -84,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "those of a submission) to use instead of predicting again, each where it holds every "
                              "crop the report needs from the same checkpoint, overlap, channels and data root (the "
                              "log names what keeps a store out; the stores are never changed)")
+    parser.add_argument("--decisions", metavar="DECISIONS.json",
+                        help="score these decisions (`cellseg decide`) instead of making them: its runs must be --runs, "
+                             "its tuning crops are named as such, nothing is predicted on them")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over: delete the stores and results of an earlier report in REPORT_DIR")
     parser.set_defaults(func=run)
@@ -98,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                          tune_crops=args.tune_crops, metric=args.metric, tune_metric=args.tune_metric,
                          checkpoint=args.checkpoint, overlap=args.overlap, device=args.device, slices=args.slices,
                          workers=args.workers, predict_jobs=args.predict_jobs, reuse=tuple(args.reuse),
-                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet)
+                         overwrite=args.overwrite, progress=sys.stderr.isatty() and not args.quiet,
+                         decisions=args.decisions)
     report = run_report(opts)
     print(console(report))
     print(f"\nwrote {args.out}/report.md, report.json and {len(report.figures)} figures")

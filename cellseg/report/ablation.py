@@ -48,6 +48,9 @@ interrupted report resumes; `--overwrite` starts over):
     stores/postprocessed_switched_<era>.zarr: stage 5 as switched in another era, where its switch differs
     stores/.ensemble_*.zarr.partial    an ensemble a cut report was writing: the next run adds the crops it lacks
 
+With `--decisions FILE` nothing is decided: the stages are what the file says (`cellseg.decide.replay`), predicted
+on the scored crops alone, and the best single model is the file's in every era.
+
 A member's store named by `--reuse` (`cellseg predict`'s, holding every crop from the same checkpoint and
 settings: `cellseg.decide.reuse`) is read where it is instead of predicting into stores/predict_tta*.
 """
@@ -57,15 +60,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cellseg.data.prediction_store import PredictionStore
+from cellseg.decide.apply import applied
 from cellseg.decide.bootstrap import uncertainties
 from cellseg.decide.build import build_decisions
+from cellseg.decide.document import Decisions
 from cellseg.decide.inputs import CropPlan, RunInfo, check_runs, data_root_of, plan_crops, settings_doc
 from cellseg.decide.options import SETTINGS_FILE, Layout, StageResult
 from cellseg.decide.ranking import choose_best
+from cellseg.decide.replay import best_single_choice, members_in_order, replay_stores
 from cellseg.decide.reuse import open_candidates
 from cellseg.decide.run import prepare_dir
 from cellseg.decide.scoring import (
@@ -133,9 +140,11 @@ def postprocess_stores(stores: Stores) -> dict[str, PredictionStore]:
 
 
 def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: CropPlan, opts: ReportOptions,
-                 root: Path, timings: Timings) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
+                 root: Path, timings: Timings, chosen: Mapping[str, Any] | None = None
+                 ) -> tuple[list[StageResult], list[StageResult], dict[str, Any]]:
     """(single models, stages 1-5, era → the choice of the best single run with its run name), each scored in
-    every era; the single models also on the tuning crops, where the best of them is chosen."""
+    every era; the single models also on the tuning crops, where the best of them is chosen (unless `chosen`, a
+    decisions file's choice, is given)."""
     eras = ", ".join(opts.eras)
     jobs = score_jobs(runs, stores, layout, plan)
     plain = thresholding_of([job for _, job in jobs.values()])
@@ -149,11 +158,12 @@ def score_stages(runs: Sequence[RunInfo], stores: Stores, layout: Layout, plan: 
     results = {key: StageResult(key=key, title=title, store=str(job.seg), scores=s)
                for (key, (title, job)), s in zip(jobs.items(), scores, strict=True)}
     scored = [results[single_key(r)] for r in runs]
-    on_tuning = [results.get(single_key(r, tuning=True), results[single_key(r)]) for r in runs]
-    chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
+    if chosen is None:
+        on_tuning = [results.get(single_key(r, tuning=True), results[single_key(r)]) for r in runs]
+        chosen = choose_best(on_tuning, opts.eras, [r.name for r in runs])
     best, _ = best_single_stage(scored, opts.eras, chosen)
     stages = [best, *(results[key] for key, _, _ in ensemble_stages(stores)), postprocess_stage(results, opts.eras)]
-    return scored, stages, chosen
+    return scored, stages, dict(chosen)
 
 
 def postprocess_stage(results: Mapping[str, StageResult], eras: Sequence[str]) -> StageResult:
@@ -165,6 +175,21 @@ def postprocess_stage(results: Mapping[str, StageResult], eras: Sequence[str]) -
                        scores={era: s.scores[era] for era, s in kept.items()})
 
 
+def _given_decisions(opts: ReportOptions) -> Decisions | None:
+    """`--decisions`: the file, checked against the runs (before anything is predicted); None without it.
+
+    Raises:
+        DecisionsError: another schema, other runs or checkpoints, or an era it has no stage-5 choice for.
+    """
+    if opts.decisions is None:
+        return None
+    decisions = Decisions.load(opts.decisions)
+    decisions.check_runs(opts.runs, checkpoint=opts.checkpoint)
+    for era in opts.eras:
+        decisions.plain_classes(era)  # an era without a stage-5 choice: named now
+    return decisions
+
+
 def run_report(opts: ReportOptions) -> Report:
     """Run every stage (module docstring), score it, and write report.md, report.json and the figures.
 
@@ -173,23 +198,34 @@ def run_report(opts: ReportOptions) -> Report:
     """
     from cellseg.report.figures import write_figures  # matplotlib: imported only when a report is drawn
 
+    decisions = _given_decisions(opts)
     runs = check_runs(opts.runs, checkpoint=opts.checkpoint, data_root=opts.data_root)
+    if decisions is not None:
+        runs = members_in_order(runs, decisions)
     root = data_root_of(runs, opts.data_root)
-    plan = plan_crops(runs, root, crops=opts.crops, tune_crops=opts.tune_crops, explicit_root=opts.data_root)
+    tune_crops = opts.tune_crops if decisions is None else ",".join(decisions.tuning["crops"])
+    plan = plan_crops(runs, root, crops=opts.crops, tune_crops=tune_crops, explicit_root=opts.data_root)
     open_candidates(opts.reuse, runs)  # a store named for reuse that is none of the runs': an error now
     layout = Layout(Path(opts.out))
-    resuming = prepare_dir(layout, settings_doc(runs, root, plan, checkpoint=opts.checkpoint,
-                                                tune_metric=opts.tuning_era, overlap=opts.overlap),
-                           overwrite=opts.overwrite, outputs=OUTPUTS, patterns=FIGURE_PATTERNS)
+    settings = settings_doc(runs, root, plan, checkpoint=opts.checkpoint, tune_metric=opts.tuning_era,
+                            overlap=opts.overlap)
+    if decisions is not None:
+        settings["decisions"] = applied(decisions)
+    resuming = prepare_dir(layout, settings, overwrite=opts.overwrite, outputs=OUTPUTS, patterns=FIGURE_PATTERNS)
     log.info("report on %d runs (%s); scored crops: %s; tuning crops: %s", len(runs),
              ", ".join(r.name for r in runs), ", ".join(plan.scored), ", ".join(plan.tuning))
     timings = Timings(layout.root / TIMINGS_FILE, resuming=resuming)
     with timings.step("truth of the scored crops (evaluator layout)", resumed=layout.truth.is_dir()):
         truth = truth_labels(layout.truth) if layout.truth.is_dir() else build_truth(
             layout.truth, plan.scored, runs[0].classes, root)
-    stores = make_stores(runs, root, plan, layout, opts, timings)
-    build_decisions(runs, stores, plan, opts, root, layout).save(layout.decisions)  # what the product commands apply
-    singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root, timings)
+    if decisions is None:
+        stores = make_stores(runs, root, plan, layout, opts, timings)
+        build_decisions(runs, stores, plan, opts, root, layout).save(layout.decisions)  # what the product commands apply
+        singles, stages, chosen = score_stages(runs, stores, layout, plan, opts, root, timings)
+    else:  # decided elsewhere: the stages as the file says, on the scored crops alone
+        stores = replay_stores(runs, decisions, plan, layout, opts, timings)
+        singles, stages, chosen = score_stages(runs, stores, layout, replace(plan, tuning=plan.scored), opts, root,
+                                               timings, chosen=best_single_choice(decisions, runs, opts.eras))
     with timings.step("crop-bootstrap intervals"):
         uncertainty = uncertainties({name: {era: [s.scores[era].document for s in rows] for era in opts.eras}
                                      for name, rows in (("stages", stages), ("singles", singles))},

@@ -20,10 +20,13 @@ class ReportOptions(DecideOptions):
     Attributes:
         crops: scored crops: "val" (the runs' report crops), "test" or ids.
         slices: crops drawn as slice overlays.
+        decisions: a decisions.json (`cellseg decide`) to score instead of deciding: the stages are what it
+            says, predicted on the scored crops alone.
     """
 
     crops: str = "val"
     slices: int = 2
+    decisions: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -187,3 +187,28 @@ def test_a_malformed_file_names_what_is_wrong(report_dir, tmp_path):
         Decisions.load(_edited(report_dir, tmp_path, lambda d: d.pop("format")))
     with pytest.raises(DecisionsError, match="no such decisions file"):
         Decisions.load(tmp_path / "missing.json")
+
+
+def test_a_report_of_given_decisions_scores_what_the_deciding_report_scored(report_dir, report_runs, tmp_path):
+    """`cellseg report --decisions`: nothing is decided (the tuning crop is never predicted), every stage is what
+    the file says, and each stage scores what the report that made the file scored on the same crop."""
+    out = tmp_path / "replayed"
+    assert cli(["-q", "report", "--runs", *map(str, reversed(report_runs)), "--out", str(out), "--crops", "501",
+                "--overlap", "0", "--slices", "0", "--device", "cpu",
+                "--decisions", str(report_dir / "decisions.json")]) == 0
+    ours, theirs = _report(out), _report(report_dir)
+    for a, b in zip(ours["stages"], theirs["stages"], strict=True):
+        for era in ("2025", "2026", "2026-07"):
+            assert a["scores"][era]["overall"] == pytest.approx(b["scores"][era]["overall"], abs=1e-12), (a["key"], era)
+            assert a["scores"][era]["classes"] == pytest.approx(b["scores"][era]["classes"], abs=1e-12, nan_ok=True)
+    assert ours["best_single"] == {era: theirs["best_single"][theirs["tuning_metric"]] for era in ours["best_single"]}
+    assert not (out / "truth_tuning.zarr").exists()
+    assert all("crop2" not in PredictionStore.open(p) for p in (out / "stores").glob("predict_tta*/*.zarr"))
+    assert ours["crops"]["tuning"] == ["crop2"]  # named as the file's tuning crops
+
+
+def test_a_report_refuses_decisions_of_other_runs_before_predicting(report_dir, report_runs, tmp_path, capsys):
+    out = tmp_path / "replayed"
+    assert cli(["report", "--runs", str(report_runs[0]), str(report_runs[0].parent / "missing"), "--out", str(out),
+                "--crops", "501", "--decisions", str(report_dir / "decisions.json")]) == 2
+    assert "made for the runs" in capsys.readouterr().err and not out.exists()
