@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                "cellseg predict configs/infer/test_set.yaml runs/unet_3d crops=test out=preds/unet_3d_test.zarr",
     )
     option(parser, "--out", key="out", metavar="PRED.zarr", help="prediction store to write")
+    option(parser, "--decisions", key="decisions", metavar="DECISIONS.json",
+           help="TTA per class from `cellseg decide RUN_DIR` (one run; for several: predict-ensemble --decisions)")
     add_predict_options(parser)
     parser.set_defaults(func=run)
 
@@ -86,5 +88,17 @@ def run(args: argparse.Namespace) -> int:
     from cellseg.infer.predict import predict_run
 
     opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    if job.decisions:
+        from cellseg.decide.apply import predict_decided
+        from cellseg.decide.document import Decisions, DecisionsError
+
+        decisions = Decisions.load(job.decisions)
+        if len(decisions.members) != 1:
+            raise DecisionsError(f"{decisions.where}: decisions for {len(decisions.members)} runs: use "
+                                 "`cellseg predict-ensemble --decisions`")
+        decisions.check_runs([job.run_dir] if job.run_dir else None, checkpoint=opts.checkpoint)
+        store = predict_decided(decisions, str(job.crops), job.out, opts)
+        print(f"wrote {store.path}: {len(store.completed())} crops, as decided in {decisions.source}")
+        return 0
     predict_run(job.run_dir, str(job.crops), job.out, opts)  # prints a line per crop (and one on skipped crops)
     return 0

@@ -51,12 +51,19 @@ class PredictJob:
         crops: "val" (the run's validation crops), "test" (the data root's test crops) or comma-separated crop
             ids, e.g. "12,34" (--crops).
         out: the prediction store to write (--out).
+        decisions: a decisions.json of one run (`cellseg decide RUN_DIR`): each class with TTA or without as
+            decided (--decisions; RUN_DIR may then be left out).
     """
 
-    run_dir: str
+    run_dir: str = ""
     crops: str | int
     out: str
+    decisions: str | None = None
     infer: InferConfig = field(default_factory=InferConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.run_dir) or bool(self.decisions), "no run_dir given: pass RUN_DIR (the `cellseg train` run "
+               "directory), or a decisions file of one run with --decisions")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,7 +169,8 @@ class DecideJob:
     """`cellseg decide`: every decision of the measured pipeline, made on tuning crops, into decisions.json.
 
     Attributes:
-        runs: `cellseg train` run directories (the RUN_DIR arguments; at least 2, predicting the same classes).
+        runs: `cellseg train` run directories (the RUN_DIR arguments, predicting the same classes; one run: its
+            decisions are TTA and the decoding per class).
         out: the working directory (--out): DECIDE_DIR/decisions.json, and the stores and scores a resumed run
             reuses.
         data_root: the data root of the tuning crops (--data-root; null: the one the runs were trained on).
@@ -176,8 +184,7 @@ class DecideJob:
     decide: DecideConfig = field(default_factory=DecideConfig)
 
     def __post_init__(self) -> None:
-        _check(len(self.runs) >= 2, f"runs: decisions are about an ensemble: give at least 2 run directories (the "
-               f"RUN_DIR arguments), got {len(self.runs)}: {list(self.runs)}")
+        _check(len(self.runs) >= 1, "runs: give the run directories to decide for (the RUN_DIR arguments)")
 
 
 JOBS: dict[str, type] = {"predict": PredictJob, "predict-ensemble": PredictEnsembleJob, "ensemble": EnsembleJob,

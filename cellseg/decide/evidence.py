@@ -65,10 +65,13 @@ def switch_intervals(layout: Layout, single_key: str, switches: Mapping[str, Any
     for name in classes:
         uniform_on = switches["uniform"]["classes"][name]["on"]
         tta_on = switches["tta"]["classes"][name]["on"]
-        row = {"uniform": _interval(evaluations, name, era, "tuning_uniform", "single", num),
-               "weighted": _interval(evaluations, name, era, "tuning_weighted_fit",
-                                     "tuning_uniform" if uniform_on else "single", num),
-               "tta": _interval(evaluations, name, era, "tuning_tta", "tuning_weighted", num)}
+        if switches["uniform"].get("alone"):  # one run: no ensemble was scored
+            row = {"uniform": [None, None], "weighted": [None, None]}
+        else:
+            row = {"uniform": _interval(evaluations, name, era, "tuning_uniform", "single", num),
+                   "weighted": _interval(evaluations, name, era, "tuning_weighted_fit",
+                                         "tuning_uniform" if uniform_on else "single", num)}
+        row["tta"] = _interval(evaluations, name, era, "tuning_tta", "tuning_weighted", num)
         for e in eras:
             row[f"postprocess_{e}"] = _interval(evaluations, name, e, "tuning_postprocess",
                                                 "tuning_tta" if tta_on else "tuning_weighted", num)

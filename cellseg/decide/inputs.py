@@ -146,14 +146,15 @@ def unique_names(run_dirs: Sequence[str | os.PathLike[str]]) -> list[str]:
 
 
 def check_runs(run_dirs: Sequence[str | os.PathLike[str]], *, checkpoint: str = "best",
-               data_root: str | None = None) -> list[RunInfo]:
-    """Check every run and that they can be compared and ensembled (module docstring).
+               data_root: str | None = None, minimum: int = 2) -> list[RunInfo]:
+    """Check every run and that they can be compared and ensembled (module docstring); `minimum`: the runs needed
+    (`cellseg decide` takes one: its decisions are then TTA and decoding per class).
 
     Raises:
-        ValueError: fewer than two runs, a run given twice, or runs predicting different classes.
+        ValueError: fewer than `minimum` runs, a run given twice, or runs predicting different classes.
         FileNotFoundError: a run directory or checkpoint that does not exist.
     """
-    if len(run_dirs) < 2:
+    if len(run_dirs) < minimum:
         raise ValueError(f"the ablation compares single models with their ensembles: give at least 2 runs "
                          f"(got {len(run_dirs)}: {[str(r) for r in run_dirs]})")
     resolved = [Path(r).resolve() for r in run_dirs]

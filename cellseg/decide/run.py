@@ -21,7 +21,7 @@ from cellseg.decide.document import Decisions
 from cellseg.decide.inputs import CropPlan, RunInfo, check_runs, data_root_of, role_of, validation_crops
 from cellseg.decide.options import SETTINGS_FILE, DecideOptions, Layout
 from cellseg.decide.reuse import open_candidates
-from cellseg.decide.stages import make_stores
+from cellseg.decide.stages import make_single_stores, make_stores
 from cellseg.decide.timings import TIMINGS_FILE, Timings, write_atomic
 from cellseg.decide.truth import build_truth
 
@@ -109,7 +109,7 @@ def run_decide(opts: DecideOptions) -> Decisions:
     """
     from cellseg.decide.inputs import settings_doc
 
-    runs = check_runs(opts.runs, checkpoint=opts.checkpoint, data_root=opts.data_root)
+    runs = check_runs(opts.runs, checkpoint=opts.checkpoint, data_root=opts.data_root, minimum=1)
     root = data_root_of(runs, opts.data_root)
     plan = tuning_plan(runs, root, opts.tune_crops, opts.data_root)
     open_candidates(opts.reuse, runs)  # a store named for reuse that is none of the runs': an error now
@@ -126,7 +126,10 @@ def run_decide(opts: DecideOptions) -> Decisions:
     with timings.step("truth of the tuning crops (evaluator layout)", resumed=layout.truth.is_dir()):
         if not layout.truth.is_dir():
             build_truth(layout.truth, plan.tuning, runs[0].classes, root)
-    stores = make_stores(runs, root, plan, layout, opts, timings)
+    if len(runs) == 1:  # decisions of one run: TTA and the decoding per class
+        stores = make_single_stores(runs[0], root, plan, layout, opts, timings)
+    else:
+        stores = make_stores(runs, root, plan, layout, opts, timings)
     decisions = build_decisions(runs, stores, plan, opts, root, layout)
     decisions.save(layout.decisions)
     log.info("wrote %s", layout.decisions)

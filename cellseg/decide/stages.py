@@ -5,7 +5,9 @@ post-processing tuned on the tuning crops, every finished store reused by a resu
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from cellseg.eval.eras import Era
 from cellseg.infer.members import ensemble_grid
 from cellseg.infer.weights import WEIGHTS_FILE, members_in_use, restrict_weights_file
 from cellseg.postprocess.apply import MAX_CLASS_THREADS
+from cellseg.runtime.checkpoint import save_atomic_text
 
 log = logging.getLogger(__name__)
 TTA_TRANSFORMS = 8
@@ -193,6 +196,47 @@ def _later_stages(runs: Sequence[RunInfo], tta1: list[Path], on_tuning: Mapping[
                   postprocessed=segmented, params=params,
                   switches={"era": era, "uniform": uniform_switch, "weighted": weighted_switch, "tta": tta_switch,
                             "postprocess": pp_switch})
+
+
+def make_single_stores(run: RunInfo, root: Path, plan: CropPlan, layout: Layout, opts: DecideOptions,
+                       timings: Timings) -> Stores:
+    """The stores of one run's decisions (`cellseg decide RUN_DIR`): the run alone (stage 1, no ensemble: stages 2
+    and 3 are off for every class), + TTA switched per class (stage 4), + post-processing tuned and switched per
+    class in every era (stage 5), on the tuning crops."""
+    from cellseg.postprocess.apply import postprocess_store, resolve
+
+    era = opts.tuning_era
+    with timings.step(f"1. the run alone: predict {len(plan.predicted)} crops, no TTA",
+                      resumed=layout.predictions(run, 1).exists()):
+        single = PredictionStore.open(predict_all([run], layout, plan, opts, tta=1)[0])
+    truth = tuning_truth(layout, plan, [run], root)
+    with timings.step(f"4. + TTA: predict {len(plan.predicted)} crops with {TTA_TRANSFORMS} transforms",
+                      resumed=layout.predictions(run, TTA_TRANSFORMS).exists()):
+        tta8 = PredictionStore.open(predict_all([run], layout, plan, opts, tta=TTA_TRANSFORMS)[0])
+    with timings.step("TTA: switch it off for the classes it does not help on the tuning crops"):
+        with_tta, tta_switch = switch_tta(single, tta8, layout, plan, truth, era, opts.eras,
+                                          workers=opts.scoring_workers, progress=opts.progress)
+    device = resolve(opts.device)
+    with timings.step(f"5. + post-processing: tune on {len(plan.tuning)} crops ({era} metric)",
+                      resumed=layout.params.exists()):
+        params = tuned_params(with_tta, layout, root, plan, era=era, device=device, progress=opts.progress,
+                              workers=opts.scoring_workers)
+    with timings.step("post-processing: apply; switch it off for the classes it does not help on the tuning crops",
+                      resumed=layout.postprocessed.exists()):
+        segmented = postprocess_store(with_tta, layout.postprocessed, params=params, device=device,
+                                      progress=opts.progress)
+        segmented, pp_switch = switch_postprocess(with_tta, segmented, tta_switch, layout, plan, truth, era,
+                                                  opts.eras, workers=opts.scoring_workers, progress=opts.progress)
+    weights = layout.stores / "weights_single.json"
+    save_atomic_text(json.dumps({"method": "single", "channels": {c: [1.0] for c in single.channels},
+                                 "members": [{"run_dir": str(run.run_dir)}]}, indent=2) + "\n", weights)
+    alone = {"classes": {c: {"before": math.nan, "after": math.nan, "on": False} for c in run.classes},
+             "off": list(run.classes), "best_single": run.name, "alone": True}  # no ensemble to switch on
+    return Stores(singles=[single.path], uniform=single, weighted=single, weights=weights, with_tta=with_tta,
+                  postprocessed=segmented, params=params,
+                  switches={"era": era, "uniform": alone, "weighted": {k: v for k, v in alone.items()
+                                                                       if k != "best_single"},
+                            "tta": tta_switch, "postprocess": pp_switch})
 
 
 def tta_members(weights: Path, singles: Sequence[Path], crops: Sequence[str]) -> list[int]:

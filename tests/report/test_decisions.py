@@ -212,3 +212,33 @@ def test_a_report_refuses_decisions_of_other_runs_before_predicting(report_dir, 
     assert cli(["report", "--runs", str(report_runs[0]), str(report_runs[0].parent / "missing"), "--out", str(out),
                 "--crops", "501", "--decisions", str(report_dir / "decisions.json")]) == 2
     assert "made for the runs" in capsys.readouterr().err and not out.exists()
+
+
+def test_decisions_of_one_run_are_its_tta_and_decoding_per_class(report_runs, report_dir, tmp_path, capsys):
+    """`cellseg decide RUN_DIR`: one run, no ensemble: each class keeps or drops TTA and its tuned decoding;
+    `cellseg predict --decisions` predicts it so, each class as the run predicts it with or without TTA."""
+    run = str(report_runs[0])
+    out = tmp_path / "decide"
+    assert cli(["-q", "decide", run, "--out", str(out), "--tune-crops", "val", *CPU]) == 0
+    decisions = Decisions.load(out / "decisions.json")
+    assert len(decisions.members) == 1 and set(decisions.weights.values()) == {(1.0,)}
+    assert {c.ensemble for c in decisions.classes.values()} == {"single"}
+    for choice in decisions.classes.values():
+        assert choice.evidence["uniform"]["gain_interval"] == [None, None] and "on" in choice.evidence["tta"]
+    pred = tmp_path / "pred.zarr"
+    assert cli(["-q", "predict", "--decisions", str(out / "decisions.json"), "--crops", "501", "--out", str(pred),
+                *CPU]) == 0
+    plain = {tta: tmp_path / f"tta{tta}.zarr" for tta in (1, 8)}
+    for tta, path in plain.items():
+        assert cli(["-q", "predict", run, "--crops", "501", "--out", str(path), "--tta", str(tta), *CPU]) == 0
+    ours = PredictionStore.open(pred)
+    for channel in ours.channels:
+        tta = 8 if decisions.classes[channel.removesuffix("_boundary")].tta else 1
+        want = PredictionStore.open(plain[tta]).read("crop501", channel)
+        np.testing.assert_array_equal(ours.read("crop501", channel), want, err_msg=channel)
+    assert cli(["-q", "postprocess", str(pred), "--decisions", str(out / "decisions.json"), "--out",
+                str(tmp_path / "seg.zarr"), "--device", "cpu"]) == 0
+    # a file of several runs is for predict-ensemble
+    assert cli(["predict", "--decisions", str(report_dir / "decisions.json"), "--crops", "501", "--out",
+                str(tmp_path / "x.zarr")]) == 2
+    assert "use `cellseg predict-ensemble --decisions`" in capsys.readouterr().err and not (tmp_path / "x.zarr").exists()
