@@ -18,6 +18,10 @@ run directories whose models run as trained ones do).
 - **daisy's overhead**: the blockwise run with one worker against the same blocks predicted one after the other
   in one process through the same engine, after loading the models (the single-process rate: the work
   `cellseg predict-ensemble` does for one crop of this size, cut into the same columns);
+- **one piece, and MONAI**: the single model over the volume as one box in one process (no blocks), and
+  MONAI's `sliding_window_inference` with the same model, forward, patch, overlap and blending (the plain-loop
+  anchor a MONAI user has), each timed after loading the model;
+- **GPU utilisation**: nvidia-smi's mean over each measurement;
 - **cubes against columns**: whole-depth columns of `--column-vox`² (`--block-z-vox 0`), which predict no tile
   twice along z, against the default cubic blocks of `--block-vox`³, whose neighbours each predict the tiles
   across their shared faces (((B + patch − step) / B)³ of the tiles for blocks of B);
@@ -185,6 +189,94 @@ def single_process(config: Any) -> dict[str, Any]:
             "predict_span_s": round(end - loaded, 2), "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
 
 
+def one_piece(config: Any) -> dict[str, Any]:
+    """The whole ROI as one write box in one process (`BlockPredictor.write`): no blocks, no halo; what the
+    columns and cubes are measured against."""
+    from cellseg.volume.driver import prepare
+    from cellseg.volume.predict import BlockPredictor
+
+    start = time.perf_counter()
+    store = prepare(config).store
+    predictor = BlockPredictor.of(store, config.infer.device)
+    loaded = time.perf_counter()
+    predictor.write(((0, 0, 0), tuple(store.grid.shape_vox)))
+    end = time.perf_counter()
+    voxels = math.prod(store.grid.shape_vox)
+    return {"wall_s": round(end - start, 2), "startup_s": round(loaded - start, 2), "voxels": voxels, "blocks": 1,
+            "mvox_s": sig(voxels / (end - start) / 1e6), "predict_span_s": round(end - loaded, 2),
+            "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
+
+
+def monai_sliding_window(config: Any) -> dict[str, Any]:
+    """MONAI's `sliding_window_inference` over the same EM, model, patch, overlap, batch and Gaussian blending
+    (σ = patch / 8, as cellseg's), through the same forward (uint8 → float, bf16 autocast, channels-last, sigmoid):
+    the sliding-window engines compared with the model held equal. The EM is read whole onto the GPU; the
+    output (every channel, float32) stays on the GPU when it fits beside the model's working memory, else in
+    host memory (MONAI's `device="cpu"`, recorded). Nothing is written."""
+    import torch
+    from monai.inferers import sliding_window_inference
+
+    from cellseg.infer.engine import _read_em, make_forward
+    from cellseg.volume.driver import prepare
+    from cellseg.volume.predict import BlockPredictor
+
+    start = time.perf_counter()
+    store = prepare(config).store
+    predictor = BlockPredictor.of(store, config.infer.device)
+    part = predictor.parts[0]
+    window, model = part.member.window, part.member.run.model
+    em = _read_em(predictor.em, store.grid, (0, 0, 0), window.pad_value)[None].to(window.device, torch.float32)
+    forward = make_forward(model, device=window.device, precision=window.precision, keep=part.keep,
+                           channels_last=window.channels_last and window.device.type == "cuda")
+    out_bytes = 4 * len(part.keep) * math.prod(store.grid.shape_vox) * 2  # the sums and MONAI's blended copy
+    on_gpu = window.device.type == "cuda" and out_bytes < torch.cuda.mem_get_info(window.device)[0] - 16 * 2**30
+    output_device = window.device if on_gpu else torch.device("cpu")
+    loaded = time.perf_counter()
+    with torch.inference_mode():
+        probs = sliding_window_inference(em, roi_size=window.patch_vox, sw_batch_size=window.batch_size,
+                                         predictor=forward, overlap=window.overlap, mode="gaussian",
+                                         sigma_scale=1 / 8, padding_mode="constant", cval=float(window.pad_value),
+                                         sw_device=window.device, device=output_device)
+    if window.device.type == "cuda":
+        torch.cuda.synchronize(window.device)
+    end = time.perf_counter()
+    if not bool(torch.isfinite(probs).all()):
+        raise RuntimeError("MONAI's sliding window returned NaN or infinite probabilities")
+    del probs
+    shutil.rmtree(config.out)  # the empty store `prepare` made
+    voxels = math.prod(store.grid.shape_vox)
+    return {"wall_s": round(end - start, 2), "startup_s": round(loaded - start, 2), "voxels": voxels, "blocks": 1,
+            "mvox_s": sig(voxels / (end - start) / 1e6), "predict_span_s": round(end - loaded, 2),
+            "steady_mvox_s": sig(voxels / (end - loaded) / 1e6), "output_on": output_device.type,
+            "channels": len(part.keep)}
+
+
+class GpuUtilisation:
+    """The GPU's utilisation (%) sampled by nvidia-smi every `PERIOD_MS` while a measurement runs; the mean of
+    the samples (None without nvidia-smi: the CPU)."""
+
+    PERIOD_MS = 500
+
+    def __enter__(self) -> GpuUtilisation:
+        self.samples: list[float] = []
+        self.process = None
+        if shutil.which("nvidia-smi"):
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0",
+                 f"-lms={self.PERIOD_MS}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            out, _ = self.process.communicate(timeout=10)
+            self.samples = [float(v) for v in out.split() if v.replace(".", "", 1).isdigit()]
+
+    @property
+    def mean(self) -> float | None:
+        return round(sum(self.samples) / len(self.samples), 1) if self.samples else None
+
+
 def dataset_boxes() -> dict[str, float]:
     """Voxels at 8 nm of the box around each dataset's annotated crops (a lower bound of its EM volume)."""
     from cellseg.data.crops import Catalog
@@ -225,7 +317,8 @@ def projection(mvox_s: float) -> dict[str, Any]:
 def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple[int, int, int]
          ) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """The measurements of each group: (name, settings) with settings members, tta, block (edge, depth),
-    engine ("daisy" or "one process"), roi_vox and instances."""
+    engine ("daisy", "one process": the same blocks, "one piece": the ROI as one box, "MONAI": its
+    sliding_window_inference), roi_vox and instances. Cubes of 512³ are the 512² columns on a volume 384 deep."""
     cube, column = (cubes, None), (columns, 0)
     corner = tuple(min(n, m) for n, m in zip(size, TTA8_MAX_VOX, strict=True))
     slab = tuple(min(n, m) for n, m in zip(size, ENSEMBLE_MAX_VOX, strict=True))
@@ -238,7 +331,8 @@ def plan(runs: list[Path], *, quick: bool, cubes: int, columns: int, size: tuple
 
     groups = {
         "single": [("single columns", m(one, column)), ("single columns, one process", m(one, column, "one process")),
-                   ("single cubes", m(one, cube)), ("single cubes, one process", m(one, cube, "one process"))],
+                   ("single cubes", m(one, cube)), ("single cubes, one process", m(one, cube, "one process")),
+                   ("single one piece", m(one, column, "one piece")), ("single MONAI", m(one, column, "MONAI"))],
         "ensemble": [("ensemble columns", m(every, column, roi=slab)),
                      ("ensemble columns, one process", m(every, column, "one process", roi=slab))],
         "tta8": [("single columns tta8", m(one, column, tta=8, roi=corner)),
@@ -264,8 +358,13 @@ def measure(name: str, spec: dict[str, Any], root: Path, stores: Path, *, chunk:
         shutil.rmtree(out)
     config = job(spec["members"], root, out, tta=spec["tta"], block=spec["block"], chunk=chunk, quick=quick,
                  roi_vox=spec["roi_vox"], instances=spec["instances"])
-    row = blockwise(config) if spec["engine"] == "daisy" else single_process(config)
-    shutil.rmtree(out)  # measured: a store of 10⁸-10⁹ voxels × every channel is not kept (disk)
+    engines = {"daisy": blockwise, "one process": single_process, "one piece": one_piece,
+               "MONAI": monai_sliding_window}
+    with GpuUtilisation() as gpu:
+        row = engines[spec["engine"]](config)
+    row["gpu_util_mean"] = gpu.mean
+    if out.exists():
+        shutil.rmtree(out)  # measured: a store of 10⁸-10⁹ voxels × every channel is not kept (disk)
     edge, depth = spec["block"]
     return {**row, "members": len(spec["members"]), "tta": spec["tta"], "engine": spec["engine"],
             "block": "columns" if depth == 0 else "cubes", "block_vox": edge}
@@ -284,17 +383,26 @@ def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
         cubes, columns = runs.get(f"{who} cubes{engine}"), runs.get(f"{who} columns{engine}")
         if cubes and columns:
             out.setdefault(who, {})["cubes_vs_columns"] = cubes["predict_span_s"] / columns["predict_span_s"] - 1
+        piece, monai, daisy = runs.get(f"{who} one piece"), runs.get(f"{who} MONAI"), runs.get(f"{who} columns")
+        if piece and monai:
+            out.setdefault(who, {})["one_piece_vs_monai"] = piece["steady_mvox_s"] / monai["steady_mvox_s"]
+        if daisy and monai:
+            out.setdefault(who, {})["columns_vs_monai"] = daisy["steady_mvox_s"] / monai["steady_mvox_s"]
     return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = ["| measurement | members | TTA | engine | blocks | voxels | wall s | start-up s | predicting s | "
-            "pyramid worker-s | Mvox/s (wall) | Mvox/s predicting |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "pyramid worker-s | Mvox/s (wall) | Mvox/s predicting | GPU % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in doc["runs"].items():
-        shape = f"{r['block']} of {r['block_vox']}" + ("²" if r["block"] == "columns" else "³")
-        rows.append(f"| {name} | {r['members']} | {r['tta']} | {r['engine']} | {r['blocks']} × {shape} | "
+        shape = f"{r['blocks']} × {r['block']} of {r['block_vox']}" + ("²" if r["block"] == "columns" else "³")
+        if r["engine"] in ("one piece", "MONAI"):
+            shape = "one piece" + (f", output on {r['output_on']}" if "output_on" in r else "")
+        rows.append(f"| {name} | {r['members']} | {r['tta']} | {r['engine']} | {shape} | "
                     f"{r['voxels']:.3g} | {r['wall_s']} | {r['startup_s']} | {r['predict_span_s']} | "
-                    f"{r.get('pyramid_s', '–')} | {r['mvox_s']} | {r['steady_mvox_s']} |")
+                    f"{r.get('pyramid_s', '–')} | {r['mvox_s']} | {r['steady_mvox_s']} | "
+                    f"{r.get('gpu_util_mean') if r.get('gpu_util_mean') is not None else '–'} |")
     lines = [f"# predict-volume ({doc['hardware']}, {doc['date']})", "",
              f"Volume: {DATASET}, {'×'.join(map(str, doc['size_vox']))} voxels at 8 nm tiled from the synthetic "
              f"{SOURCE}; runs trained {doc['steps']} steps (speed does not depend on the weights). Wall: from the "
@@ -312,6 +420,11 @@ def markdown(doc: dict[str, Any]) -> str:
                          "single-process rate)")
         if "cubes_vs_columns" in r:
             parts.append(f"cubic blocks vs columns {r['cubes_vs_columns']:+.1%} predicting time")
+        if "one_piece_vs_monai" in r:
+            parts.append(f"cellseg in one piece predicts {r['one_piece_vs_monai']:.2f}× as fast as MONAI's "
+                         "sliding_window_inference (same model, forward, overlap, volume)")
+        if "columns_vs_monai" in r:
+            parts.append(f"the daisy column run {r['columns_vs_monai']:.2f}× MONAI's rate")
         lines += [f"- **{who}**: " + "; ".join(parts) + ".", ""]
     if "instances_s" in doc:
         lines += [f"Instance stitching (decode + merge + relabel + label pyramid): {doc['instances_s']:.1f} "

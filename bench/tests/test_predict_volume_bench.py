@@ -28,12 +28,14 @@ def test_quick_run_measures_columns_cubes_and_daisy_and_resumes(tmp_path: Path) 
     runs = doc["runs"]
     assert doc["size_vox"] == [32, 48, 64] and set(runs) == {
         "single columns", "single columns, one process", "single cubes", "single cubes, one process",
-        "ensemble columns", "ensemble columns, one process", "single columns + instances"}
+        "single one piece", "single MONAI", "ensemble columns", "ensemble columns, one process", "single columns + instances"}
     assert runs["single columns"]["blocks"] == runs["single columns, one process"]["blocks"] == 2 * 2
     assert runs["single cubes"]["blocks"] == 2 * 3 * 4 and runs["single cubes"]["block"] == "cubes"
     assert all(r["voxels"] == 32 * 48 * 64 and r["steady_mvox_s"] > 0 for r in runs.values())
     assert set(doc["ratios"]["single"]) == {"daisy_wall", "daisy_predicting", "rate_vs_one_process",
-                                            "cubes_vs_columns"}
+                                            "cubes_vs_columns", "one_piece_vs_monai", "columns_vs_monai"}
+    assert runs["single MONAI"]["output_on"] == "cpu" and runs["single one piece"]["blocks"] == 1
+    assert all(r["gpu_util_mean"] is None for r in runs.values())  # no nvidia-smi on the CPU
     assert set(doc["ratios"]["ensemble"]) == {"daisy_wall", "daisy_predicting", "rate_vs_one_process"}
     assert runs["single columns"]["tasks"]["pyramid-probabilities-1"]["total"] == 2 * 2  # one per column
     assert runs["single columns"]["pyramid_s"] > 0 and runs["single columns"]["startup_s"] > 0
@@ -41,6 +43,7 @@ def test_quick_run_measures_columns_cubes_and_daisy_and_resumes(tmp_path: Path) 
     assert doc["instances_s"] > 0
     md = (tmp_path / "predict_volume.md").read_text()
     assert "| single columns | 1 | 1 | daisy | 4 × columns of 32² |" in md and "cubic blocks vs columns" in md
+    assert "| single MONAI | 1 | 1 | MONAI | one piece, output on cpu |" in md and "as fast as MONAI's" in md
 
 
 def test_merge_joins_jobs_of_one_kind_and_refuses_others(tmp_path: Path) -> None:
