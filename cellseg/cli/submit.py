@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from cellseg.data.crops import Crop
 
 from cellseg.cli._eras import LazyChoices, add_era_alias
+from cellseg.cli._manifest import add_manifest_args, test_crops
 from cellseg.config.fields import DEFAULT_ERA
 
 ORDER = 61
@@ -36,18 +32,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "predicted from), else the packaged official one. A submission of which fewer than "
                     f"{MIN_SHARE_TEXT} of the manifest's (crop, label) pairs come from PREDICTIONS is refused "
                     "(nothing is written): it would score almost nothing, as predictions of other crops than the "
-                    "manifest's do; --allow-empty writes it with a warning. The zip is written under a temporary "
-                    "name and renamed when complete.",
+                    "manifest's do; so is one whose every array, or every array of one crop, is all zeros after "
+                    "thresholding (a failed model, a threshold above every probability, a crop predicted outside "
+                    "its box); --allow-empty writes them with a warning. The zip records the manifest it was "
+                    "written for, which validate-submission checks it against by default. The zip is written "
+                    "under a temporary name and renamed when complete.",
     )
     parser.add_argument("predictions", help="prediction zarr store (crop<N>/<label>)")
-    parser.add_argument("--manifest", help="test_crop_manifest.csv (default: the data root's, else the packaged "
-                                           "official one of --metric)")
-    parser.add_argument("--truth", metavar="TRUTH",
-                        help="take the crops and their grids from a ground-truth store instead of a manifest (e.g. "
-                             "the validation crops' truth `cellseg truth` wrote)")
-    parser.add_argument("--data-root", metavar="ROOT",
-                        help="take ROOT/test_crop_manifest.csv as the manifest (default: the data root PREDICTIONS "
-                             "records, when it has a test manifest)")
+    add_manifest_args(parser, default="the test manifest of the data root the predictions record, else the "
+                                      "packaged official one of --metric")
     parser.add_argument("--metric", choices=LazyChoices(), metavar="ERA", default=None,
                         help="the scoring era the submission is for: its packaged official test manifest is used "
                              "when no other manifest is given, and a segmentation decoded as decided for another "
@@ -65,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "writing empty arrays")
     parser.add_argument("--allow-empty", action="store_true",
                         help=f"write the submission even when fewer than {MIN_SHARE_TEXT.replace('%', '%%')} of the "
-                             "manifest's (crop, "
-                             "label) pairs come from the predictions (a warning names the share)")
+                             "manifest's (crop, label) pairs come from the predictions, or when every array of a "
+                             "crop or of the whole submission is all zeros (a warning names them)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="threads writing (crop, label) arrays, at most N arrays in memory at a time (default: "
                              "CPU cores, at most 8); the zip is the same for any N")
@@ -79,13 +72,20 @@ def _listing(names: list[str], limit: int = 20) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Write the submission and say which labels were written empty or left out."""
-    from cellseg.eval.submit import MIN_PREDICTED_SHARE, TooFewPredictions, check_threshold, write_submission
+    from cellseg.eval.submit import (
+        MIN_PREDICTED_SHARE,
+        EmptySubmission,
+        TooFewPredictions,
+        check_threshold,
+        recorded_data_root,
+        write_submission,
+    )
 
     check_threshold(args.threshold)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     args.metric = _decided_era(args.predictions, args.metric)
-    crops, source = _manifest(args)
+    crops, source = test_crops(args, recorded_root=recorded_data_root(args.predictions))
     print(f"manifest: {source}")
     if args.labels:
         from cellseg.classes import get_class
@@ -97,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
                                   threshold=args.threshold, labels=args.labels,
                                   progress=sys.stderr.isatty() and not args.quiet, workers=args.workers,
                                   allow_missing=args.allow_missing,
-                                  min_share=0.0 if args.allow_empty else MIN_PREDICTED_SHARE)
+                                  min_share=0.0 if args.allow_empty else MIN_PREDICTED_SHARE,
+                                  allow_empty=args.allow_empty, manifest_source=source)
+    except EmptySubmission as err:
+        raise ValueError(f"{err}. Nothing was written; check the threshold (--threshold {args.threshold}), the "
+                         f"manifest ({source}) and the predictions; --allow-empty writes it anyway") from None
     except TooFewPredictions as err:
         raise ValueError(f"{err}. Check that the manifest ({source}) is the one of the crops you predicted (pass "
                          "--manifest or --data-root) and that the store holds them; --allow-empty writes it "
@@ -110,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
     if report.predicted_share < MIN_PREDICTED_SHARE:
         print(f"warning: only {len(report.written)} of {total} (crop, label) pairs come from the predictions "
               f"(--allow-empty): the submission is mostly empty arrays", file=sys.stderr)
+    if report.zero:
+        print(f"warning: {len(report.zero)} arrays from the predictions are all zeros: {_listing(report.zero)}",
+              file=sys.stderr)
+    if report.zero_classes:
+        print(f"warning: {len(report.zero_classes)} classes are all zeros in every crop: "
+              f"{_listing(report.zero_classes)}", file=sys.stderr)
     if report.empty:
         print(f"wrote {len(report.empty)} empty arrays for labels the prediction lacks: {_listing(report.empty)}")
     empty = set(report.empty)
@@ -142,37 +152,3 @@ def _decided_era(predictions: str, metric: str | None) -> str:
                          "submission, or drop --metric")
     print(f"decoded as decided for the {era} metric ({decided.get('file')})")
     return era
-
-
-def _manifest(args: argparse.Namespace) -> tuple[Mapping[int, Crop], str]:
-    """The test crops to submit and where they came from: --manifest, --truth, the data root's, or the packaged one.
-
-    Raises:
-        FileNotFoundError: --data-root without a test_crop_manifest.csv.
-    """
-    from pathlib import Path
-
-    from cellseg.eval.submit import load_manifest, recorded_data_root
-
-    if args.manifest and args.truth:
-        raise ValueError("give --manifest or --truth, not both")
-    if args.manifest:
-        return load_manifest(args.manifest), args.manifest
-    if args.truth:
-        from cellseg.eval.io import open_source
-        from cellseg.eval.validate import crops_from_truth
-
-        return crops_from_truth(open_source(args.truth)), f"the crops of the truth store {args.truth}"
-    root = Path(args.data_root) if args.data_root else recorded_data_root(args.predictions)
-    path = root / "test_crop_manifest.csv" if root is not None else None
-    if path is not None and path.is_file():
-        how = "--data-root" if args.data_root else "the data root the predictions record"
-        return load_manifest(path), f"{path} ({how})"
-    if args.data_root:
-        raise FileNotFoundError(f"--data-root {args.data_root}: no test_crop_manifest.csv there (a root from "
-                                "`cellseg import` has one only with --test-box); pass --manifest")
-    from cellseg.data.crops import Catalog
-    from cellseg.eval.eras import get_era
-
-    version = get_era(args.metric).test_manifest
-    return Catalog.official().test(version), f"the packaged official {version} test manifest"

@@ -152,6 +152,18 @@ def format_vector(values: Iterable[float]) -> str:
     return "[" + ";".join(repr(float(v)) for v in values) + "]"
 
 
+def manifest_text(crops: Mapping[int, Crop]) -> str:
+    """The `crop_name,dataset,class_label,voxel_size,translation,shape` manifest of `crops` (one row per label,
+    crops in number order): what `_parse_crop_rows` reads back into the same crops."""
+    rows = ["crop_name,dataset,class_label,voxel_size,translation,shape"]
+    for crop in sorted(crops.values(), key=lambda c: c.id):
+        for label, g in sorted(crop.labels.items()):
+            shape = "[" + ";".join(str(int(n)) for n in g.shape_vox) + "]"
+            rows.append(f"{crop.id},{crop.dataset},{label},{format_vector(g.voxel_size_nm)},"
+                        f"{format_vector(g.translation_nm)},{shape}")
+    return "\n".join(rows) + "\n"
+
+
 def _parse_crop_rows(text: str, source: str) -> dict[int, tuple[str, dict[str, Geometry]]]:
     """Parse a `crop_name,dataset,class_label,voxel_size,translation,shape` manifest."""
     reader = csv.DictReader(io.StringIO(text))

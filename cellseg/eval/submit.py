@@ -45,6 +45,7 @@ finished store in sorted order.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -57,8 +58,9 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.data import resample as grid
-from cellseg.data.crops import Catalog, Crop, Geometry
+from cellseg.data.crops import Catalog, Crop, Geometry, manifest_text
 from cellseg.data.write import sweep_stale, temp_sibling, with_path
+from cellseg.eval.io import Source
 from cellseg.eval.rules import is_scored_as_instance
 from cellseg.pool import default_budget, map_bounded, usable_cores
 
@@ -104,12 +106,22 @@ class SubmitReport:
         written: arrays written from the predictions.
         missing: (crop, label)s of the manifest that the predictions lack.
         empty: those of `missing` written as empty arrays (all of them unless `allow_missing`).
+        zero: those of `written` that are all zeros.
     """
 
     written: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     empty: list[str] = field(default_factory=list)
+    zero: list[str] = field(default_factory=list)  # of `written`: all zeros after thresholding
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def zero_classes(self) -> list[str]:
+        """Labels all zeros in every crop that has them (written from the predictions or empty)."""
+        zero, labels = set(self.zero) | set(self.empty), {}
+        for where in self.written + self.empty:
+            labels.setdefault(where.split("/", 1)[1], []).append(where in zero)
+        return sorted(label for label, flags in labels.items() if all(flags))
 
     @property
     def predicted_share(self) -> float:
@@ -120,6 +132,10 @@ class SubmitReport:
 
 class TooFewPredictions(ValueError):
     """Fewer than the asked share of the manifest's (crop, label) pairs are in the prediction store."""
+
+
+class EmptySubmission(ValueError):
+    """Every array of the submission, or of one of its crops, is all zeros."""
 
 
 def recorded_data_root(predictions: str | os.PathLike[str]) -> Path | None:
@@ -139,6 +155,21 @@ def recorded_data_root(predictions: str | os.PathLike[str]) -> Path | None:
     except (OSError, KeyError, TypeError, AttributeError, ValueError, yaml.YAMLError):
         return None
     return None
+
+
+MANIFEST_ATTR = "cellseg_test_manifest"  # the submission root's attribute: the manifest it was written for
+
+
+def recorded_manifest(source: Source) -> tuple[Mapping[int, Crop], str] | None:
+    """The test crops a submission cellseg wrote records it was written for (root `.zattrs`, `MANIFEST_ATTR`:
+    where they came from and the manifest's rows), and that description; None for any other submission."""
+    attrs = source.read_json(".zattrs") or {}
+    recorded = attrs.get(MANIFEST_ATTR) if isinstance(attrs, dict) else None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("csv"), str):
+        return None
+    crops = Catalog.from_texts(train_text=TRAIN_HEADER, tests_text={"recorded": recorded["csv"]},
+                               source=f"{source.path}: {MANIFEST_ATTR}: ").test("recorded")
+    return crops, f"the manifest {source.path} records it was written for ({recorded.get('source')})"
 
 
 def check_share(num_predicted: int, total: int, min_share: float, predictions: Path) -> None:
@@ -306,12 +337,12 @@ class _Job:
         return math.prod(self.geometry.shape_vox) * BYTES_PER_VOXEL
 
 
-def _write_job(job: _Job) -> bool:
-    """Write one array; False when the prediction store lacks it."""
+def _write_job(job: _Job) -> bool | None:
+    """Write one array: whether it holds any foreground; None when the prediction store lacks it."""
     from cellseg.data.write import write_array
 
     if not job.source.exists():
-        return False
+        return None
     try:
         data = prediction_on_grid(job.source, job.array.name, job.geometry, threshold=job.threshold)
         write_array(job.array, data, attrs={"voxel_size": list(job.geometry.voxel_size_nm),
@@ -320,22 +351,49 @@ def _write_job(job: _Job) -> bool:
     except Exception as err:
         err.add_note(f"while writing {job.where} of the submission")
         raise
-    return True
+    return bool(np.any(data))
+
+
+def check_not_empty(report: SubmitReport) -> None:
+    """Refuse a submission whose every array, or every array of some crop, is all zeros (written from an
+    all-zero prediction or empty for a label the predictions lack).
+
+    Raises:
+        EmptySubmission: naming the crops (and their labels) or the whole submission.
+    """
+    zero = set(report.zero) | set(report.empty)
+    every = report.written + report.empty
+    if every and all(w in zero for w in every):
+        raise EmptySubmission(f"every one of the submission's {len(every)} arrays is all zeros: nothing was "
+                              "predicted (a failed model? a threshold above every probability?)")
+    crops: dict[str, list[str]] = {}
+    for where in every:
+        crops.setdefault(where.split("/", 1)[0], []).append(where)
+    dead = {crop: names for crop, names in crops.items() if all(n in zero for n in names)}
+    if dead:
+        listing = "; ".join(f"{crop} ({', '.join(n.split('/', 1)[1] for n in names)})" for crop, names in dead.items())
+        raise EmptySubmission(f"every array of {len(dead)} crop(s) is all zeros, nothing predicted there (predicted "
+                              f"outside the crop's box? other crops than the manifest's?): {listing}")
 
 
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
                      progress: bool = False, workers: int | None = None, allow_missing: bool = False,
-                     min_share: float = 0.0) -> SubmitReport:
+                     min_share: float = 0.0, allow_empty: bool = False, manifest_source: str = "") -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops`: from `predictions` where it has the label,
     else an empty array (`write_empty`), or nothing when `allow_missing` (the label then scores as missing).
 
     `workers` (default `default_workers()`) threads write the arrays, at most `workers` at a time and within
     a memory budget; the zip's members and the report are the same for any number. Fewer than `min_share` of
-    the pairs in `predictions` refuses the submission before anything is written (`check_share`).
+    the pairs in `predictions` refuses the submission before anything is written (`check_share`); a
+    submission whose every array, or every array of a crop, is all zeros is refused unless `allow_empty`
+    (`check_not_empty`), nothing left at `out`. The store's root attributes record `crops` as a manifest
+    (`MANIFEST_ATTR`, with `manifest_source`: where they came from), which `validate-submission` checks against
+    by default (`recorded_manifest`).
 
     Raises:
         TooFewPredictions: fewer than `min_share` of the pairs are in `predictions`.
+        EmptySubmission: all zeros everywhere, or in every array of some crop (without `allow_empty`).
         FileExistsError: `out` exists and `overwrite` is False, or `out` is a directory.
         FileNotFoundError: `predictions` does not exist.
         ValueError: `workers` < 1; a threshold outside [0, 1); a prediction that cannot be submitted (NaN
@@ -364,6 +422,8 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
         with _temp_dir(out) as tmp:
             store = tmp / "submission.zarr"
             ensure_groups(store)
+            (store / ".zattrs").write_text(json.dumps({MANIFEST_ATTR: {"source": manifest_source,
+                                                                       "csv": manifest_text(crops)}}, indent=1))
             for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
                 ensure_groups(store / name)
             jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]
@@ -377,6 +437,13 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
                     bar.update()
                 found = map_bounded(_write_job, present, workers, done=bar.update, cost=_Job.estimate_bytes,
                                     budget=default_budget())
+            written = [job.where for job, ok in zip(present, found, strict=True) if ok is not None]
+            done = set(written)  # a store that vanished since `has` counts as missing, not empty
+            report = SubmitReport(written=written, missing=[job.where for job in jobs if job.where not in done],
+                                  empty=[] if allow_missing else [job.where for job in lacking],
+                                  zero=[job.where for job, ok in zip(present, found, strict=True) if ok is False])
+            if not allow_empty:
+                check_not_empty(report)  # before the zip exists: nothing is left at `out`
             partial = tmp / out.name
             _zip_store(store, partial)
             os.replace(partial, out)
@@ -384,7 +451,4 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
         raise
     except OSError as err:
         raise with_path(err, out) from err
-    written = [job.where for job, ok in zip(present, found, strict=True) if ok]
-    done = set(written)  # a store that vanished since `has` counts as missing, not empty
-    return SubmitReport(written=written, missing=[job.where for job in jobs if job.where not in done],
-                        empty=[] if allow_missing else [job.where for job in lacking])
+    return report

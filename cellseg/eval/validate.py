@@ -9,7 +9,8 @@ attributes); where each array lands after the evaluator's resampling, snapping a
 the 2025 copy-length bug, the 16³ size limit); and, reading the data, NaNs, float or wrapped instance
 ids and the number of 26-connected objects against the instance-count cutoffs (integer semantic masks
 are only decoded: every chunk must decode to its size), and the share of arrays that are all zeros
-(`empty_summary`: a warning when almost nothing is predicted).
+(`empty_summary`: a warning when almost nothing is predicted; `all_zero_issues`: an error for a crop, or
+a submission, whose every array is all zeros, and a warning naming classes all zeros in every crop).
 
 The data checks run on `workers` threads (decompression and numpy release the GIL on large arrays), or,
 from `PROCESS_MIN_INSTANCE_VOXELS` instance voxels on, on `workers` spawned processes (cc3d's connected
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -264,6 +265,34 @@ def empty_summary(issues: list[Issue], num_arrays: int) -> Issue:
                      "these? check the manifest)" if low else ""))
 
 
+def all_zero_issues(issues: list[Issue], read: Sequence[str], *, allow_empty: bool = False) -> list[Issue]:
+    """What the all-zero arrays among the `read` ones (`crop<N>/<label>` names whose values were read) mean
+    together: an error for a submission whose every array is all zeros and for each crop whose every array is
+    (a failed model, a wrong threshold, a crop predicted outside its box), warnings with `allow_empty`; a warning
+    naming the classes that are all zeros in every crop that has them."""
+    empty = {i.where for i in issues if i.message == EMPTY_ARRAY}
+    crops: dict[str, list[str]] = {}
+    classes: dict[str, list[str]] = {}
+    for where in read:
+        crop, label = where.split("/", 1)
+        crops.setdefault(crop, []).append(where)
+        classes.setdefault(label, []).append(where)
+    severity = "warning" if allow_empty else "error"
+    allowed = " (allowed by --allow-empty)" if allow_empty else "; --allow-empty if this is meant"
+    if read and all(w in empty for w in read):
+        return [Issue(severity, "submission", f"every one of its {len(read)} arrays is all zeros: nothing was "
+                      f"predicted{allowed}")]
+    out = [Issue(severity, crop, f"every one of its {len(names)} arrays is all zeros ("
+                 f"{', '.join(n.split('/', 1)[1] for n in names)}): nothing predicted in this crop (predicted outside "
+                 f"its box? a wrong threshold?){allowed}") for crop, names in sorted(crops.items())
+           if all(n in empty for n in names)]
+    absent = sorted(label for label, names in classes.items() if all(n in empty for n in names))
+    if absent:
+        out.append(Issue("warning", "submission", f"{len(absent)} classes are all zeros in every crop that has them: "
+                         f"{', '.join(absent)}"))
+    return out
+
+
 GROUP_LABEL = "written as a group (OME-NGFF multiscale?): the evaluators list arrays only"
 
 
@@ -355,11 +384,12 @@ def uses_processes(instance_voxels: int, workers: int) -> bool:
 def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop], *, read_data: bool = True,
                         max_bytes: int = 8 * 1024**3, truth: Source | None = None,
                         workers: int | None = None, processes: bool | None = None,
-                        allow_missing: bool = False) -> list[Issue]:
+                        allow_missing: bool = False, allow_empty: bool = False) -> list[Issue]:
     """Every problem the evaluators would meet in the submission at `path`, for the given test crops.
 
     A missing crop or label is an error naming its cost in both eras (a warning with `allow_missing`; a label
-    written as a multiscale group stays an error). With `truth` (a ground-truth source), instance counts are
+    written as a multiscale group stays an error). A crop, or the whole submission, whose every array is all
+    zeros is an error (a warning with `allow_empty`; `all_zero_issues`). With `truth` (a ground-truth source), instance counts are
     checked against the true objects. `workers` (default `default_workers()`) threads, or processes
     (`processes`; None: when `uses_processes`), read the arrays, at most `workers` at a time; the issues are
     the same either way.
@@ -398,4 +428,7 @@ def validate_submission(path: str | os.PathLike[str], crops: Mapping[int, Crop],
         found = map_bounded(_data_check, checks, workers)
     results = iter(found)  # in order, spliced back in place
     final = [j for i in issues for j in ([i] if isinstance(i, Issue) else next(results))]
-    return ([empty_summary(final, len(checks))] if read_data else []) + final  # the summary first: a headline
+    if not read_data:
+        return final
+    zero = all_zero_issues(final, [c.where for c in checks], allow_empty=allow_empty)
+    return [empty_summary(final, len(checks)), *zero, *final]  # the summaries first: headlines

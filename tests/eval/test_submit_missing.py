@@ -50,7 +50,7 @@ def _predictions(root):
 
 def _submissions(tmp_path):
     preds = _predictions(tmp_path / "pred.zarr")
-    empty = write_submission(preds, CROPS, tmp_path / "empty.zip")
+    empty = write_submission(preds, CROPS, tmp_path / "empty.zip", allow_empty=True)  # crop 2: all empty arrays
     missing = write_submission(preds, CROPS, tmp_path / "missing.zip", allow_missing=True)
     return empty, missing
 
@@ -136,7 +136,10 @@ def test_validate_reports_missing_labels_with_their_cost(tmp_path, stores):
     assert not [i for i in allowed if i.severity == "error"]
     assert [i.where for i in allowed if "allowed by --allow-missing" in i.message] == [i.where for i in errors]
     truth = open_source(_truth(stores))
-    assert [i for i in validate_submission(tmp_path / "empty.zip", CROPS, truth=truth) if i.severity != "info"] == []
+    assert [i for i in validate_submission(tmp_path / "empty.zip", CROPS, truth=truth, allow_empty=True)
+            if i.severity not in ("info", "warning")] == []
+    refused = [i for i in validate_submission(tmp_path / "empty.zip", CROPS, truth=truth) if i.severity == "error"]
+    assert [i.where for i in refused] == ["crop2"] and "every one of its 3 arrays is all zeros" in refused[0].message
 
 
 def test_a_label_written_as_a_group_stays_an_error(tmp_path):
@@ -154,7 +157,8 @@ def test_a_label_written_as_a_group_stays_an_error(tmp_path):
 def test_validate_reports_each_label_of_a_missing_crop(tmp_path):
     _submissions(tmp_path)
     third = Crop(id=3, dataset="s", labels={"er": SMALL, "mito": SMALL})
-    issues = validate_submission(tmp_path / "empty.zip", {**CROPS, 3: third})
+    issues = validate_submission(tmp_path / "empty.zip", {**CROPS, 3: third}, allow_empty=True)
     assert [(i.severity, i.where) for i in issues if i.severity != "info"] == [
-        ("error", "crop3"), ("error", "crop3/er"), ("error", "crop3/mito")]
+        ("warning", "crop2"), ("error", "crop3"), ("error", "crop3/er"), ("error", "crop3/mito")]  # crop 2: all
+    # zeros, allowed
     assert "label absent (crop missing); scored as missing" in issues[-1].message
