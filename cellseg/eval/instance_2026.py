@@ -4,7 +4,9 @@
 2. nG is the **largest truth id** (not the number of ids; missing ids are phantom nodes). nG = 0 or
    nP = 0 means no matching; otherwise nP/nG > 10 + 50·exp(−nG/5) skips the crop (it contributes
    nothing, status `skipped_too_many_instances`), as do more than 5,000,000 overlapping pairs.
-3. Matching: maximum total integer weight over overlapping pairs (see `matching`), IoU rounded to float32.
+3. Matching: the official min-cost flow over overlapping pairs, IoU rounded to float32, with OR-Tools on the
+   official network (`matching.flow_matching`: its ties fall as the official evaluator's do); a solver that
+   reports no optimum skips the crop (status `matching_failed`).
 4. Matched components take their truth id; **unmatched components keep their component number**, so an
    unmatched component numbered like a truth object is compared with it below (quirk of the official
    re-mapping with `preserve_missing_labels`).
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cellseg.eval.distance import Boxes, pair_hausdorff
-from cellseg.eval.matching import match_weights, max_weight_matching
+from cellseg.eval.matching import flow_matching
 from cellseg.eval.overlaps import Overlaps, iou_values, overlaps
 from cellseg.eval.rules import (
     MAX_OVERLAP_EDGES_2026,
@@ -47,8 +49,8 @@ def match_2026(ov: Overlaps) -> dict[int, int] | str:
     if ov.rows.size > MAX_OVERLAP_EDGES_2026:
         return "skipped_too_many_instances"
     iou32 = iou_values(ov).astype(np.float32)
-    pairs = max_weight_matching(ov.rows, ov.cols, match_weights(iou32))
-    return {col + 1: int(ov.truth_ids[row]) for row, col in pairs}
+    mapping = flow_matching(max_truth_id, ov.num_pred, ov.truth_ids[ov.rows], ov.cols + 1, iou32)
+    return "matching_failed" if mapping is None else mapping
 
 
 def _object_parts(mapping: dict[int, int], truth_ids: np.ndarray, num_pred: int) -> dict[int, tuple[int, ...]]:

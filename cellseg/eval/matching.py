@@ -1,4 +1,4 @@
-"""The 2026 instance matching (OR-Tools min-cost flow in the official code), solved exactly with scipy.
+"""The 2026 instance matching: the official OR-Tools min-cost flow, and what it maximises.
 
 The official flow network: source → each truth object (capacity 1), truth → prediction for every pair
 with IoU > 0 at cost `c = int((1 − IoU)·10⁶)` (IoU rounded to float32 first), truth → sink at cost
@@ -20,8 +20,12 @@ the overlap graph. This module maximises W exactly:
    Its value is `K·W(M) + |M|` with `|M| < K`, so W is maximised first and, among matchings of equal
    W, the number of matches second. All values are integers below 2⁵³, so the solver is exact.
 
-Ties of equal W and equal |M| (e.g. two predictions with identical IoU for one truth object) are
-resolved by scipy; OR-Tools may resolve them differently. Only such exact ties can make the two differ.
+Ties of equal W and equal |M| (e.g. two predictions with identical IoU for one truth object) are resolved by
+the solver: which of the tied matchings OR-Tools returns depends on its algorithm and on the order the arcs were
+added. So the scoring solves the official network itself (`flow_matching`): the same nodes (a node for every id
+up to the largest truth id), arcs added in the same order, the same OR-Tools solver; ties then fall as they fall
+in the official evaluator. `max_weight_matching` (scipy) is an independent exact optimum the tests check the
+flow's total against.
 """
 
 from __future__ import annotations
@@ -84,3 +88,49 @@ def max_weight_matching(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray)
         sel_r, sel_c = linear_sum_assignment(matrix, maximize=True)
         matches += [(int(g[r]), int(p[c])) for r, c in zip(sel_r, sel_c, strict=True) if matrix[r, c] > 0]
     return sorted(matches)
+
+
+def flow_matching(max_truth_id: int, num_pred: int, truth: np.ndarray, pred: np.ndarray, iou_float32: np.ndarray
+                  ) -> dict[int, int] | None:
+    """The official min-cost-flow matching, built as the official `_solve_matching_problem` builds it.
+
+    Nodes: source 0, truth id t at t (1..`max_truth_id`, absent ids included), prediction id p at
+    `max_truth_id` + p, the sink last. Arcs, in this order: source → every truth node (cost 0), every truth node
+    → sink (10⁶ + 1), truth → prediction for each overlapping pair in the order of (truth id, prediction id)
+    (`flow_costs`), every prediction node → sink (0); all capacity 1; supply `max_truth_id`.
+
+    Args:
+        max_truth_id, num_pred: the largest truth id and the number of prediction ids (1..num_pred).
+        truth, pred: the ids of each overlapping pair (truth id ≥ 1, prediction id ≥ 1), any order.
+        iou_float32: their IoU, rounded to float32 as the official code rounds it.
+
+    Returns:
+        prediction id → truth id of the matched pairs; None when the solver does not report an optimum (the
+        official "matching_failed").
+
+    Raises:
+        ImportError: OR-Tools is not installed (naming the package).
+    """
+    try:
+        from ortools.graph.python import min_cost_flow
+    except ImportError as err:  # a dependency of cellseg: an environment built without it
+        raise ImportError("the 2026 instance matching needs OR-Tools, the official evaluator's solver: "
+                          "pip install ortools (see constraints.txt for the tested version)") from err
+    order = np.lexsort((pred, truth))  # the official pairs come sorted by (truth, prediction)
+    truth, pred, costs = truth[order], pred[order], flow_costs(iou_float32[order])
+    gt = np.arange(1, max_truth_id + 1, dtype=np.int64)
+    pred0, sink = max_truth_id + 1, max_truth_id + num_pred + 1
+    preds = np.arange(pred0, sink, dtype=np.int64)
+    tails = np.concatenate([np.zeros_like(gt), gt, truth.astype(np.int64), preds])
+    heads = np.concatenate([gt, np.full_like(gt, sink), pred0 - 1 + pred.astype(np.int64), np.full_like(preds, sink)])
+    unit = np.concatenate([np.zeros_like(gt), np.full_like(gt, COST_SCALE_2026 + 1), costs, np.zeros_like(preds)])
+    flow = min_cost_flow.SimpleMinCostFlow()
+    flow.add_arcs_with_capacity_and_unit_cost(tails.astype(np.int32), heads.astype(np.int32),
+                                              np.ones(tails.size, dtype=np.int64), unit.astype(np.int64))
+    flow.set_node_supply(0, max_truth_id)
+    flow.set_node_supply(sink, -max_truth_id)
+    if flow.solve() != flow.OPTIMAL:
+        return None
+    first, count = 2 * max_truth_id, truth.size  # the truth → prediction arcs
+    used = np.flatnonzero(flow.flows(np.arange(first, first + count)) == 1)
+    return {int(pred[a]): int(truth[a]) for a in used}
