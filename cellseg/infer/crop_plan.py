@@ -12,7 +12,7 @@ Shared by `cellseg predict` (`cellseg.infer.predict`) and `cellseg predict-ensem
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,14 +96,70 @@ def plan_crop(shape_vox: Sequence[int], num_channels: int, patch: Sequence[int],
 # ----------------------------------------------------------------------------------------------- the crops
 
 
+VoxelSizes = Sequence[float] | Mapping[str, Sequence[float]]  # one for every crop, or per crop name
+
+
+def store_bytes(targets: Sequence[CropTarget], channels: Sequence[str], voxel_size_nm: VoxelSizes, *,
+                scored: bool, uint8: bool) -> dict[str, int]:
+    """Bytes (uncompressed) each crop's probabilities take in a prediction store: voxels on the model's grid
+    (`voxel_size_nm`, or one per crop name) × its channels (`scored`: a test crop's scored classes and their
+    boundaries) × 1 (uint8) or 2 (float16)."""
+    out = {}
+    for t in targets:
+        kept = scored_channels(channels, t.labels) if scored else tuple(channels)
+        vs = voxel_size_nm[t.name] if isinstance(voxel_size_nm, Mapping) else voxel_size_nm
+        out[t.name] = int(np.prod(crop_grid(t, vs).shape_vox)) * len(kept) * (1 if uint8 else 2)
+    return out
+
+
+def check_store_disk(out: str | Path, targets: Sequence[CropTarget], channels: Sequence[str],
+                     voxel_size_nm: VoxelSizes, opts: InferConfig) -> None:
+    """Refuse, before any tile is predicted, crops whose store would not fit the free disk where `out` goes
+    (uncompressed: a prediction compresses little, and a full disk mid-crop costs the job).
+
+    Raises:
+        OSError: the size needed (the largest crops named), the space free and the options that would fit.
+    """
+    import shutil
+
+    from cellseg.data.inspect import human_bytes
+
+    where = Path(out).resolve()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    sizes = store_bytes(targets, channels, voxel_size_nm, scored=opts.channels == "scored", uint8=opts.uint8)
+    need = sum(sizes.values())
+    if need <= free:
+        return
+    fits = [flag for flag, scored, uint8 in (("--uint8", opts.channels == "scored", True),
+                                             ("--channels scored", True, opts.uint8),
+                                             ("--channels scored --uint8", True, True))
+            if (scored, uint8) != (opts.channels == "scored", opts.uint8)
+            and sum(store_bytes(targets, channels, voxel_size_nm, scored=scored, uint8=uint8).values()) <= free]
+    largest = ", ".join(f"{n} {human_bytes(b)}" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:5])
+    advice = (f"{' or '.join(fits)} would fit" if fits else "no setting of --uint8/--channels fits") + (
+        "; or predict fewer crops (--crops IDS) or write to a larger disk (--out)")
+    raise OSError(f"{out}: the {len(sizes)} crops need about {human_bytes(need)} of probabilities "
+                  f"({'uint8' if opts.uint8 else 'float16'}, channels {opts.channels}; largest: {largest}), {where} "
+                  f"has {human_bytes(free)} free: {advice}. Nothing was predicted")
+
+
 def pending_crops(open_out: Callable[[], PredictionStore], targets: Sequence[CropTarget], out: str | Path,
-                  d: runtime.Dist) -> list[CropTarget]:
+                  d: runtime.Dist, check: Callable[[Sequence[CropTarget]], None] | None = None) -> list[CropTarget]:
     """The targets not yet complete in the output store, on every rank: rank 0 opens (or creates) it with
-    `open_out` and says how many crops it skips. Also the barrier after which the store exists."""
+    `open_out` and says how many crops it skips. Also the barrier after which the store exists. `check` (e.g.
+    `check_store_disk`) sees the crops to predict first: all of them before a new store is created, the missing
+    ones of an existing store."""
     todo: list[CropTarget] | None = None
     if d.is_main:
+        existing = Path(out).exists()
+        if check is not None and not existing:
+            check(targets)
         done = set(open_out().completed())
         todo = [t for t in targets if t.name not in done]
+        if check is not None and existing:
+            check(todo)
         if len(todo) < len(targets):
             print(f"{out}: {len(targets) - len(todo)} of {len(targets)} crops already complete, skipped"
                   + ("" if todo else " (nothing to do; --overwrite to redo them)"))

@@ -54,6 +54,7 @@ from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.crop_plan import (
     CropPlan,
     box_grid,
+    check_store_disk,
     pending_crops,
     predict_crops,
     scored_channels,
@@ -279,7 +280,8 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
         provenance = _ensemble_provenance(runs, views, plan, chosen, opts, precision)
         weights_doc = {**chosen.to_json(), "members": member_summary(views), "grid": "shared"}  # type: ignore[arg-type]
         todo = pending_crops(lambda: open_store(out, plan.channels, plan.instance_channels, provenance, weights_doc,
-                                                overwrite=opts.overwrite), targets, out, d)
+                                                overwrite=opts.overwrite), targets, out, d,
+                             check=lambda crops: check_store_disk(out, crops, plan.channels, voxel_size, opts))
         store = PredictionStore.open(out)
         mine = shard_crops(todo, d.rank, d.world_size)
         members = [Member.of(r, opts, precision, mine) for r in runs]

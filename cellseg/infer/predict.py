@@ -38,6 +38,7 @@ from cellseg.data.prediction_store import PredictionStore, quantise
 from cellseg.infer.columns import commit_crop, write_columns
 from cellseg.infer.crop_plan import (
     box_grid,
+    check_store_disk,
     pending_crops,
     plan_crop,
     predict_crops,
@@ -102,7 +103,9 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferCon
         tta_hint(len(tfms), d.device)
         targets = select_targets(crops, run.cfg, run.run_dir, data_root=opts.data_root)
         provenance = run_provenance(run, opts, tfms, axes, precision)
-        todo = pending_crops(lambda: open_store(out, run, provenance, overwrite=opts.overwrite), targets, out, d)
+        todo = pending_crops(lambda: open_store(out, run, provenance, overwrite=opts.overwrite), targets, out, d,
+                             check=lambda crops: check_store_disk(out, crops, run.channels, run.cfg.data.voxel_size_nm,
+                                                                  opts))
         store = PredictionStore.open(out)
         mine = shard_crops(todo, d.rank, d.world_size)
         gvox = job_gvox(run, mine, overlap=opts.overlap, transforms=len(tfms), axes=axes)

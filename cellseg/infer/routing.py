@@ -45,7 +45,7 @@ from cellseg import runtime
 from cellseg.config.inference import InferConfig, RouteConfig, check_routes
 from cellseg.data.crops import Catalog, Crop, crop_id
 from cellseg.data.prediction_store import PredictionStore, boundary_channel
-from cellseg.infer.crop_plan import pending_crops, predict_crops, shard_crops
+from cellseg.infer.crop_plan import check_store_disk, pending_crops, predict_crops, shard_crops
 from cellseg.infer.fused import (
     Member,
     RunChannels,
@@ -270,8 +270,10 @@ def predict_routed(routes: Sequence[RouteConfig], crops: str, out: str | Path, *
         channels, instance = store_channels([b.plan for b in bands])
         provenance = _routed_provenance(runs, bands, opts, precision)
         weights_doc = {"method": "routed", "routes": [b.summary() for b in bands]}
+        sizes = {t.name: bands[routed[t.name]].voxel_size_nm for t in targets}
         todo = pending_crops(lambda: open_store(out, channels, instance, provenance, weights_doc,
-                                                overwrite=opts.overwrite), targets, out, d)
+                                                overwrite=opts.overwrite), targets, out, d,
+                             check=lambda crops: check_store_disk(out, crops, channels, sizes, opts))
         store = PredictionStore.open(out)
 
         def predict_one(target: CropTarget, progress: bool) -> dict[str, Any]:
