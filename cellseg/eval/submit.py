@@ -379,21 +379,22 @@ def check_not_empty(report: SubmitReport) -> None:
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
                      progress: bool = False, workers: int | None = None, allow_missing: bool = False,
-                     min_share: float = 0.0, allow_empty: bool = False, manifest_source: str = "") -> SubmitReport:
+                     min_share: float = 0.0, allow_empty: bool = True, manifest_source: str = "") -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops`: from `predictions` where it has the label,
     else an empty array (`write_empty`), or nothing when `allow_missing` (the label then scores as missing).
 
     `workers` (default `default_workers()`) threads write the arrays, at most `workers` at a time and within
     a memory budget; the zip's members and the report are the same for any number. Fewer than `min_share` of
-    the pairs in `predictions` refuses the submission before anything is written (`check_share`); a
-    submission whose every array, or every array of a crop, is all zeros is refused unless `allow_empty`
-    (`check_not_empty`), nothing left at `out`. The store's root attributes record `crops` as a manifest
+    the pairs in `predictions` refuses the submission before anything is written (`check_share`); with
+    `allow_empty` False (what `cellseg submit` passes unless --allow-empty), a submission whose every array, or
+    every array of a crop, is all zeros is refused (`check_not_empty`), nothing left at `out`. The default
+    (True) is for scoring: a stage or model that predicts nothing on a crop is a score, not an error. The store's root attributes record `crops` as a manifest
     (`MANIFEST_ATTR`, with `manifest_source`: where they came from), which `validate-submission` checks against
     by default (`recorded_manifest`).
 
     Raises:
         TooFewPredictions: fewer than `min_share` of the pairs are in `predictions`.
-        EmptySubmission: all zeros everywhere, or in every array of some crop (without `allow_empty`).
+        EmptySubmission: all zeros everywhere, or in every array of some crop (`allow_empty` False).
         FileExistsError: `out` exists and `overwrite` is False, or `out` is a directory.
         FileNotFoundError: `predictions` does not exist.
         ValueError: `workers` < 1; a threshold outside [0, 1); a prediction that cannot be submitted (NaN

@@ -14,6 +14,7 @@ from cellseg.data.write import write_array, write_multiscale
 from cellseg.eval import evaluate, validate_submission, write_submission
 from cellseg.eval.io import open_source
 from cellseg.eval.missing import missing_costs
+from cellseg.eval.submit import EmptySubmission
 
 VS = (8.0, 8.0, 8.0)
 SMALL = Geometry(voxel_size_nm=VS, translation_nm=(0.0, 0.0, 0.0), shape_vox=(32, 32, 32))  # 32,768 voxels
@@ -50,7 +51,10 @@ def _predictions(root):
 
 def _submissions(tmp_path):
     preds = _predictions(tmp_path / "pred.zarr")
-    empty = write_submission(preds, CROPS, tmp_path / "empty.zip", allow_empty=True)  # crop 2: all empty arrays
+    with pytest.raises(EmptySubmission, match=r"crop2 \(er, mito, perox_mem\)"):  # as `cellseg submit` calls it
+        write_submission(preds, CROPS, tmp_path / "empty.zip", allow_empty=False)
+    assert not (tmp_path / "empty.zip").exists()
+    empty = write_submission(preds, CROPS, tmp_path / "empty.zip")  # crop 2: all empty arrays, scored
     missing = write_submission(preds, CROPS, tmp_path / "missing.zip", allow_missing=True)
     return empty, missing
 
