@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
            help="crops to fit on: 'val' (default: the validation crops of every member's run) or comma-separated "
                 "ids, e.g. 12,34")
     option(fit, "--metric", key="ensemble.fit.metric", choices=LazyChoices(), metavar="ERA",
-           help=f"scoring era of the fit: %(choices)s (default {DEFAULT_ERA}, the current metric)")
+           help=f"scoring era of the fit: %(choices)s (default {DEFAULT_ERA}, the leaderboard's, reconstructed)")
     option(fit, "--shrink", key="ensemble.fit.shrink", type=float, metavar="F",
            help="shrinkage towards uniform with ample validation data, in [0, 1] (default 0.5); fewer than 8 "
                 "validation crops or 10^4 truth voxels of a class shrink it more")

@@ -60,10 +60,28 @@ def run(args: argparse.Namespace) -> int:
                           memory_budget_bytes=budget, zip_limits=ZipLimits(max_total_bytes=int(args.max_zip_gb * 2**30)),
                           progress=sys.stderr.isatty() and not args.quiet)
     print(format_table(evaluation, per_crop=args.verbose > 0))
+    decided = decided_era(args.submission)
+    if decided is not None and decided["era"] != args.metric:
+        print(f"\nnote: this submission was decoded as decided for the {decided['era']} metric ({decided.get('file')}); "
+              f"it is scored here under {args.metric}")
     if args.json:
         write_json(evaluation, args.json, inputs=_inputs(args))
         print(f"\nwrote {args.json} ({evaluation.metric} metric)")
     return 0
+
+
+def decided_era(submission: str) -> dict[str, str] | None:
+    """The era a cellseg submission's segmentation was decoded for, as decided (`cellseg submit` records it with
+    `DECIDED_ATTR`), with the decisions file; None for any other submission."""
+    from cellseg.eval.io import open_source
+    from cellseg.eval.submit import DECIDED_ATTR
+
+    try:
+        attrs = open_source(submission).read_json(".zattrs") or {}
+    except ValueError:  # unreadable: the scoring reported it
+        return None
+    decided = attrs.get(DECIDED_ATTR) if isinstance(attrs, dict) else None
+    return decided if isinstance(decided, dict) and isinstance(decided.get("era"), str) else None
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     check_threshold(args.threshold)
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    args.metric = _decided_era(args.predictions, args.metric)
+    args.metric, decided = _decided_era(args.predictions, args.metric)
     crops, source = test_crops(args, recorded_root=recorded_data_root(args.predictions))
     print(f"manifest: {source}")
     if args.labels:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                                   progress=sys.stderr.isatty() and not args.quiet, workers=args.workers,
                                   allow_missing=args.allow_missing,
                                   min_share=0.0 if args.allow_empty else MIN_PREDICTED_SHARE,
-                                  allow_empty=args.allow_empty, manifest_source=source)
+                                  allow_empty=args.allow_empty, manifest_source=source, decided=decided)
     except EmptySubmission as err:
         raise ValueError(f"{err}. Nothing was written; check the threshold (--threshold {args.threshold}), the "
                          f"manifest ({source}) and the predictions; --allow-empty writes it anyway") from None
@@ -130,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decided_era(predictions: str, metric: str | None) -> str:
+def _decided_era(predictions: str, metric: str | None) -> tuple[str, dict[str, str] | None]:
     """The era of the submission: `metric`, else the one the segmentation was decoded for as decided (its
-    provenance's "decisions", `cellseg postprocess --decisions`), else `DEFAULT_ERA`.
+    provenance's "decisions", `cellseg postprocess --decisions`), else `DEFAULT_ERA`; and that decision ({"era",
+    "file"}) when there is one, which the zip records.
 
     Raises:
         ValueError: `metric` names another era than the one the segmentation was decided for.
@@ -145,10 +146,10 @@ def _decided_era(predictions: str, metric: str | None) -> str:
         decided = {}
     era = decided.get("era")
     if era is None:
-        return metric or DEFAULT_ERA
+        return metric or DEFAULT_ERA, None
     if metric is not None and metric != era:
         raise ValueError(f"{predictions}: decoded as decided for the {era} metric ({decided.get('file')}), not for "
                          f"{metric}: run `cellseg postprocess --decisions ... --metric {metric}` for a {metric} "
                          "submission, or drop --metric")
     print(f"decoded as decided for the {era} metric ({decided.get('file')})")
-    return era
+    return era, {"era": str(era), "file": str(decided.get("file"))}

@@ -15,7 +15,10 @@ from typing import Any
 Vec3 = tuple[float, float, float]
 Shape3 = tuple[int, int, int]
 AXIS_NAMES = ("z", "y", "x")
-DEFAULT_ERA = "2026"  # the scoring era configs and commands default to: the current metric (`cellseg.eval.eras`)
+# The scoring era configs and commands default to: the leaderboard's, as reconstructed from the official evaluator's
+# merged changes #210-#214 (`cellseg.eval.eras.era_2026_07`; verified against the official code at 6b9ad68 for
+# everything before #213, docs/scoring.md). "2026" (the code at 6b9ad68) and "2025" stay selectable.
+DEFAULT_ERA = "2026-07"
 ERA_KEY = "era"  # field metadata marking a key that names a scoring era
 
 

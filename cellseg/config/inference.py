@@ -96,8 +96,8 @@ class FitConfig:
     cellseg/infer/ensemble_fit.py, which takes this object).
 
     Attributes:
-        metric: scoring era of the fit: a registered one (`cellseg.eval.eras`; 2026 the current metric, 2025 the
-            challenge era's).
+        metric: scoring era of the fit: a registered one (`cellseg.eval.eras`; default 2026-07, the leaderboard's
+            reconstructed; 2026 the official code at 6b9ad68, 2025 the challenge era's).
         shrink: shrinkage towards uniform weights with ample validation data, in [0, 1]; fewer than 8 validation
             crops or 10^4 truth voxels of a class shrink it more.
         instance_score: instance classes are fitted on their foreground IoU ("iou") or on the official instance
@@ -256,8 +256,9 @@ class PostprocessConfig:
             challenge (null: no tuning).
         crops: with `tune_on`: the crops to tune on, comma-separated ids ("12,crop34"; null: every crop of the
             store with truth in the data root).
-        metric: with `tune_on`: the scoring era to tune for, a registered one (`cellseg.eval.eras`; 2026 the
-            current metric); with `decisions`: the era whose post-processing choice is applied.
+        metric: with `tune_on`: the scoring era to tune for, a registered one (`cellseg.eval.eras`; default
+            2026-07, the leaderboard's reconstructed); with `decisions`: the era whose post-processing choice is
+            applied.
         device: "cpu" (numpy, cc3d and scipy), "cuda" or "cuda:N" (torch on a GPU; identical output) or "auto"
             (CUDA when available).
         grid: where the segmentation is written: "annotation" (each crop's label grids, e.g. 2 nm: the probability

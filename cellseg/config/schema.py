@@ -126,8 +126,8 @@ class ValidationConfig:
     kind ranks instead (metrics.jsonl names the score that ranked).
 
     Attributes:
-        metric: scoring era: a registered one (`cellseg.eval.eras`; 2026 the current metric, 2025 the challenge
-            era's).
+        metric: scoring era: a registered one (`cellseg.eval.eras`; default 2026-07, the leaderboard's
+            reconstructed; 2026 the official code at 6b9ad68; 2025 the challenge era's).
         overlap: sliding-window overlap between tiles.
         batch_size: tiles per forward pass.
         threshold: probability threshold for masks.

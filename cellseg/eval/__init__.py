@@ -10,9 +10,9 @@
   of a training crop for them (`truth.py`).
 
 Every result names its era: "2025" is the challenge-era metric (volume-weighted accuracy/Hausdorff,
-Hungarian matching), "2026" the current one as of official commit `6b9ad68` (pooled IoU and F1, capped
-Hausdorff), "2026-07" the 2026 rules with the official Hausdorff changes of July 2026, reconstructed from their
-descriptions (`eras/era_2026_07.py`). They are not comparable.
+Hungarian matching), "2026" the official code at commit `6b9ad68` (pooled IoU and F1, capped Hausdorff),
+"2026-07" the 2026 rules with the official Hausdorff changes of July 2026, reconstructed from their descriptions
+(`eras/era_2026_07.py`): the leaderboard's, and every command's default. They are not comparable.
 Each era is one module of `eras/` (`get_era(name)`); adding a module there adds an era.
 """
 

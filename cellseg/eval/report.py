@@ -1,7 +1,7 @@
 """Rendering an `Evaluation`: a JSON document with the official key names, and a readable table.
 
 Both always name the era: JSON `"metric": "2025" | "2026"` plus `"metric_title"`, and the table's
-first line "2025 challenge-era metric" / "2026 current metric" (`ScoringEra.title`); the columns shown are
+first line "2025 challenge-era metric" / "2026 metric (official code at 6b9ad68)" (`ScoringEra.title`); the columns shown are
 the era's (`ScoringEra.class_columns`, `crop_columns`). Non-finite numbers (an infinite
 Hausdorff distance, the NaN overall score of the 2025 era when a kind of class is absent) are written as
 `null`, as the official evaluators write them.

@@ -158,6 +158,7 @@ def recorded_data_root(predictions: str | os.PathLike[str]) -> Path | None:
 
 
 MANIFEST_ATTR = "cellseg_test_manifest"  # the submission root's attribute: the manifest it was written for
+DECIDED_ATTR = "cellseg_decided_for"  # ... and the era its decoding was decided for ({"era", "file"}), if any
 
 
 def recorded_manifest(source: Source) -> tuple[Mapping[int, Crop], str] | None:
@@ -379,7 +380,8 @@ def check_not_empty(report: SubmitReport) -> None:
 def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Crop], out: str | os.PathLike[str], *,
                      overwrite: bool = False, threshold: float = 0.5, labels: Iterable[str] | None = None,
                      progress: bool = False, workers: int | None = None, allow_missing: bool = False,
-                     min_share: float = 0.0, allow_empty: bool = True, manifest_source: str = "") -> SubmitReport:
+                     min_share: float = 0.0, allow_empty: bool = True, manifest_source: str = "",
+                     decided: Mapping[str, str] | None = None) -> SubmitReport:
     """Write the submission zip for every (crop, label) of `crops`: from `predictions` where it has the label,
     else an empty array (`write_empty`), or nothing when `allow_missing` (the label then scores as missing).
 
@@ -390,7 +392,8 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
     every array of a crop, is all zeros is refused (`check_not_empty`), nothing left at `out`. The default
     (True) is for scoring: a stage or model that predicts nothing on a crop is a score, not an error. The store's root attributes record `crops` as a manifest
     (`MANIFEST_ATTR`, with `manifest_source`: where they came from), which `validate-submission` checks against
-    by default (`recorded_manifest`).
+    by default (`recorded_manifest`), and `decided` (the era the segmentation was decoded for, as decided, and the
+    decisions file: `DECIDED_ATTR`), which `cellseg evaluate` names when it scores under another era.
 
     Raises:
         TooFewPredictions: fewer than `min_share` of the pairs are in `predictions`.
@@ -423,8 +426,10 @@ def write_submission(predictions: str | os.PathLike[str], crops: Mapping[int, Cr
         with _temp_dir(out) as tmp:
             store = tmp / "submission.zarr"
             ensure_groups(store)
-            (store / ".zattrs").write_text(json.dumps({MANIFEST_ATTR: {"source": manifest_source,
-                                                                       "csv": manifest_text(crops)}}, indent=1))
+            root_attrs: dict[str, object] = {MANIFEST_ATTR: {"source": manifest_source, "csv": manifest_text(crops)}}
+            if decided:
+                root_attrs[DECIDED_ATTR] = dict(decided)
+            (store / ".zattrs").write_text(json.dumps(root_attrs, indent=1))
             for name in sorted({c.name for c, _, _ in rows}):  # before the workers, which write side by side
                 ensure_groups(store / name)
             jobs = [_Job(predictions / c.name / label, store / c.name / label, g, threshold) for c, label, g in rows]

@@ -236,8 +236,11 @@ def markdown(report: Report) -> str:
     lines += ["", noise_note(report), *(["", *hierarchy_note(report)] if hierarchy_note(report) else []), "",
               "## Single models (no TTA, threshold 0.5; bold: the one chosen on the tuning crops in that era)", "",
               *singles_table(report)]
+    tuned = report.options.tuning_era
     for era in report.options.eras:
-        lines += ["", f"## Per class, {ERA_TITLES[era]}", "", *class_table(report, era)]
+        under = "" if era == tuned else (f"\n\nStages 1-4 were decided under the {ERA_TITLES[tuned]} and are scored "
+                                         f"here under the {ERA_TITLES[era]}; stage 5's decoding was chosen for this era.")
+        lines += ["", f"## Per class, {ERA_TITLES[era]}{under}", "", *class_table(report, era)]
     timing_rows = [[t["step"], f"{t['seconds']:.1f}", "resumed: earlier outputs reused" if t.get("resumed") else ""]
                    for t in report.timings]
     lines += ["", "## Timings", "", *_table(["step", "seconds", "note"], timing_rows)]

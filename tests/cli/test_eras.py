@@ -66,7 +66,7 @@ def test_every_era_flag_takes_the_registered_eras_and_nothing_else(command, toy_
 def test_era_is_a_hidden_alias_of_metric_where_it_was_the_spelling(command, capsys):
     assert _metric(command, "--era", "2025") == "2025"
     # the default era; submit's is resolved when it runs: the era the segmentation was decided for, else 2026
-    assert _metric(command) == (None if command == "submit" else "2026")
+    assert _metric(command) == (None if command == "submit" else "2026-07")
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     text = capsys.readouterr().out

@@ -50,7 +50,7 @@ def class_scores(crop, era="2026-07"):
 def test_the_era_is_registered_and_keeps_the_2026_rules_it_does_not_change():
     era = get_era("2026-07")
     assert "2026-07" in ERAS and era.name == "2026-07" and isinstance(era, Era2026)
-    assert era.title == "2026-07 metric (reconstructed)"
+    assert era.title == "2026-07 leaderboard metric (reconstructed)"
     assert era.repairs_layout and not era.copy_length_bug
     assert era.skip_statuses == get_era("2026").skip_statuses
     assert era.semantic_from_counts(3, 1, 2) == get_era("2026").semantic_from_counts(3, 1, 2)

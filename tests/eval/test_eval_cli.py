@@ -23,7 +23,7 @@ def test_evaluate_prints_the_era_and_writes_json(stores, three_balls, tmp_path, 
     assert doc["label_scores"]["er"] == {"iou": 0.5, "dice_score": 0.5}
     assert doc["crop_scores"]["crop2"]["er"]["is_missing"] is True
     assert main(["evaluate", str(sub), str(truth), "--metric", "2026", "--json", str(out), "--overwrite"]) == 0
-    assert "2026 current metric" in capsys.readouterr().out
+    assert "2026 metric (official code at 6b9ad68)" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert set(doc["label_scores"]["mito"]) == {"f1", "normalized_hausdorff_distance", "combined_score", "tp", "fp",
                                                 "fn"}

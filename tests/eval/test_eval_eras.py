@@ -98,8 +98,8 @@ def toy_era(tmp_path, monkeypatch):
 
 def test_the_registry_holds_both_official_eras_and_the_reconstruction():
     assert ERAS == ("2025", "2026", "2026-07")
-    assert ERA_TITLES == {"2025": "2025 challenge-era metric", "2026": "2026 current metric",
-                          "2026-07": "2026-07 metric (reconstructed)"}
+    assert ERA_TITLES == {"2025": "2025 challenge-era metric", "2026": "2026 metric (official code at 6b9ad68)",
+                          "2026-07": "2026-07 leaderboard metric (reconstructed)"}
     for name in ERAS:
         era = get_era(name)
         assert isinstance(era, ScoringEra) and era.name == name and get_era(era) is era

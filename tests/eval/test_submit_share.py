@@ -153,3 +153,19 @@ def test_a_class_all_zero_in_every_crop_is_named(tmp_path, capsys):
     assert "warning: 1 classes are all zeros in every crop: ecs" in capsys.readouterr().err
     assert main(["validate-submission", str(out)]) == 0
     assert "warning submission: 1 classes are all zeros in every crop that has them: ecs" in capsys.readouterr().out
+
+
+def test_a_decided_submission_scored_under_another_era_says_so(tiny_synth_root, tmp_path, capsys):
+    store = PredictionStore.create(tmp_path / "seg.zarr", kind="segmentation", channels=["mito"],
+                                   provenance={"data_root": str(tiny_synth_root),
+                                               "decisions": {"era": "2025", "file": "decide/decisions.json"}}).path
+    _predict_test_crops(store, tiny_synth_root)
+    out = tmp_path / "s.zip"
+    assert main(["submit", str(store), "--out", str(out)]) == 0
+    assert "decoded as decided for the 2025 metric (decide/decisions.json)" in capsys.readouterr().out
+    truth = str(tiny_synth_root / "ground_truth.zarr")
+    assert main(["evaluate", str(out), truth, "--metric", "2026-07"]) == 0
+    assert ("note: this submission was decoded as decided for the 2025 metric (decide/decisions.json); it is "
+            "scored here under 2026-07") in capsys.readouterr().out
+    assert main(["evaluate", str(out), truth, "--metric", "2025"]) == 0
+    assert "note:" not in capsys.readouterr().out

@@ -98,7 +98,7 @@ def test_every_stage_is_scored_in_every_era(report_dir, report_runs):
 def test_report_markdown_names_stages_eras_and_bias(report_dir):
     text = (report_dir / "report.md").read_text()
     for title in ("1. best single model", "2. uniform ensemble", "3. weighted ensemble", "4. + TTA (8×)",
-                  "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 current metric",
+                  "5. + post-processing (tuned)", "2025 challenge-era metric", "2026 metric (official code at 6b9ad68)",
                   "## Per class, 2025", "## Per class, 2026", "## Timings", "**Bias.**", "## Stage switches",
                   "**4. TTA**: off for", "**5. post-processing**: off for"):
         assert title in text, title

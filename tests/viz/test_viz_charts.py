@@ -103,7 +103,7 @@ def test_score_bars_sorted_and_coloured_by_kind(tmp_path):
     assert [p.get_facecolor()[:3] for p in bars[:2]] == [
         pytest.approx(tuple(int(KIND_COLORS[k][i:i + 2], 16) / 255 for i in (1, 3, 5))) for k in ("instance", "semantic")]
     assert "2025 challenge-era metric" in fig.axes[0].get_title()
-    assert "2026 current metric" in fig.axes[1].get_title()
+    assert "2026 metric (official code at 6b9ad68)" in fig.axes[1].get_title()
     out = save_png(fig, tmp_path / "scores.png")
     assert imread(out).shape[:2] == figure_size_px(fig)[::-1]
 
@@ -114,7 +114,7 @@ def test_curves_panels_and_resumed_runs(tmp_path):
     assert list(steps) == list(range(2, 21, 2)) and loss[-1] == 5.0  # the resumed record of step 20 wins
     fig = curves_figure(run, classes=["mito"])
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles[0] == "validation (2026 current metric)"
+    assert titles[0] == "validation (2026 metric (official code at 6b9ad68))"
     assert "MFU (% of bf16 peak)" not in titles  # CPU runs log no MFU
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["mito", "overall", "instance", "semantic"]

@@ -30,7 +30,7 @@ from cellseg.eval.rules import nan_to_none
 log = logging.getLogger(__name__)
 
 DECODINGS = ("plain", "tuned")
-TUNE_ERA = "2026"  # the era the post-processing is tuned for (cellseg's default, `cellseg.config.fields.DEFAULT_ERA`)
+TUNE_ERA = "2026"  # the era the post-processing is tuned for (that of the recorded runs; cellseg's default is 2026-07)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class ScoringEra(abc.ABC):
 
     Attributes:
         name: the era's name, as users give it (`--metric 2026`, `val.metric`).
-        title: how tables and figures name it ("2026 current metric").
+        title: how tables and figures name it ("2026 metric (official code at 6b9ad68)").
         repairs_layout: its loader repairs a store zipped inside a folder, bare crop numbers and crop
             folders without `.zgroup` (else it rejects them and reads crop folders at the root only).
         copy_length_bug: its loader drops the last voxels of a prediction smaller than the crop that

@@ -1,4 +1,4 @@
-"""The 2026 current metric: CSC `utils/eval_utils/*` + `utils/matched_crop.py` of 2026.
+"""The 2026 metric (official code at 6b9ad68): CSC `utils/eval_utils/*` + `utils/matched_crop.py` of 2026.
 
 - Loader: repairs a store zipped inside a folder, bare crop numbers and missing `.zgroup` files, compares
   voxel sizes with `np.allclose`, refuses sources over 16³ times the crop and resamples large ones in
@@ -33,7 +33,7 @@ class Era2026(ScoringEra):
     """The 2026 rules (module docstring)."""
 
     name = "2026"
-    title = "2026 current metric"
+    title = "2026 metric (official code at 6b9ad68)"
     repairs_layout = True
     copy_length_bug = False
     class_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {

@@ -35,7 +35,7 @@ class Era2026July(Era2026):
     """The 2026-07 rules (module docstring)."""
 
     name = "2026-07"
-    title = "2026-07 metric (reconstructed)"
+    title = "2026-07 leaderboard metric (reconstructed)"
 
     def score_components(self, pred_cc: np.ndarray, num_pred: int, truth: np.ndarray,
                          voxel_size_nm: Sequence[float]) -> Scores:
