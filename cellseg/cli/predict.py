@@ -75,6 +75,9 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
            help="replace the output store entirely (default: add the missing crops to it)")
     option(parser, "--data-root", key="infer.data_root", metavar="DIR",
            help="data root to read from instead of the run's data.root")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the crops, the store's size per crop and in total against the free disk, and "
+                             "the model input each run takes (Gvoxels), then stop: nothing is predicted or written")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
     from cellseg.infer.predict import predict_run
 
     opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    if args.dry_run:
+        from cellseg.infer.dry_run import dry_run
+
+        print(dry_run([job.run_dir], str(job.crops), job.out, opts))
+        return 0
     if job.decisions:
         from cellseg.decide.apply import predict_decided
         from cellseg.decide.document import Decisions, DecisionsError

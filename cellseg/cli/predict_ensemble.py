@@ -77,6 +77,20 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(job)
     opts = replace(job.infer, progress=show_progress(args, job.infer.progress))
+    if args.dry_run:
+        from cellseg.infer.dry_run import dry_run
+
+        if job.ensemble.routes:
+            raise ValueError("--dry-run plans one voxel size: for a routed ensemble (ensemble.routes), dry-run "
+                             "each band's runs with their crops")
+        if job.ensemble.decisions:
+            from cellseg.decide.document import Decisions
+
+            members = [m.run_dir for m in Decisions.load(job.ensemble.decisions).members]
+        else:
+            members = list(job.ensemble.members)
+        print(dry_run(members, str(job.crops), job.out, opts))
+        return 0
     if job.ensemble.decisions:
         from cellseg.decide.apply import predict_decided
         from cellseg.decide.document import Decisions

@@ -1,0 +1,57 @@
+"""`--dry-run` of `cellseg predict` and `cellseg predict-ensemble`: what a prediction would write and run, without
+predicting or writing anything.
+
+Per crop: its box on the model's grid (z × y × x voxels at the runs' voxel size), the channels the store keeps
+for it (`--channels scored`: its scored classes and their boundaries) and their bytes (float16, or uint8 with
+`--uint8`); the total against the free disk where `--out` goes (what `check_store_disk` refuses before the first
+tile); and the model input each run takes, in Gvoxels (tiles with their context × TTA transforms × tile voxels:
+the unit the GPU's time follows, `job_gvox`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from cellseg.config.inference import InferConfig
+from cellseg.data.inspect import human_bytes
+from cellseg.infer.crop_plan import crop_grid, scored_channels, store_bytes
+from cellseg.infer.run import job_gvox, load_run, run_transforms, slice_axes
+from cellseg.infer.selection import select_targets
+
+
+def dry_run(run_dirs: Sequence[str | Path], crops: str, out: str | Path, opts: InferConfig) -> str:
+    """The plan of predicting `crops` with `run_dirs` (one run, or an ensemble's members) into `out`, as text.
+    The runs are loaded on the CPU (their checkpoints are checked); nothing is predicted or written."""
+    runs = [load_run(r, opts.checkpoint, device="cpu", data_root=opts.data_root) for r in run_dirs]
+    first = runs[0]
+    targets = select_targets(crops, first.cfg, first.run_dir, data_root=opts.data_root)
+    channels = list(dict.fromkeys(c for r in runs for c in r.channels))
+    voxel_size = first.cfg.data.voxel_size_nm
+    scored = opts.channels == "scored"
+    sizes = store_bytes(targets, channels, voxel_size, scored=scored, uint8=opts.uint8)
+    vs = "×".join(f"{v:g}" for v in voxel_size)
+    lines = [f"dry run: {len(targets)} crops of {crops!r} at {vs} nm into {out} ({'uint8' if opts.uint8 else 'float16'}, "
+             f"channels {opts.channels}); nothing is predicted or written", "",
+             f"{'crop':<10} {'dataset':<22} {'voxels (z×y×x)':>18} {'channels':>8} {'size':>10}"]
+    for t in targets:
+        shape = crop_grid(t, voxel_size).shape_vox
+        kept = scored_channels(channels, t.labels) if scored else channels
+        lines.append(f"{t.name:<10} {t.dataset:<22} {'×'.join(map(str, shape)):>18} {len(kept):>8} "
+                     f"{human_bytes(sizes[t.name]):>10}")
+    where = Path(out).resolve()
+    while not where.exists():
+        where = where.parent
+    free, need = shutil.disk_usage(where).free, sum(sizes.values())
+    voxels = sum(int(np.prod(crop_grid(t, voxel_size).shape_vox)) for t in targets)
+    lines += ["", f"total: {voxels:,} voxels, {human_bytes(need)} of probabilities; {where}: {human_bytes(free)} free "
+              f"({'fits' if need <= free else 'does NOT fit: predicting would be refused'})"]
+    for run in runs:
+        tfms = len(run_transforms(run, opts.tta))
+        gvox = job_gvox(run, targets, overlap=opts.overlap, transforms=tfms, axes=slice_axes(run, opts.axes_2d))
+        lines.append(f"model input of {run.run_dir.name} ({run.cfg.model.name}): {gvox:.2f} Gvoxels (TTA {tfms}, "
+                     f"overlap {opts.overlap:g})")
+    return "\n".join(lines)
