@@ -18,8 +18,13 @@ a synthetic root's ground_truth.zarr), so that a submission of your own held-out
                           labelled by --label CLASS=VOLUME (the crop's shape, or the EM's shape at s0)
   --crops 12,15           these training or test crops
 Each class listed for a crop is read as cellseg's own scorers read it: object ids for the classes scored as
-instances, a 0/1 mask for the others, 0 where the class is not annotated (said per array). Then predict the
-same crops, `cellseg submit PRED --truth TRUTH` (or --data-root ROOT for its test crops) and evaluate."""
+instances, a 0/1 mask for the others. A class the crop does not annotate is left out (as in the official
+layout). A class annotated in only part of the crop (voxels at its "unknown" value) is refused, naming it, unless
+--unannotated says what to do: "mask" writes <label>_mask beside it (1 where annotated), so that nothing outside
+the annotation counts (cellseg evaluate masks with it and does not score it as a class; the official evaluator
+would score it as a class too), "background" writes the unannotated voxels as background (a correct prediction
+there then counts as a false positive). Then predict the same crops, `cellseg submit PRED --truth TRUTH` (or
+--data-root ROOT for its test crops) and evaluate."""
 
 EPILOG = """\
 examples:
@@ -46,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a test crop's labels: binary mask or instance ids (repeatable; formats of "
                              "`cellseg import`)")
     parser.add_argument("--axes", default="zyx", metavar="ORDER", help="the label volumes' axis order (default zyx)")
+    parser.add_argument("--unannotated", choices=("refuse", "mask", "background"), default="refuse",
+                        help="a class annotated in part of its crop: refuse (default, naming it), mask (write "
+                             "<label>_mask: nothing outside the annotation counts) or background (a prediction "
+                             "there counts as a false positive)")
     parser.add_argument("--overwrite", action="store_true", help="replace a truth store `cellseg truth` wrote")
     parser.set_defaults(func=run)
 
@@ -66,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=total, desc="truth", unit="crop", disable=args.quiet or not sys.stderr.isatty(),
               leave=False) as bar:
         report = build_truth(args.root, args.out, crops=args.crops, classes=classes, volumes=dict(args.labels),
-                             datasplit=args.datasplit, axes=args.axes, overwrite=args.overwrite, progress=bar.update)
+                             datasplit=args.datasplit, axes=args.axes, overwrite=args.overwrite, progress=bar.update,
+                             unannotated=args.unannotated)
     print(report.format())
     return 0

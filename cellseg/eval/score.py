@@ -75,8 +75,9 @@ def _with_voxel_size(info: ArrayInfo, listing: CropListing, notes: list[str]) ->
 
 
 def build_tasks(truth_crops: dict[str, CropListing], layout: Layout, *, era: Era, max_bytes: int,
-                notes: list[str]) -> tuple[list[Task], dict[str, Any]]:
-    """One task per truth (crop, label), and the `missing` summary."""
+                notes: list[str], masks_only: frozenset[str] = frozenset()) -> tuple[list[Task], dict[str, Any]]:
+    """One task per truth (crop, label), and the `missing` summary. `masks_only`: `crop<N>/<label>_mask` arrays
+    that mask their class and are not scored as labels of their own (those `cellseg truth` wrote)."""
     tasks: list[Task] = []
     missing: dict[str, Any] = {"crops": sorted(set(truth_crops) - set(layout.crops)), "labels": {},
                                "unreadable": {}, "multiscale_groups": {}, "not_in_truth": {},
@@ -88,6 +89,8 @@ def build_tasks(truth_crops: dict[str, CropListing], layout: Layout, *, era: Era
     for crop, listing in sorted(truth_crops.items()):
         submitted = layout.crops.get(crop)
         for label, info in sorted(listing.arrays.items()):
+            if f"{crop}/{label}" in masks_only:
+                continue
             info = _with_voxel_size(info, listing, notes)
             pred = submitted.arrays.get(label) if submitted else None
             if submitted and pred is None:
@@ -101,6 +104,17 @@ def build_tasks(truth_crops: dict[str, CropListing], layout: Layout, *, era: Era
             if extra:
                 missing["not_in_truth"][crop] = extra
     return tasks, missing
+
+
+def truth_masks(truth: Source) -> frozenset[str]:
+    """The `crop<N>/<label>_mask` arrays a truth store `cellseg truth` wrote lists as masks only (its marker's
+    "masks"); none for any other truth."""
+    from cellseg.eval.truth_store import MARKER
+
+    attrs = truth.read_json(".zattrs") or {}
+    marker = attrs.get(MARKER) if isinstance(attrs, dict) else None
+    masks = marker.get("masks") if isinstance(marker, dict) else None
+    return frozenset(m for m in masks if isinstance(m, str)) if isinstance(masks, list) else frozenset()
 
 
 def _known(label: str) -> bool:
@@ -166,7 +180,13 @@ def evaluate(submission: str | os.PathLike[str], truth: str | os.PathLike[str], 
     submission_source = open_source(submission, zip_limits=zip_limits)
     layout = discover(submission_source, truth_crops, repairs=era.repairs_layout)
     notes = list(layout.notes)
-    tasks, missing = build_tasks(truth_crops, layout, era=metric, max_bytes=budget, notes=notes)
+    masks_only = truth_masks(truth_source)
+    if masks_only:
+        notes.append(f"{len(masks_only)} masks of classes annotated in part (`cellseg truth --unannotated mask`) mask "
+                     "their class and are not scored as classes (the official evaluator would also score each as "
+                     "a class of its own)")
+    tasks, missing = build_tasks(truth_crops, layout, era=metric, max_bytes=budget, notes=notes,
+                                 masks_only=masks_only)
     for crop, labels in missing["multiscale_groups"].items():
         notes.append(f"{crop}: {', '.join(labels)} submitted as multiscale groups; the official evaluators list "
                      "arrays only and score them as missing (write single-scale arrays)")

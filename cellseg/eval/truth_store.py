@@ -1,13 +1,15 @@
 """A ground-truth store in the evaluator's layout, built from a data root: what `cellseg evaluate SUB TRUTH` reads.
 
     TRUTH/crop<N>/<label>    single-scale arrays, attributes voxel_size, translation (centre of voxel 0), shape
-    TRUTH/.zattrs            {"cellseg_truth": {"data_root", "crops"}}: the marker `--overwrite` checks
+    TRUTH/crop<N>/<label>_mask   1 where a class annotated in part of the crop is annotated (`unannotated="mask"`)
+    TRUTH/.zattrs            {"cellseg_truth": {"data_root", "crops", "masks"}}: the marker `--overwrite` checks
 
 The layout of a synthetic root's `ground_truth.zarr`. Two sources:
 - a crop with labels in the root (a validation crop, or any training crop named): every class listed for it in
   the manifest is read on its own annotation grid as every scorer of cellseg reads it
   (`cellseg.eval.truth.read_class_truth`: object ids for the classes scored as instances, a 0/1 mask for the
-  others, 0 where the class is not annotated); a listed class the crop does not annotate is left out;
+  others); a listed class the crop does not annotate is left out, and one annotated in part of the crop is
+  refused, masked (`<label>_mask`, 1 where annotated) or written with background there (`unannotated`);
 - a test crop (a box `cellseg import --test-box` made: EM only in the root): the user's label volumes per class
   (`cellseg.ingest.readers` formats), each either the crop's shape or the shape of the dataset's EM at s0 (as
   `cellseg import --label` takes them; the box is then cut where the crop lies). Classes the test manifest does
@@ -29,7 +31,7 @@ import numpy as np
 from cellseg.data.crops import Catalog, Crop, Geometry, crop_id
 from cellseg.data.grid import Grid
 from cellseg.data.split import SplitEntry, dataset_paths, read_datasplit
-from cellseg.eval.rules import is_scored_as_instance
+from cellseg.eval.rules import MASK_SUFFIX, is_scored_as_instance
 
 log = logging.getLogger(__name__)
 MARKER = "cellseg_truth"  # the `.zattrs` entry naming a store `build_truth` wrote
@@ -62,9 +64,21 @@ def _grid(g: Geometry) -> Grid:
     return Grid.of(translation_nm=g.translation_nm, shape_vox=g.shape_vox, voxel_size_nm=g.voxel_size_nm)
 
 
-def labelled_truth(entry: SplitEntry, crop: Crop, classes: Sequence[str] | None, notes: list[str]
-                   ) -> dict[str, np.ndarray]:
-    """Label → truth array of a crop with labels in the root, each on its class's annotation grid."""
+UNANNOTATED = ("refuse", "background", "mask")  # what `labelled_truth` does with a class annotated in part
+
+
+class PartlyAnnotated(ValueError):
+    """Classes annotated in part of their crop, with `unannotated="refuse"`."""
+
+
+def labelled_truth(entry: SplitEntry, crop: Crop, classes: Sequence[str] | None, notes: list[str],
+                   unannotated: str = "refuse", partial: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Label → truth array of a crop with labels in the root, each on its class's annotation grid.
+
+    A class annotated in part of the crop (voxels at its "unknown" value) is, by `unannotated`: "refuse":
+    listed in `partial` (the caller refuses); "background": written with those voxels as background (a
+    prediction there counts as a false positive); "mask": written with `<label>_mask` beside it (1 annotated,
+    0 not), which the scorers multiply prediction and truth by, so nothing there counts."""
     from cellseg.data.targets import NoRequestedClass
     from cellseg.eval.truth import open_crop, read_class_truth
 
@@ -86,10 +100,18 @@ def labelled_truth(entry: SplitEntry, crop: Crop, classes: Sequence[str] | None,
             continue
         truth, annotated = read
         unknown = int(annotated.size - np.count_nonzero(annotated))
-        if unknown:
-            notes.append(f"{crop.name}/{label}: {unknown} of {annotated.size} voxels not annotated, written as "
-                         "background")
-        out[label] = _as_truth(label, truth, f"{crop.name}/{label}")
+        where = f"{crop.name}/{label}"
+        if unknown and unannotated == "refuse":
+            if partial is not None:
+                partial.append(f"{where} ({unknown} of {annotated.size} voxels)")
+            continue
+        if unknown and unannotated == "background":
+            notes.append(f"{where}: {unknown} of {annotated.size} voxels not annotated, written as background "
+                         "(--unannotated background: a prediction there counts as a false positive)")
+        if unknown and unannotated == "mask":
+            notes.append(f"{where}: {unknown} of {annotated.size} voxels not annotated, masked ({label}{MASK_SUFFIX})")
+            out[f"{label}{MASK_SUFFIX}"] = annotated.astype(np.uint8)
+        out[label] = _as_truth(label, truth, where)
     if absent:
         notes.append(f"{crop.name}: listed but not annotated, left out: {', '.join(absent)}")
     return out
@@ -219,20 +241,25 @@ def write_store(out: Path, arrays: Mapping[str, Mapping[str, tuple[np.ndarray, G
 def build_truth(root: str | os.PathLike[str], out: str | os.PathLike[str], *, crops: str = "val",
                 classes: Sequence[str] | None = None, volumes: Mapping[str, str] | None = None,
                 datasplit: str | os.PathLike[str] | None = None, axes: str = "zyx", overwrite: bool = False,
-                progress: Callable[[int], None] | None = None) -> TruthReport:
-    """Write the evaluator-layout truth of `crops` of the data root `root` to `out` (module docstring).
+                progress: Callable[[int], None] | None = None, unannotated: str = "refuse") -> TruthReport:
+    """Write the evaluator-layout truth of `crops` of the data root `root` to `out` (module docstring);
+    `unannotated` says what becomes of a class annotated in part of its crop (`labelled_truth`).
 
     Raises:
+        PartlyAnnotated: classes annotated in part, with `unannotated="refuse"` (nothing written).
         ValueError: a test crop without `volumes`, nothing to write, or what `select_crops`/`volume_truth` raise.
         FileExistsError: `out` exists (see `write_store`).
     """
+    if unannotated not in UNANNOTATED:
+        raise ValueError(f"--unannotated {unannotated!r}: choose one of {', '.join(UNANNOTATED)}")
     root, out = Path(root), Path(out)
     chosen, _ = select_crops(root, crops, datasplit)
     report = TruthReport(out=out)
     arrays: dict[str, dict[str, tuple[np.ndarray, Geometry]]] = {}
+    partial: list[str] = []
     for crop, entry in chosen:
         if entry is not None:
-            truth = labelled_truth(entry, crop, classes, report.notes)
+            truth = labelled_truth(entry, crop, classes, report.notes, unannotated, partial)
         elif volumes:
             wanted = {k: v for k, v in volumes.items() if classes is None or k in classes}
             truth = volume_truth(root, crop, wanted, axes=axes, notes=report.notes)
@@ -240,11 +267,23 @@ def build_truth(root: str | os.PathLike[str], out: str | os.PathLike[str], *, cr
             raise ValueError(f"{crop.name} is a test crop: its labels are not in {root}; give them with "
                              "--label CLASS=VOLUME")
         if truth:
-            arrays[crop.name] = {label: (data, crop.labels[label]) for label, data in truth.items()}
+            arrays[crop.name] = {label: (data, crop.labels[label.removesuffix(MASK_SUFFIX)])
+                                 for label, data in truth.items()}
         if progress is not None:
             progress(1)
+    if partial:
+        raise PartlyAnnotated(
+            f"{len(partial)} classes are annotated in part of their crop: {'; '.join(partial)}. The official layout "
+            "has no unknown value: --unannotated mask writes <label>_mask beside each (nothing outside the "
+            "annotation counts; cellseg evaluate does not score these masks as classes, the official evaluator "
+            "would), --unannotated background writes those voxels as background (a prediction there counts as a "
+            "false positive), or leave the classes out with --classes. Nothing was written")
     if not arrays:
         raise ValueError(f"nothing to write: no annotated class in {[c.name for c, _ in chosen]}")
-    report.written = [f"{c}/{label}" for c, labels in sorted(arrays.items()) for label in sorted(labels)]
-    write_store(out, arrays, meta={"data_root": str(root.resolve()), "crops": sorted(arrays)}, overwrite=overwrite)
+    report.written = [f"{c}/{label}" for c, labels in sorted(arrays.items()) for label in sorted(labels)
+                      if not label.endswith(MASK_SUFFIX)]
+    masks = [f"{c}/{label}" for c, labels in sorted(arrays.items()) for label in sorted(labels)
+             if label.endswith(MASK_SUFFIX)]
+    write_store(out, arrays, meta={"data_root": str(root.resolve()), "crops": sorted(arrays), "masks": masks},
+                overwrite=overwrite)
     return report

@@ -345,16 +345,20 @@ def _crop_issues(source: Source, crop: Crop, listing: CropListing | None, *, rea
 
 
 def crops_from_truth(truth: Source) -> dict[int, Crop]:
-    """Test crops (label geometry from the attributes) of a ground-truth store in the evaluator's layout."""
+    """Test crops (label geometry from the attributes) of a ground-truth store in the evaluator's layout; the masks
+    a `cellseg truth` store lists as masks only (`cellseg.eval.score.truth_masks`) are not labels to submit."""
     from cellseg.eval.io import list_crop
+    from cellseg.eval.score import truth_masks
     from cellseg.eval.tasks import truth_target
 
-    crops = {}
+    crops, masks = {}, truth_masks(truth)
     for name in truth.subdirs(""):
         if not is_crop_name(name):
             continue
         labels = {}
         for label, info in list_crop(truth, name).arrays.items():
+            if f"{name}/{label}" in masks:
+                continue
             try:
                 t = truth_target(info)
             except ValueError:

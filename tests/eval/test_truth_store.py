@@ -64,3 +64,55 @@ def test_truth_refuses_what_it_cannot_build(tiny_synth_root, tmp_path, capsys):
     (other / "notes.txt").write_text("mine")
     assert main(["truth", str(tiny_synth_root), "--out", str(other), "--crops", "2", "--overwrite"]) == 2
     assert "replaces only a truth store" in capsys.readouterr().err and (other / "notes.txt").exists()
+
+
+def _partly_annotated(root, tmp_path):
+    """A copy of `root` whose crop2 annotates `cyto` in its first half of planes only (the rest at the "unknown"
+    value 255, declared in the array's CellMap metadata); returns (copy, the class, the crop's known mask)."""
+    import shutil
+
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy)
+    group = copy / "synth-iso4-1" / "synth-iso4-1.zarr" / "recon-1" / "labels" / "groundtruth" / "crop2" / "cyto"
+    s0 = zarr.open_array(str(group / "s0"), mode="r+")
+    data = s0[...]
+    assert data.any()  # the class is there: a prediction of it can be right or wrong
+    known = np.zeros(data.shape, bool)
+    known[: data.shape[0] // 2] = True
+    s0[...] = np.where(known, data, 255).astype(data.dtype)
+    attrs = json.loads((group / ".zattrs").read_text()) if (group / ".zattrs").is_file() else {}
+    attrs["cellmap"] = {"annotation": {"class_name": "cyto", "annotation_type": {
+        "type": "semantic_segmentation", "encoding": {"absent": 0, "unknown": 255, "present": 1}}}}
+    (group / ".zattrs").write_text(json.dumps(attrs))
+    return copy, "cyto", known
+
+
+def test_a_partly_annotated_class_is_refused_or_masked_never_silently_background(tiny_synth_root, tmp_path, capsys):
+    from cellseg.data.write import write_array
+
+    root, label, known = _partly_annotated(tiny_synth_root, tmp_path)
+    out = tmp_path / "truth.zarr"
+    args = ["truth", str(root), "--out", str(out), "--crops", "2", "--classes", label]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"crop2/{label} ({(~known).sum()} of {known.size} voxels)" in err and "--unannotated mask" in err
+    assert not out.exists()
+    assert main([*args, "--unannotated", "mask"]) == 0
+    assert "masked (cyto_mask)" in capsys.readouterr().out
+    np.testing.assert_array_equal(zarr.open_array(str(out / "crop2" / f"{label}_mask"), mode="r")[...], known)
+    truth = zarr.open_array(str(out / "crop2" / label), mode="r")
+    # a prediction right where the crop is annotated, and foreground everywhere it is not
+    pred = tmp_path / "pred.zarr"
+    write_array(pred / "crop2" / label, np.where(known, truth[...], 1).astype(np.uint8),
+                attrs={k: truth.attrs[k] for k in ("voxel_size", "translation")})
+    sub = tmp_path / "sub.zip"
+    assert main(["submit", str(pred), "--truth", str(out), "--out", str(sub)]) == 0
+    scores = tmp_path / "s.json"
+    assert main(["evaluate", str(sub), str(out), "--metric", "2026-07", "--json", str(scores)]) == 0
+    assert "mask their class and are not scored as classes" in capsys.readouterr().out
+    doc = json.loads(scores.read_text())
+    assert doc["label_scores"][label]["iou"] == 1.0 and set(doc["label_scores"]) == {label}
+    # written as background instead, the same prediction loses what it predicted where nobody annotated
+    assert main([*args, "--unannotated", "background", "--overwrite"]) == 0
+    assert main(["evaluate", str(sub), str(out), "--metric", "2026-07", "--json", str(scores), "--overwrite"]) == 0
+    assert json.loads(scores.read_text())["label_scores"][label]["iou"] < 1.0
