@@ -4,7 +4,8 @@
   the `model.params` of every registered architecture (`config_ref.py`);
 - `docs/cli.md`: every `cellseg` command and sub-command, from the argparse parsers (`cli_ref.py`);
 - the numbers the README and the other docs quote from benchmark records, rewritten from the records
-  (`records.py`).
+  (`records.py`), and the inference rates `--dry-run` estimates GPU time with (`cellseg/infer/recorded_rates.json`,
+  from `bench/results/inference_h200.json`).
 
     python -m cellseg.docgen            # regenerate both files and every quoted number
     python -m cellseg.docgen --check    # exit 1 when a page is stale or a number drifted (tests/test_docs.py too)
@@ -58,6 +59,14 @@ def write_pages(docs_dir: Path = DOCS_DIR) -> list[str]:
     return changed
 
 
+def stale_rates() -> bool:
+    """The packaged inference rates (`cellseg.infer.rates`) differ from the benchmark record they come from."""
+    from cellseg.infer import rates
+
+    text = rates.render()
+    return text is not None and (not rates.PACKAGED.is_file() or rates.PACKAGED.read_text() != text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m cellseg.docgen [--check] [--docs-dir DIR]`."""
     parser = argparse.ArgumentParser(prog="python -m cellseg.docgen", description=__doc__.split("\n\n")[0])
@@ -65,17 +74,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--docs-dir", type=Path, default=DOCS_DIR, help=f"output folder (default {DOCS_DIR})")
     args = parser.parse_args(argv)
     from cellseg.docgen import records
+    from cellseg.infer import rates
 
     if args.check:
         stale = stale_files(args.docs_dir)
         for name in stale:
             print(f"{args.docs_dir / name} is stale: run `{REGENERATE}`", file=sys.stderr)
-        drifted = records.drift()
+        drifted = records.drift() + ([f"{rates.PACKAGED} differs from {rates.RECORD}"] if stale_rates() else [])
         for line in drifted:
             print(f"{line}: run `{REGENERATE}`", file=sys.stderr)
         return 1 if stale or drifted else 0
     changed = [str(args.docs_dir / n) for n in write_pages(args.docs_dir)]
     changed += [str(p) for p in records.write()]
+    if stale_rates():
+        rates.PACKAGED.write_text(rates.render() or "")
+        changed.append(str(rates.PACKAGED))
     print(f"wrote {', '.join(changed)}" if changed else "docs are up to date")
     return 0
 

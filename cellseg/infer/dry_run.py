@@ -4,8 +4,8 @@ predicting or writing anything.
 Per crop: its box on the model's grid (z × y × x voxels at the runs' voxel size), the channels the store keeps
 for it (`--channels scored`: its scored classes and their boundaries) and their bytes (float16, or uint8 with
 `--uint8`); the total against the free disk where `--out` goes (what `check_store_disk` refuses before the first
-tile); and the model input each run takes, in Gvoxels (tiles with their context × TTA transforms × tile voxels:
-the unit the GPU's time follows, `job_gvox`).
+tile); the model input each run takes, in Gvoxels (tiles with their context × TTA transforms × tile voxels,
+`job_gvox`); and the GPU time at the recorded rates of each architecture (`cellseg.infer.rates`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from cellseg.config.inference import InferConfig
+from cellseg.data.grid import shape3
 from cellseg.data.inspect import human_bytes
+from cellseg.infer import rates
 from cellseg.infer.crop_plan import crop_grid, scored_channels, store_bytes
-from cellseg.infer.run import job_gvox, load_run, run_transforms, slice_axes
-from cellseg.infer.selection import select_targets
+from cellseg.infer.run import LoadedRun, job_gvox, load_run, run_transforms, slice_axes
+from cellseg.infer.selection import CropTarget, select_targets
+from cellseg.infer.tiling import context_margin
 
 
 def dry_run(run_dirs: Sequence[str | Path], crops: str, out: str | Path, opts: InferConfig) -> str:
@@ -49,9 +52,42 @@ def dry_run(run_dirs: Sequence[str | Path], crops: str, out: str | Path, opts: I
     voxels = sum(int(np.prod(crop_grid(t, voxel_size).shape_vox)) for t in targets)
     lines += ["", f"total: {voxels:,} voxels, {human_bytes(need)} of probabilities; {where}: {human_bytes(free)} free "
               f"({'fits' if need <= free else 'does NOT fit: predicting would be refused'})"]
+    table, total, unknown = rates.packaged(), 0.0, []
     for run in runs:
-        tfms = len(run_transforms(run, opts.tta))
-        gvox = job_gvox(run, targets, overlap=opts.overlap, transforms=tfms, axes=slice_axes(run, opts.axes_2d))
+        tfms, axes = len(run_transforms(run, opts.tta)), slice_axes(run, opts.axes_2d)
+        gvox = job_gvox(run, targets, overlap=opts.overlap, transforms=tfms, axes=axes)
+        seconds = _gpu_seconds(run, targets, axes, tta=tfms, overlap=opts.overlap)
+        if seconds is None:
+            unknown.append(run.run_dir.name)
+        else:
+            total += seconds
+        estimate = "no recorded rate" if seconds is None else f"≈ {_hours(seconds)} on one {table['device']}"
         lines.append(f"model input of {run.run_dir.name} ({run.cfg.model.name}): {gvox:.2f} Gvoxels (TTA {tfms}, "
-                     f"overlap {opts.overlap:g})")
+                     f"overlap {opts.overlap:g}); {estimate}")
+    if not unknown:
+        lines.append(f"GPU time: ≈ {_hours(total)} on one {table['device']} at the rates of {table['source']} "
+                     f"({table['date']}, default presets, compiled; `--dry-run` estimates, the run measures)")
+    else:
+        lines.append(f"GPU time: no estimate for {', '.join(unknown)}: the record ({table['source']}) has each "
+                     "architecture's default preset at TTA 1 and 8, overlap 0.5")
     return "\n".join(lines)
+
+
+def _gpu_seconds(run: LoadedRun, targets: Sequence[CropTarget], axes: Sequence[str], *, tta: int,
+                 overlap: float) -> float | None:
+    """Seconds of `run` over `targets` at the recorded rate of its architecture (None: not recorded for its
+    preset, TTA or overlap): each crop's box on the run's grid with the context it reads, per slicing axis."""
+    if run.cfg.model.preset != "default":
+        return None
+    patch = shape3(run.cfg.data.patch_shape_vox)
+    margin = context_margin(patch, axes)
+    shapes = []
+    for t in targets:
+        box = crop_grid(t, run.cfg.data.voxel_size_nm).shape_vox
+        shapes += [[n + 2 * m for n, m in zip(box, margin, strict=True)]] * (len(axes) if patch[0] == 1 else 1)
+    return rates.gpu_seconds(run.cfg.model.name, shapes, tta=tta, overlap=overlap)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} GPU-hours"
