@@ -84,6 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     option(parser, "--overlap", key="infer.overlap", type=float, help="fraction of a tile shared with its neighbour")
     option(parser, "--batch-size", key="infer.batch_size", type=int, metavar="N",
            help="tiles per sliding-window batch (default: each run's training micro-batch)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the ROI, the blocks and workers, the output's size against the free disk and "
+                             "each member's EM read and GPU time at the recorded rates, then stop: nothing is "
+                             "predicted or written")
     parser.set_defaults(func=run)
 
 
@@ -96,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(job)
     decided = _decided(job) if job.ensemble.decisions else None
+    if args.dry_run:
+        from cellseg.volume.dry_run import dry_run
+
+        print(dry_run(job, decided))
+        return 0
     result = predict_volume(job, progress=show_progress(args, job.infer.progress), decided=decided)
     print(f"{job.out}: {result.tasks.get('predict', {}).get('completed', 0)} blocks predicted, "
           f"{result.predict_mvox_s:.2f} Mvox/s, {result.wall_s:.1f} s; summary in {job.out}/summary.json")

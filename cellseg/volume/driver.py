@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellseg.classes import is_instance
+from cellseg.data.grid import Grid
 from cellseg.volume.plan import (
     context_vox,
     dataset_em,
@@ -20,6 +21,7 @@ from cellseg.volume.plan import (
     roi_of,
 )
 from cellseg.volume.predict import (
+    Members,
     resolve_decided,
     resolve_members,
     route_members,
@@ -68,15 +70,33 @@ def _instance_halo(classes: list[str], known: Sequence[str], source: str, voxel_
     return tuple(max(h[d] for h in halos) for d in range(3))  # type: ignore[return-value]
 
 
-def prepare(job: Any, decided: Decided | None = None) -> Prepared:
-    """Check everything a `PredictVolumeJob` needs and create (or, with `volume.resume`, reopen) its store; with
-    `decided`, its members, weights and per-class TTA instead of the job's.
+@dataclass(frozen=True)
+class Plan:
+    """A checked job before anything is written: its members, classes and channels, where the EM is, the ROI's
+    grid, the halo instance decoding reads, the write blocks and the workers."""
+
+    members: Members
+    classes: list[str]
+    channels: list[str]
+    root: str
+    em_url: str
+    grid: Grid
+    halo_vox: tuple[int, int, int]
+    block_vox: tuple[int, int, int]
+    workers: Workers
+
+    def label_bytes(self, instances: bool) -> list[int]:
+        """Bytes per voxel of each label array the run writes (instance ids: 8, masks: 1)."""
+        return [8 if is_instance(c) else 1 for c in self.classes] if instances else []
+
+
+def plan_job(job: Any, decided: Decided | None = None) -> Plan:
+    """Check everything a `PredictVolumeJob` needs (with `decided`, its members, weights and per-class TTA instead
+    of the job's), writing nothing.
 
     Raises:
-        ValueError, FileNotFoundError, FileExistsError, OSError: bad input, named, before any block is predicted.
+        ValueError, FileNotFoundError: bad input, named, before any block is predicted.
     """
-    from cellseg.volume.plan import check_disk
-
     opts, vol, ens = job.infer, job.volume, job.ensemble
     if opts.axes_2d != "z":
         raise ValueError(f"infer.axes_2d={opts.axes_2d!r}: predict-volume slices 2D members across z only; predict "
@@ -95,19 +115,6 @@ def prepare(job: Any, decided: Decided | None = None) -> Prepared:
     grid = roi_of(level, parse_roi_nm(vol.roi_nm) if vol.roi_nm else None, job.dataset)
     instances = vol.instances is not None
     halo = _instance_halo(classes, members.plan.classes, vol.instances, grid.voxel_size_nm) if instances else (0, 0, 0)
-    if not (vol.resume and VolumeStore.exists(job.out)):
-        label_bytes = [8 if is_instance(c) else 1 for c in classes] if instances else []
-        check_disk(job.out, estimate_bytes(grid, channels, label_bytes), compression=vol.disk_compression)
-    settings = settings_of(opts, em_url=em_url, allow_partial=ens.allow_partial,
-                           extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm,
-                                  "decisions": None if decided is None else dict(decided.provenance)})
-    transforms = members.transforms(opts)
-    store = VolumeStore.create(job.out, dataset=job.dataset, data_root=str(root), grid=grid,
-                               block_vox=vol.block_shape(grid.shape_vox[0]), chunk_vox=(vol.chunk_vox,) * 3,
-                               classes=classes, channels=channels,
-                               instance_classes=[c for c in classes if is_instance(c)],
-                               instances=instances, members=members.summary(opts), tta=max(transforms), settings=settings,
-                               resume=vol.resume)
     gpus = visible_gpus(opts.device)
     if opts.device == "cuda" and not gpus:
         raise ValueError("--device cuda: no CUDA device is visible")
@@ -115,8 +122,36 @@ def prepare(job: Any, decided: Decided | None = None) -> Prepared:
     workers = Workers(predict=predict_workers, cpu=vol.cpu_workers, gpus=gpus, device=opts.device,
                       launch=tuple(shlex.split(vol.launch)), max_retries=vol.max_retries,
                       timeout_s=vol.block_timeout_s, host=vol.host)
+    return Plan(members, classes, channels, str(root), em_url, grid, halo, vol.block_shape(grid.shape_vox[0]),
+                workers)
+
+
+def prepare(job: Any, decided: Decided | None = None) -> Prepared:
+    """`plan_job`, the disk check, then the store created (or, with `volume.resume`, reopened).
+
+    Raises:
+        ValueError, FileNotFoundError, FileExistsError, OSError: bad input, named, before any block is predicted.
+    """
+    from cellseg.volume.plan import check_disk
+
+    opts, vol, ens = job.infer, job.volume, job.ensemble
+    plan = plan_job(job, decided)
+    instances = vol.instances is not None
+    if not (vol.resume and VolumeStore.exists(job.out)):
+        check_disk(job.out, estimate_bytes(plan.grid, plan.channels, plan.label_bytes(instances)),
+                   compression=vol.disk_compression)
+    settings = settings_of(opts, em_url=plan.em_url, allow_partial=ens.allow_partial,
+                           extra={"instances": vol.instances, "band": None if not ens.routes else vol.scale_nm,
+                                  "decisions": None if decided is None else dict(decided.provenance)})
+    members = plan.members
+    store = VolumeStore.create(job.out, dataset=job.dataset, data_root=plan.root, grid=plan.grid,
+                               block_vox=plan.block_vox, chunk_vox=(vol.chunk_vox,) * 3,
+                               classes=plan.classes, channels=plan.channels,
+                               instance_classes=[c for c in plan.classes if is_instance(c)], instances=instances,
+                               members=members.summary(opts), tta=max(members.transforms(opts)), settings=settings,
+                               resume=vol.resume)
     patches = [r.cfg.data.patch_shape_vox for r in members.runs]
-    return Prepared(store, workers, context_vox(patches, opts.overlap), halo)
+    return Prepared(store, plan.workers, context_vox(patches, opts.overlap), plan.halo_vox)
 
 
 def predict_volume(job: Any, *, progress: bool = True, decided: Decided | None = None) -> RunResult:

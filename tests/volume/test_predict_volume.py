@@ -180,3 +180,14 @@ def test_errors_before_compute(volume_run: Path, tmp_path: Path) -> None:
     with pytest.raises(OSError, match="the output needs about"):
         check_disk(tmp_path / "big.zarr", DiskEstimate(probabilities=2**62, labels=0), compression=1.0)
     assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "big.zarr").exists()
+
+
+def test_dry_run_plans_the_volume_without_writing(volume_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "plan.zarr"
+    assert cli([*_args(volume_run, out, "--instances"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "dry run: synth-iso8-1 at 8×8×8 nm, 32×48×64 voxels" in text and "nothing is predicted or written" in text
+    assert "blocks: 4 blocks of 32×32×32 voxels, 2 prediction worker(s) on the CPU" in text  # 1 × 2 × 2
+    assert "3 probability channels" in text and "2 label arrays" in text and "(fits)" in text  # + mito_boundary
+    assert f"member {volume_run.name} (unet_3d, TTA 1): reads" in text and "no recorded rate" in text
+    assert not out.exists() and list(tmp_path.iterdir()) == []
