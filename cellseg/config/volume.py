@@ -40,6 +40,9 @@ class VolumeConfig:
         disk_compression: compression ratio assumed when checking free disk before starting (1: uncompressed).
         scale_nm: with a routed ensemble (`ensemble.routes`): the voxel-size scale (nm) whose band predicts the
             volume.
+        gpu_memory_gb: the memory (GB) of the GPUs the workers run on, which a block's blending sums must fit
+            (null: the driver's first visible GPU; none visible, e.g. a driver on a batch host: no plan). Blocks
+            whose members' sums need more than half of it are made smaller in y and x, with a warning.
     """
 
     roi_nm: str | None = None
@@ -58,13 +61,16 @@ class VolumeConfig:
     host: str | None = None
     disk_compression: float = 2.0
     scale_nm: float | None = None
+    gpu_memory_gb: float | None = None
 
-    def block_shape(self, depth_vox: int) -> tuple[int, int, int]:
-        """(z, y, x) voxels of a write block over an ROI `depth_vox` deep."""
+    def block_shape(self, depth_vox: int, edge_vox: int | None = None) -> tuple[int, int, int]:
+        """(z, y, x) voxels of a write block over an ROI `depth_vox` deep; `edge_vox` (a multiple of `chunk_vox`)
+        replaces `block_vox` in y and x (and in z for cubic blocks)."""
+        edge = edge_vox or self.block_vox
         if self.block_z_vox is None:
-            return (self.block_vox,) * 3
+            return (edge,) * 3
         z = self.block_z_vox or max(self.chunk_vox, -(-depth_vox // self.chunk_vox) * self.chunk_vox)
-        return z, self.block_vox, self.block_vox
+        return z, edge, edge
 
     def __post_init__(self) -> None:
         _check(self.chunk_vox >= 1, f"volume.chunk_vox={self.chunk_vox}: must be at least 1")
@@ -81,3 +87,5 @@ class VolumeConfig:
         _check(self.block_timeout_s > 0, f"volume.block_timeout_s={self.block_timeout_s}: must be positive")
         _check(self.disk_compression >= 1, f"volume.disk_compression={self.disk_compression}: at least 1")
         _check(len(set(self.classes)) == len(self.classes), f"volume.classes {list(self.classes)}: listed twice")
+        _check(self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
+               f"volume.gpu_memory_gb={self.gpu_memory_gb}: must be positive (or null: detected)")

@@ -118,12 +118,52 @@ def plan_job(job: Any, decided: Decided | None = None) -> Plan:
     gpus = visible_gpus(opts.device)
     if opts.device == "cuda" and not gpus:
         raise ValueError("--device cuda: no CUDA device is visible")
+    block_vox = vol.block_shape(grid.shape_vox[0], _fitted_edge(job, members, channels, gpus))
     predict_workers = vol.workers or (len(gpus) * vol.workers_per_gpu if gpus else 1)
     workers = Workers(predict=predict_workers, cpu=vol.cpu_workers, gpus=gpus, device=opts.device,
                       launch=tuple(shlex.split(vol.launch)), max_retries=vol.max_retries,
                       timeout_s=vol.block_timeout_s, host=vol.host)
-    return Plan(members, classes, channels, str(root), em_url, grid, halo, vol.block_shape(grid.shape_vox[0]),
-                workers)
+    return Plan(members, classes, channels, str(root), em_url, grid, halo, block_vox, workers)
+
+
+def _fitted_edge(job: Any, members: Members, channels: Sequence[str], gpus: Sequence[str]) -> int:
+    """The write block's edge in y and x: `volume.block_vox`, made smaller when the members' blending sums would
+    not fit the workers' GPU (`volume.gpu_memory_gb`, else the driver's first visible GPU; no plan without
+    either, e.g. a driver on a batch host)."""
+    from cellseg.volume.plan import GPU_SUMS_FRACTION, block_sums_bytes, fit_block_edge
+
+    vol, opts = job.volume, job.infer
+    gpu_bytes = int(vol.gpu_memory_gb * 1e9) if vol.gpu_memory_gb else _first_gpu_bytes(opts.device, gpus)
+    streams = member_streams(members, channels, opts.overlap)
+    if not gpu_bytes or not streams:
+        return vol.block_vox
+    edge = fit_block_edge(vol.block_vox, vol.chunk_vox, streams, gpu_bytes)
+    if edge < vol.block_vox:
+        log.warning("blocks %d voxels wide: the %d members' blending sums need %.1f GB, more than %.0f %% of the "
+                    "GPU's %.1f GB; blocks %d wide instead (set --block-vox, or volume.gpu_memory_gb for GPUs other "
+                    "than the driver's)", vol.block_vox, len(streams), block_sums_bytes(vol.block_vox, streams) / 1e9,
+                    100 * GPU_SUMS_FRACTION, gpu_bytes / 1e9, edge)
+    return edge
+
+
+def member_streams(members: Members, channels: Sequence[str], overlap: float) -> list[tuple[int, Any, float]]:
+    """(channels it contributes, patch, overlap) of every member that contributes to `channels`: the sliding
+    windows a block streams in lockstep (`cellseg.volume.plan.block_sums_bytes`)."""
+    streams = []
+    for i, run in enumerate(members.runs):
+        k = sum(i in members.plan.members_of[c] and members.weights.per_channel[c][i] > 0 for c in channels)
+        if k:
+            streams.append((k, run.cfg.data.patch_shape_vox, overlap))
+    return streams
+
+
+def _first_gpu_bytes(device: str, gpus: Sequence[str]) -> int | None:
+    """Memory of the first GPU the driver sees (the workers' on one node), or None on the CPU."""
+    if device == "cpu" or not gpus:
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
 
 
 def prepare(job: Any, decided: Decided | None = None) -> Prepared:

@@ -19,8 +19,8 @@ from cellseg.data.grid import shape3
 from cellseg.data.inspect import human_bytes
 from cellseg.infer import rates
 from cellseg.infer.tiling import context_margin
-from cellseg.volume.driver import Decided, plan_job
-from cellseg.volume.plan import block_boxes, estimate_bytes, lattice_box
+from cellseg.volume.driver import Decided, member_streams, plan_job
+from cellseg.volume.plan import GPU_SUMS_FRACTION, block_boxes, block_sums_bytes, estimate_bytes, lattice_box
 
 
 def _duration(seconds: float) -> str:
@@ -52,6 +52,10 @@ def dry_run(job: Any, decided: Decided | None = None) -> str:
                  + f" with pyramids, uncompressed; about {human_bytes(compressed)} at volume.disk_compression="
                  f"{vol.disk_compression:g}; {where}: {human_bytes(free)} free "
                  f"({'fits' if compressed <= free else 'does NOT fit: the run would be refused'})")
+    sums = block_sums_bytes(plan.block_vox[1], member_streams(plan.members, plan.channels, opts.overlap))
+    lines.append(f"GPU memory: the members' blending sums take {sums / 1e9:.2f} GB per block (blocks are made "
+                 f"narrower when they would take more than {GPU_SUMS_FRACTION:.0%} of the GPU: "
+                 "volume.gpu_memory_gb, else the driver's GPU)")
     table, total, unknown = rates.packaged(), 0.0, []
     for run, tta in zip(plan.members.runs, plan.members.transforms(opts), strict=True):
         patch = shape3(run.cfg.data.patch_shape_vox)

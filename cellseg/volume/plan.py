@@ -179,6 +179,37 @@ def context_vox(patches: Sequence[Sequence[int]], overlap: float) -> tuple[int, 
     return shape3(out)
 
 
+# ------------------------------------------------------------------------------------------ GPU memory
+
+# A block's blending sums (every member's, in lockstep) may take at most this share of the GPU: the rest holds the
+# models, one member's activations at a time, the EM and the finished planes (the fused ensemble's rule,
+# `cellseg.infer.tiling.GPU_FUSED_FRACTION`).
+GPU_SUMS_FRACTION = 0.5
+
+
+def block_sums_bytes(edge_vox: int, members: Sequence[tuple[int, Sequence[int], float]]) -> int:
+    """GPU bytes of the blending sums of a block `edge_vox` wide in y and x: per member (channels it contributes,
+    patch, overlap) one tile depth of K + 1 float32 planes over its lattice box and context (`stream_bytes`)."""
+    from cellseg.infer.tiling import context_margin, stream_bytes
+
+    total = 0
+    for k, patch, overlap in members:
+        step, margin = lattice_step(patch, overlap), context_margin(patch)
+        plane = [edge_vox + s + 2 * m for s, m in zip(step[1:], margin[1:], strict=True)]
+        total += stream_bytes(k, shape3(patch), plane)
+    return total
+
+
+def fit_block_edge(edge_vox: int, chunk_vox: int, members: Sequence[tuple[int, Sequence[int], float]],
+                   gpu_bytes: int) -> int:
+    """The largest block edge in y and x, at most `edge_vox` and a multiple of `chunk_vox`, whose members' sums
+    fit `GPU_SUMS_FRACTION` of `gpu_bytes` (`chunk_vox` when even that does not)."""
+    edge = edge_vox
+    while edge > chunk_vox and block_sums_bytes(edge, members) > GPU_SUMS_FRACTION * gpu_bytes:
+        edge -= chunk_vox
+    return edge
+
+
 # ------------------------------------------------------------------------------------------ disk
 
 

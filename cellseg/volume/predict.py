@@ -235,7 +235,25 @@ class BlockPredictor:
         """Predict a write box and write it into place a chunk row at a time, as the planes finish
         (`chunked_slabs`, as `cellseg predict` writes a column): host memory holds about one chunk depth of the
         block (a column block of a deep volume is never held whole), and every write covers whole chunks, which
-        no other block touches."""
+        no other block touches. A box the GPU has no memory for is predicted again in halves along y and x
+        (`halves`: the lattice makes them equal to the whole), down to one chunk; then a clear error."""
+        try:
+            self._write(write)
+        except torch.OutOfMemoryError:
+            parts = halves(write, self.store.chunk_vox)
+            if not parts:
+                raise RuntimeError(
+                    f"block at {write[0]} ({'×'.join(map(str, write[1]))} voxels): out of GPU memory even at one "
+                    f"chunk wide: the members' models and sums do not fit this GPU; predict fewer classes "
+                    "(--classes), fewer members, or on a GPU with more memory") from None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            log.warning("block at %s: out of GPU memory at %s voxels; predicting it in %d parts of %s", write[0],
+                        "×".join(map(str, write[1])), len(parts), "×".join(map(str, parts[0][1])))
+            for part in parts:
+                self.write(part)
+
+    def _write(self, write: Box) -> None:
         (z0, y0, x0), (nz, _, _) = write
         for z, rows in chunked_slabs(self.slabs(write), nz, self.store.chunk_vox[0], 0):
             self._write_rows(rows, (z0 + z, y0, x0))
@@ -244,6 +262,19 @@ class BlockPredictor:
         where = tuple(slice(o, o + n) for o, n in zip(offset, rows.shape[1:], strict=True))
         for k, c in enumerate(self.channels):
             self.arrays[c][where] = rows[k]
+
+
+def halves(write: Box, chunk_vox: Sequence[int]) -> list[Box]:
+    """A write box cut in two along y and along x where each part stays whole chunks (the first part a multiple
+    of the chunk), z kept whole (the window streams along it): 4, 2 or no parts."""
+    (z, y, x), (nz, ny, nx) = write
+    cuts = []
+    for n, c in ((ny, chunk_vox[1]), (nx, chunk_vox[2])):
+        first = -(-(n // 2) // c) * c
+        cuts.append([(0, first), (first, n - first)] if 0 < first < n else [(0, n)])
+    if len(cuts[0]) == len(cuts[1]) == 1:
+        return []
+    return [((z, y + oy, x + ox), (nz, sy, sx)) for oy, sy in cuts[0] for ox, sx in cuts[1]]
 
 
 def settings_of(opts: InferConfig, *, em_url: str, allow_partial: bool, extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -191,3 +191,29 @@ def test_dry_run_plans_the_volume_without_writing(volume_run: Path, tmp_path: Pa
     assert "3 probability channels" in text and "2 label arrays" in text and "(fits)" in text  # + mito_boundary
     assert f"member {volume_run.name} (unet_3d, TTA 1): reads" in text and "no recorded rate" in text
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_blocks_are_narrowed_to_fit_the_gpu_and_halves_equal_the_whole(volume_run: Path, blocked: Path,
+                                                                        tmp_path: Path, capsys, caplog) -> None:
+    from cellseg.volume.plan import GPU_SUMS_FRACTION, block_sums_bytes, fit_block_edge
+    from cellseg.volume.predict import halves
+
+    streams = [(3, (32, 32, 32), 0.0)]  # the smoke run: 3 channels, 32³ patches
+    one_chunk = block_sums_bytes(32, streams)
+    assert block_sums_bytes(64, streams) > one_chunk and fit_block_edge(64, 32, streams, 10**12) == 64
+    assert fit_block_edge(64, 32, streams, int(one_chunk / GPU_SUMS_FRACTION)) == 32  # room for 32 wide only
+    # a GPU too small for 64-wide blocks: the plan narrows them, and says so
+    assert cli([*_args(volume_run, tmp_path / "n.zarr", workers=1), "--block-vox", "64", "--dry-run",
+                "volume.gpu_memory_gb=0.0002"]) == 0
+    assert "blocks: 4 blocks of 32×32×32 voxels" in capsys.readouterr().out
+    assert "blocks 64 voxels wide" in caplog.text and "blocks 32 wide instead" in caplog.text
+    # a block out of GPU memory is predicted in halves along y and x: the lattice makes them equal the whole
+    assert halves(((0, 0, 0), (32, 48, 64)), (32, 32, 32)) == [((0, 0, 0), (32, 32, 32)), ((0, 0, 32), (32, 32, 32)),
+                                                              ((0, 32, 0), (32, 16, 32)), ((0, 32, 32), (32, 16, 32))]
+    assert halves(((0, 0, 0), (32, 32, 32)), (32, 32, 32)) == []  # one chunk wide: nothing left to halve
+    predictor = BlockPredictor.of(VolumeStore.open(blocked), "cpu")
+    whole = ((0, 0, 0), (32, 48, 64))
+    parts = np.zeros_like(predictor.predict(whole))
+    for (z, y, x), (nz, ny, nx) in halves(whole, (32, 32, 32)):
+        parts[:, z:z + nz, y:y + ny, x:x + nx] = predictor.predict(((z, y, x), (nz, ny, nx)))
+    np.testing.assert_array_equal(parts, predictor.predict(whole))
