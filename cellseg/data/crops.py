@@ -268,7 +268,8 @@ class Catalog:
         return resolve(self.base).join(*url.split("/"))
 
     def test(self, version: TestVersion = CURRENT_TEST_VERSION) -> Mapping[int, Crop]:
-        """Test crops of a manifest version: "2026" (current, 413 rows) or "2025" (challenge era, 420 rows)."""
+        """Test crops of a manifest version: "2026" (413 rows, the leaderboard's since PR #212) or "2025" (challenge
+        era, 420 rows)."""
         if version not in self.tests:
             raise ValueError(f"no test manifest {version!r} in this catalogue; available: {sorted(self.tests)}")
         return self.tests[version]

@@ -1,4 +1,4 @@
-"""2026 current-era instance scoring of one crop (official `eval_utils.scoring.score_instance`, 2026).
+"""2026-era instance scoring of one crop (official `eval_utils.scoring.score_instance` at `6b9ad68`).
 
 1. Relabel the prediction with `cc3d.connected_components` (26-connected): nP components.
 2. nG is the **largest truth id** (not the number of ids; missing ids are phantom nodes). nG = 0 or
