@@ -9,7 +9,8 @@
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh predict        # nnU-Net's predictor on the tuning and test crops
 #   OUT=OUT bash bench/gpu/nnunet_peer.sh cellseg 6      # configs/quality/unet_3d.yaml for 6 minutes, predicted
 #                                                        # (exit 75 as above: run it again to resume)
-#   OUT=OUT bash bench/gpu/nnunet_peer.sh score          # both arms, both decodings, every era
+#   OUT=OUT bash bench/gpu/nnunet_peer.sh score [NAME..]  # nnU-Net and the arms named (default: every arm in
+#                                                        # WORK/stores), both decodings, every era
 # Wheels the GPU image lacks: cellseg's in .whl (scripts/offline_wheels.sh --only ...), nnU-Net's in .nnw and .nnw2
 # (scripts/offline_wheels.sh --peer nnunet; SimpleITK alone in .nnw2 keeps each folder small), installed once into
 # /tmp/site (cellseg's) and /tmp/nnsite (nnU-Net's own environment, ahead of the image's packages when nnU-Net runs).
@@ -27,16 +28,21 @@ install() {  # install() FOLDER TARGET: the wheels of FOLDER into TARGET, once
 install .whl /tmp/site; install .nnw /tmp/nnsite; install .nnw2 /tmp/nnsite
 export PYTHONPATH="$PYTHONPATH:/tmp/site"
 mkdir -p "$OUT" "$WORK"
-peer=(python3 -m bench.peers.nnunet --out "$WORK" --env /tmp/nnsite --processes "$(nproc)" --quiet)
+# every step gets the same cores (CORES, default all) and data workers (the cores less one), recorded
+peer=(python3 -m bench.peers.nnunet --out "$WORK" --env /tmp/nnsite --processes "$(nproc)" --quiet
+      --cores "${CORES:-$(nproc)}")
 case "$STEP" in
   data)
     [ -f "$WORK/data/datasplit.csv" ] || python3 -m cellseg synth --out "$WORK/data" --preset quality --workers "$(nproc)"
     "${peer[@]}" data --root "$WORK/data" "$@" ;;
   nnunet) "${peer[@]}" train --budget-min "${1:?minutes}" --step-limit-min "${STEP_LIMIT_MIN:-9.5}" ;;
   predict) "${peer[@]}" predict ;;
-  cellseg) "${peer[@]}" cellseg --budget-min "${1:?minutes}" --step-limit-min "${STEP_LIMIT_MIN:-9.5}" \
-             --set loader.num_workers=$(( $(nproc) - 2 )) ;;
-  score) "${peer[@]}" score --arm "unet_3d=$WORK/stores/unet_3d_test.zarr,$WORK/stores/unet_3d_tune.zarr" ;;
+  cellseg) "${peer[@]}" cellseg --budget-min "${1:?minutes}" --step-limit-min "${STEP_LIMIT_MIN:-9.5}" ;;
+  score)  # the arms named (default: every arm with stores in WORK/stores), nnU-Net first
+    names=("$@"); [ ${#names[@]} -gt 0 ] || names=($(ls -d "$WORK"/stores/*_test.zarr 2>/dev/null \
+      | xargs -n1 basename | sed 's/_test\.zarr$//' | grep -v '^nnunet$'))
+    arms=(); for n in "${names[@]}"; do arms+=(--arm "$n=$WORK/stores/${n}_test.zarr,$WORK/stores/${n}_tune.zarr"); done
+    "${peer[@]}" score "${arms[@]}" ;;
   *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 code=$?

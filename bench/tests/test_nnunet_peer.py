@@ -183,3 +183,14 @@ def test_the_result_of_record_renders_with_its_numbers() -> None:
     assert "| nnunet | plain | 0.2642 [0.1701, 0.4627] | 0.0629 [0.0531, 0.0738]" in text
     assert "patch [128, 128, 128], batch 2" in text and "673 iterations" in text
     assert text.count("\n| ") >= 2 + 48  # the arms table and one row per class
+
+
+def test_an_arm_folder_made_from_other_stores_is_refused(tmp_path: Path) -> None:
+    from bench.peers.nnunet.scoring import Arm, _arm_folder
+
+    stores = [PredictionStore.create(tmp_path / f"{n}.zarr", kind="probabilities", channels=["mito"]).path
+              for n in ("a_test", "a_tune", "b_test")]
+    first = Arm("unet_3d", stores[0], stores[1])
+    assert _arm_folder(first, tmp_path / "scores") == _arm_folder(first, tmp_path / "scores")  # reused
+    with pytest.raises(ValueError, match="scored before from"):
+        _arm_folder(Arm("unet_3d", stores[2], stores[1]), tmp_path / "scores")

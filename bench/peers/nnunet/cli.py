@@ -135,6 +135,49 @@ def step_data(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+ROOT_FILES = ("datasplit.csv", "manifest.csv", "train_crop_manifest.csv", "test_crop_manifest.csv")  # what the
+# split and the crops are: their bytes identify the data every arm of a run used
+
+
+def data_identity(out: Path) -> dict[str, Any]:
+    """What every record says of the data: the root, a sha256 of its split and manifests, the crops per role."""
+    import hashlib
+
+    settings = _settings(out)
+    root = Path(settings["root"])
+    digest = hashlib.sha256()
+    for name in ROOT_FILES:
+        if (root / name).is_file():
+            digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    cases = case_io.read_cases(out / "raw" / case_io.DATASET_NAME)["cases"]
+    roles = {r: sorted(c["name"] for c in cases if c["role"] == r) for r in ("train", "tune", "test")}
+    return {"root": str(root), "root_sha256": digest.hexdigest(), "crops": roles}
+
+
+def resources(args: argparse.Namespace, *, workers: int | None) -> dict[str, Any]:
+    """The CPU cores this step may use (its affinity: `--cores`), its data workers, and the GPU with the other
+    processes on it when the step started (exclusive: 0)."""
+    doc: dict[str, Any] = {"cores": len(os.sched_getaffinity(0)), "data_workers": workers, "device": args.device}
+    if args.device.startswith("cuda"):
+        query = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                               capture_output=True, text=True)
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                              capture_output=True, text=True)
+        doc["gpu"] = query.stdout.strip() or None
+        doc["gpu_processes_at_start"] = len(apps.stdout.split()) if apps.returncode == 0 else None
+    return doc
+
+
+def augmentation_workers(args: argparse.Namespace) -> int:
+    """nnU-Net's augmentation worker processes (`nnUNet_n_proc_DA`): `--da-workers`, else the cores given less one
+    for the trainer itself (0 with --quick: augmentation in the training process on a small CPU)."""
+    if args.quick:
+        return 0
+    if args.da_workers is not None:
+        return args.da_workers
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 def _plan(out: Path) -> dict[str, Any]:
     plans = json.loads((out / "preprocessed" / case_io.DATASET_NAME / "nnUNetPlans.json").read_text())
     conf = plans["configurations"][CONFIGURATION]
@@ -189,9 +232,11 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
     if args.step_limit_min is not None:  # told to stop in time to checkpoint inside the step's limit
         left = args.step_limit_min * 60 - (time.perf_counter() - step_started) - STOP_RESERVE_S
         extra["CELLSEG_NNUNET_STOP_AFTER_S"] = str(max(0.0, left))
-    # --quick: augmentation in the training process, no worker pool on a small CPU (only for training: the planner
-    # sets torch's threads from the same variable and refuses 0)
-    training = {**extra, "nnUNet_n_proc_DA": "0"} if args.quick else extra
+    # the augmentation workers, for training only (the planner sets torch's threads from the same variable and
+    # refuses 0, the quick mode's value)
+    da_workers = augmentation_workers(args)
+    training = {**extra, "nnUNet_n_proc_DA": str(da_workers)}
+    started_resources = resources(args, workers=da_workers)
     if resume:
         log.info("%s: resuming the stopped training (`--c`)", folder)
     started = time.perf_counter()
@@ -212,8 +257,8 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
                          f"({clock['iterations']} run); give a longer budget")
     record = {"budget_min": args.budget_min, "device": args.device, "compile": not args.no_compile, "plan": plan,
               "preprocess_s": preprocess_s, "train_wall_s": sum(partial["starts_wall_s"]),
-              "starts": len(partial["starts_wall_s"]), "clock": clock,
-              "nnunetv2": nnenv.VERSION}
+              "starts": len(partial["starts_wall_s"]), "clock": clock, "resources": started_resources,
+              "data": data_identity(out), "nnunetv2": nnenv.VERSION}
     _write_json(record_path, record)
     log.info("nnU-Net trained %d epochs (%d iterations) in %.1f charged s (%.1f s wall with start-up)",
              clock["epochs"], clock["iterations"], clock["charged_s"], record["train_wall_s"])
@@ -244,7 +289,8 @@ def step_predict(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
     for role in ("test", "tune"):
         write_store(predictions, [c for c in cases if c.role == role], classes, out / "stores" / f"nnunet_{role}.zarr",
                     provenance=provenance)
-    record = {"predict_s": predict_s, "store_s": time.perf_counter() - started, "cases": len(cases)}
+    record = {"predict_s": predict_s, "store_s": time.perf_counter() - started, "cases": len(cases),
+              "resources": resources(args, workers=args.processes), "data": data_identity(out)}
     _write_json(out / "nnunet_predict.json", record)
     return record
 
@@ -264,11 +310,12 @@ def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
     partial_path = out / f"cellseg_{name}.partial.json"
     partial = json.loads(partial_path.read_text()) if partial_path.is_file() and run_dir.is_dir() else \
         {"starts_wall_s": []}  # the starts of the run in `run_dir`, not of one removed since
+    workers = 0 if args.quick else augmentation_workers(args)  # the same data workers as nnU-Net's
     if not (run_dir / "result.json").is_file():
         command = [*cli, "train", "--resume", "auto", str(args.config), f"data.root={settings['root']}",
                    f"run_dir={run_dir}", f"train.time_budget_min={args.budget_min}", f"train.val_every_min={third}",
                    *(["train.device=cpu"] if args.device == "cpu" else []), *(QUICK_OVERRIDES if args.quick else ()),
-                   *args.set]
+                   *([] if args.quick else [f"loader.num_workers={workers}"]), *args.set]
         started = time.perf_counter()
         with _sigterm_waits() as sigterm:
             proc = subprocess.Popen(command)
@@ -295,7 +342,8 @@ def step_cellseg(args: argparse.Namespace) -> dict[str, Any]:
                         "--device", args.device], check=True)
     record = {"config": str(args.config), "budget_min": args.budget_min,
               "train_wall_s": sum(partial["starts_wall_s"]), "starts": len(partial["starts_wall_s"]),
-              "predict_s": time.perf_counter() - started, "result": json.loads((run_dir / "result.json").read_text())}
+              "predict_s": time.perf_counter() - started, "result": json.loads((run_dir / "result.json").read_text()),
+              "resources": resources(args, workers=workers), "data": data_identity(out)}
     _write_json(out / f"cellseg_{name}.json", record)
     return record
 
@@ -339,7 +387,8 @@ def step_score(args: argparse.Namespace) -> dict[str, Any]:
     arms = [Arm.parse(a) for a in args.arm] or []
     if not any(a.name == "nnunet" for a in arms):
         arms.insert(0, Arm("nnunet", stores / "nnunet_test.zarr", stores / "nnunet_tune.zarr"))
-    doc = score_arms(arms, Path(settings["root"]), out / "scores", device=args.device, workers=args.processes)
+    doc = score_arms(arms, Path(settings["root"]), out / "scores", device=args.device, workers=args.processes,
+                     data=data_identity(out))
     records = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != SETTINGS_FILE}
     (out / "scores" / "scores.md").write_text(markdown(doc, records))
     print(markdown(doc, records))
@@ -382,6 +431,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", help="ensemble: the arm's name (default the members' names joined by +)")
     parser.add_argument("--processes", type=int, default=max(1, min(8, (os.cpu_count() or 2))),
                         help="nnU-Net's preprocessing/export processes and cellseg's scoring processes")
+    parser.add_argument("--cores", type=int, default=None, metavar="N",
+                        help="the CPU cores every step may use (its affinity, recorded): give each arm the same "
+                             "(default: all this process may use)")
+    parser.add_argument("--da-workers", type=int, default=None, metavar="N",
+                        help="data workers of either arm: nnU-Net's augmentation processes (nnUNet_n_proc_DA) and "
+                             "cellseg's loader.num_workers (default: the cores less one; --quick: 0)")
     parser.add_argument("--env", type=Path, default=None, help=f"nnU-Net's environment (default {nnenv.default_env()})")
     parser.add_argument("--wheels", type=Path, default=None, help="env: install from this folder of wheels, offline")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -393,6 +448,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.budget_min = QUICK["budget_min"] if args.budget_min == 3.0 else args.budget_min
         args.config = args.config or QUICK_CONFIG
     args.config = args.config or QUALITY_CONFIG
+    if args.cores is not None:
+        allowed = sorted(os.sched_getaffinity(0))
+        if not 1 <= args.cores <= len(allowed):
+            parser.error(f"--cores {args.cores}: between 1 and the {len(allowed)} this process may use")
+        os.sched_setaffinity(0, allowed[:args.cores])  # the steps' subprocesses inherit it
+    if args.da_workers is not None and args.da_workers < 0:
+        parser.error(f"--da-workers {args.da_workers}: 0 or more")
     return args
 
 

@@ -4,8 +4,11 @@ each decoded two ways and scored in every era by cellseg's evaluator, with crop-
 - "plain": probability > 0.5 per class, instance classes as 26-connected components — nnU-Net's own decoding of
   region outputs (sigmoid > 0.5, connected components), and the report's stages 1-4 (`cellseg.decide.scoring`).
 - "tuned": cellseg's post-processing (thresholds, seeded watershed, hierarchy options) tuned on the arm's own
-  predictions of the tuning crops (`cellseg.postprocess.tuning.tune_store`, presence-aware), then applied to its
-  test crops.
+  predictions of the tuning crops (`cellseg.postprocess.tuning.tune_store`, presence-aware) for each era on its
+  own, as cellseg's stage 5 is, then applied to its test crops: an era's tuned score is its own decoding's.
+
+An arm's tuned parameters and stores are kept in OUT/<arm> and reused when scoring again; `arm.json` there names
+the stores they were made from, and a folder made from other stores is refused rather than reused.
 
 Every number has a 95 % crop-bootstrap interval, and every arm's difference from the first arm a *paired* one
 (the same draws of crops for both: `cellseg.decide.bootstrap`).
@@ -30,7 +33,6 @@ from cellseg.eval.rules import nan_to_none
 log = logging.getLogger(__name__)
 
 DECODINGS = ("plain", "tuned")
-TUNE_ERA = "2026"  # the era the post-processing is tuned for (that of the recorded runs; cellseg's default is 2026-07)
 
 
 @dataclass(frozen=True)
@@ -59,29 +61,47 @@ class Arm:
         return arm
 
 
-def _tuned(arm: Arm, root: Path, out: Path, *, device: str, workers: int) -> Path:
-    """The arm's test store post-processed with parameters tuned on its tuning store (resumes a cut tuning)."""
+def _tuned(arm: Arm, root: Path, out: Path, era: str, *, device: str, workers: int) -> Path:
+    """The arm's test store post-processed with parameters tuned for `era` on its tuning store (resumes a cut
+    tuning)."""
     from cellseg.postprocess.apply import postprocess_store
     from cellseg.postprocess.params import ParamSet
     from cellseg.postprocess.tuning import tune_store
 
-    params_path = out / "params.json"
+    params_path = out / f"params_{era}.json"
     if params_path.is_file():
         params = ParamSet.load(params_path)
     else:
         tune = PredictionStore.open(arm.tune)
-        params = tune_store(tune, root, crops=tune.completed(), era=TUNE_ERA, device=device, workers=workers,
-                            checkpoint=out / ".params.json.partial")
+        params = tune_store(tune, root, crops=tune.completed(), era=era, device=device, workers=workers,
+                            checkpoint=out / f".params_{era}.json.partial")
         params.save(params_path)
-    seg = postprocess_store(PredictionStore.open(arm.test), out / "tuned.zarr", params=params, device=device,
+    seg = postprocess_store(PredictionStore.open(arm.test), out / f"tuned_{era}.zarr", params=params, device=device,
                             data_root=str(root))
     return seg.path
 
 
+def _arm_folder(arm: Arm, out: Path) -> Path:
+    """OUT/<arm name>, made for this arm's stores (`arm.json`).
+
+    Raises:
+        ValueError: the folder holds what other stores gave (named).
+    """
+    where = out / arm.name
+    stores = {"test": str(arm.test.resolve()), "tune": str(arm.tune.resolve())}
+    record = where / "arm.json"
+    if record.is_file() and json.loads(record.read_text()) != stores:
+        raise ValueError(f"{where}: scored before from {json.loads(record.read_text())}, not {stores}: name the arm "
+                         "otherwise or choose another --out")
+    where.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(stores, indent=1) + "\n")
+    return where
+
+
 def score_arms(arms: Sequence[Arm], root: Path, out: Path, *, device: str = "cpu", workers: int = 1,
-               eras: Sequence[str] = tuple(ERAS)) -> dict[str, Any]:
+               eras: Sequence[str] = tuple(ERAS), data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Score every arm both ways (module docstring) on the test crops every arm holds; writes `out/scores.json`
-    and returns it.
+    (with `data`: what the data was, as every record of the run says) and returns it.
 
     Raises:
         ValueError: arms that predict different test crops or classes (they would not be comparable).
@@ -98,17 +118,21 @@ def score_arms(arms: Sequence[Arm], root: Path, out: Path, *, device: str = "cpu
         build_truth(truth, crops, classes, root)
     jobs, keys = [], []
     for arm in arms:
-        where = out / arm.name
-        where.mkdir(exist_ok=True)
+        where = _arm_folder(arm, out)
         jobs.append(ScoreJob(seg=arm.test, truth=truth, submission=where / "plain.zip", plain=where / "plain.zarr",
                              crops=crops))
-        jobs.append(ScoreJob(seg=_tuned(arm, root, where, device=device, workers=workers), truth=truth,
-                             submission=where / "tuned.zip"))
-        keys += [(arm.name, "plain"), (arm.name, "tuned")]
+        keys.append((arm.name, "plain", None))
+        for era in eras:
+            jobs.append(ScoreJob(seg=_tuned(arm, root, where, era, device=device, workers=workers), truth=truth,
+                                 submission=where / f"tuned_{era}.zip"))
+            keys.append((arm.name, "tuned", era))
     scores = score_segmentations(jobs, eras, workers=workers)
-    by_key = dict(zip(keys, scores, strict=True))
-    doc: dict[str, Any] = {"crops": crops, "classes": list(classes), "eras": list(eras), "tune_era": TUNE_ERA,
-                           "arms": {a.name: {"test": str(a.test), "tune": str(a.tune)} for a in arms}, "scores": {}}
+    found = dict(zip(keys, scores, strict=True))
+    by_key = {(name, decoding): {era: found[(name, decoding, None if decoding == "plain" else era)][era] for era in eras}
+              for name, decoding, _ in keys}  # each era's tuned score from the decoding tuned for it
+    doc: dict[str, Any] = {"crops": crops, "classes": list(classes), "eras": list(eras), "tuned_for": "each era",
+                           "arms": {a.name: {"test": str(a.test), "tune": str(a.tune)} for a in arms},
+                           "data": dict(data or {}), "scores": {}}
     for decoding in DECODINGS:
         docs = {era: [by_key[(a.name, decoding)][era].document for a in arms] for era in eras}
         groups = {"arms": docs, **{f"vs {a.name}": {era: [docs[era][0], docs[era][i]] for era in eras}

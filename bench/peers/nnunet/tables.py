@@ -7,7 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.peers.nnunet.scoring import DECODINGS, TUNE_ERA
+from bench.peers.nnunet.scoring import DECODINGS
+from cellseg.config.fields import DEFAULT_ERA
 
 
 def _num(value: float | None) -> str:
@@ -79,11 +80,12 @@ def markdown(doc: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]]) -
         for decoding in DECODINGS:
             by_era = doc["scores"][arm][decoding]
             rows.append([arm, decoding, *(_with_interval(by_era[e]) for e in eras), *(_change(by_era[e]) for e in eras)])
-    lines = [f"Test crops: {len(doc['crops'])}; classes: {len(doc['classes'])}; tuned decoding tuned for "
-             f"{doc['tune_era']} on each arm's own tuning-crop predictions.", "", *_rows(header, rows), "",
+    tuned_for = f"for {doc['tune_era']}" if "tune_era" in doc else "for each era on its own"  # older records: one
+    lines = [f"Test crops: {len(doc['crops'])}; classes: {len(doc['classes'])}; the tuned decoding tuned {tuned_for}, "
+             "on each arm's own tuning-crop predictions.", "", *_rows(header, rows), "",
              *_records(records), ""]
-    classes = doc["classes"]
-    tuned = {arm: doc["scores"][arm]["tuned"][TUNE_ERA]["classes"] for arm in arms}
-    lines += [f"Per class, tuned decoding, {TUNE_ERA}:", "",
+    classes, era = doc["classes"], DEFAULT_ERA if DEFAULT_ERA in eras else eras[-1]
+    tuned = {arm: doc["scores"][arm]["tuned"][era]["classes"] for arm in arms}
+    lines += [f"Per class, tuned decoding, {era}:", "",
               *_rows(["class", *arms], [[c, *(_num(tuned[a].get(c)) for a in arms)] for c in classes]), ""]
     return "\n".join(lines)

@@ -13,8 +13,11 @@ training cases) is skipped.
 **Stopped and resumed** (a job time limit, preemption): on SIGTERM, or `CELLSEG_NNUNET_STOP_AFTER_S` seconds after
 the process started, training stops after the current iteration, writes `checkpoint_latest.pth` (the interrupted
 epoch is run again, whole, on resume, so nnU-Net's per-epoch logs stay one entry an epoch) and `budget_state.json`
-(the clock so far), and the process exits 75. nnU-Net's `--c` then resumes it: the clock goes on from where it
-stopped, and the first iteration after each start is again uncharged.
+(the clock so far), and the process exits 75; asked during validation, it stops after the validation step, with
+the epoch finished. nnU-Net's `--c` then resumes it: the clock goes on from where it stopped, and the first
+iteration after each start is again uncharged. Every `checkpoint_latest.pth` nnU-Net writes (its periodic ones
+too) is paired with the clock at that moment in `budget_state.json`, so a hard kill resumes the checkpoint with
+its own clock, never an older one; resuming a checkpoint without its clock is refused.
 
 Environment: `CELLSEG_NNUNET_BUDGET_MIN` (required), `CELLSEG_NNUNET_ITERATIONS` and `CELLSEG_NNUNET_VAL_ITERATIONS`
 (default nnU-Net's 250 and 50; the CPU quick mode uses a handful), `CELLSEG_NNUNET_STOP_AFTER_S` (optional).
@@ -50,6 +53,8 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
         self.deadline = STARTED + float(stop_after) if stop_after else None
         self.stop_requested = False
         self.resumed = False
+        self.clock: dict | None = None  # the training clock while `run_training` runs (paired with checkpoints)
+        self.clock_started = 0.0  # `time.perf_counter()` at this start, for the clock's wall time
 
     def load_checkpoint(self, filename_or_checkpoint):
         super().load_checkpoint(filename_or_checkpoint)
@@ -59,24 +64,37 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
         self.stop_requested = True
         self.print_to_log_file("SIGTERM: stopping after this iteration, with a checkpoint to resume from")
 
+    def save_checkpoint(self, filename: str) -> None:
+        """nnU-Net's checkpoint, and for `checkpoint_latest.pth` (the one `--c` resumes) the clock beside it."""
+        super().save_checkpoint(filename)
+        if self.clock is not None and self.local_rank == 0 and os.path.basename(filename) == "checkpoint_latest.pth":
+            state = {**self.clock, "wall_s": self.clock["wall_s"] + time.perf_counter() - self.clock_started}
+            tmp = os.path.join(self.output_folder, f".{STATE_FILE}.tmp")
+            with open(tmp, "w") as fh:
+                json.dump(state, fh, indent=1)
+            os.replace(tmp, os.path.join(self.output_folder, STATE_FILE))
+
     def _clock_state(self) -> dict:
         path = os.path.join(self.output_folder, STATE_FILE)
         if self.resumed and os.path.isfile(path):
             with open(path) as fh:
                 return json.load(fh)
+        if self.resumed:
+            raise RuntimeError(f"{path}: missing: the checkpoint `--c` resumed has no training clock beside it "
+                               "(written by another trainer?); start the training afresh in another folder")
         if os.path.isfile(path):
             os.remove(path)  # left by a training that this one does not continue
         return {"charged_s": 0.0, "iterations": 0, "first_iterations_s": [], "epoch_s": [], "wall_s": 0.0}
 
-    def _stop(self, state: dict, started: float) -> None:
-        """Checkpoint so that `--c` runs the interrupted epoch again, record the clock, exit `STOPPED`."""
+    def _should_stop(self) -> bool:
+        return self.stop_requested or (self.deadline is not None and time.time() >= self.deadline)
+
+    def _stop(self, state: dict) -> None:
+        """Checkpoint with the clock (`save_checkpoint`) so that `--c` starts at the epoch not yet finished (in the
+        middle of one: that epoch again, whole), exit `STOPPED`."""
         self.current_epoch -= 1  # `save_checkpoint` stores current_epoch + 1: the epoch to start from
         self.save_checkpoint(os.path.join(self.output_folder, "checkpoint_latest.pth"))
         self.current_epoch += 1
-        if self.local_rank == 0:
-            state = {**state, "wall_s": state["wall_s"] + time.perf_counter() - started}
-            with open(os.path.join(self.output_folder, STATE_FILE), "w") as fh:
-                json.dump(state, fh, indent=1)
         for loader in (self.dataloader_train, self.dataloader_val):
             finish = getattr(loader, "_finish", None)
             if finish is not None:
@@ -99,8 +117,8 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
     def run_training(self):
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.on_train_start()
-        started = time.perf_counter()
-        state = self._clock_state()
+        started = self.clock_started = time.perf_counter()
+        state = self.clock = self._clock_state()
         first = True
         while state["charged_s"] < self.budget_s and self.current_epoch < self.num_epochs:
             self.on_epoch_start()
@@ -119,15 +137,21 @@ class nnUNetTrainerBudget(nnUNetTrainer):  # nnU-Net finds a trainer by its clas
                     state["charged_s"] += spent
                 if state["charged_s"] >= self.budget_s:
                     break  # the budget's last iteration: this epoch ends normally, whatever else was asked
-                if self.stop_requested or (self.deadline is not None and time.time() >= self.deadline):
-                    self._stop(state, started)
+                if self._should_stop():
+                    self._stop(state)
             self.on_train_epoch_end(outputs)
             state["epoch_s"].append(state["charged_s"] - epoch_start)
             with torch.no_grad():
                 self.on_validation_epoch_start()
-                val = [self.validation_step(next(self.dataloader_val)) for _ in range(self.num_val_iterations_per_epoch)]
+                val = []
+                for _ in range(self.num_val_iterations_per_epoch):
+                    val.append(self.validation_step(next(self.dataloader_val)))
+                    if self._should_stop():
+                        break  # the epoch ends on the steps validated; the checkpoint below starts the next
                 self.on_validation_epoch_end(val)
             self.on_epoch_end()
+            if self._should_stop() and state["charged_s"] < self.budget_s:
+                self._stop(state)
         self.on_train_end()
         path = os.path.join(self.output_folder, STATE_FILE)
         if self.local_rank == 0:
