@@ -259,7 +259,7 @@ def test_auto_weights_give_a_bad_member_less_weight_but_keep_it(tiny_synth_root,
     # Validation crops come from the data root's datasplit (crop2, crop3), found through the provenance.
     result = ensemble(EnsembleConfig(members=(bad, good), weights="auto"), tmp_path / "ens.zarr")
     report = result.weights.report
-    assert report["validation_crops"] == ["crop2", "crop3"] and report["metric"] == "2026"
+    assert report["validation_crops"] == ["crop2", "crop3"] and report["metric"] == "2026-07"
     assert result.store.completed() == ["crop1", "crop2", "crop3"]  # every common crop is written
     for c in ("mito", "er"):
         fit = report["classes"][c]
