@@ -260,8 +260,9 @@ def step_train(args: argparse.Namespace, env: nnenv.Env) -> dict[str, Any]:
               "starts": len(partial["starts_wall_s"]), "clock": clock, "resources": started_resources,
               "data": data_identity(out), "nnunetv2": nnenv.VERSION}
     _write_json(record_path, record)
-    log.info("nnU-Net trained %d epochs (%d iterations) in %.1f charged s (%.1f s wall with start-up)",
-             clock["epochs"], clock["iterations"], clock["charged_s"], record["train_wall_s"])
+    log.info("nnU-Net trained %.2f epochs (%d iterations) in %.1f charged s (%.1f s wall with start-up)",
+             clock["iterations"] / clock["iterations_per_epoch"], clock["iterations"], clock["charged_s"],
+             record["train_wall_s"])
     return record
 
 

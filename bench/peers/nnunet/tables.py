@@ -52,7 +52,8 @@ def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
                      f"{plan['patch_size_vox']}, batch {plan['batch_size']}; planned and preprocessed in "
                      f"{train['preprocess_s']:.0f} s.")
         lines.append(f"- nnU-Net training: {clock['charged_s']:.0f} s charged of a {train['budget_min']:g}-minute "
-                     f"budget ({clock['epochs']} epochs, {clock['iterations']} iterations, median epoch "
+                     f"budget ({clock['iterations'] / clock['iterations_per_epoch']:.2f} epochs of "
+                     f"{clock['iterations_per_epoch']}, {clock['iterations']} iterations, median epoch "
                      f"{clock['median_epoch_s']:.1f} s of training; first iteration {clock['first_iteration_s']:.1f} s "
                      f"uncharged), {train['train_wall_s']:.0f} s wall with start-up and validation, on {train['device']}"
                      f"{'' if train['compile'] else ' (eager)'}{_starts(train, clock)}.")
