@@ -68,6 +68,8 @@ def test_conversion_teaches_exactly_cellseg_supervision(converted: tuple[Path, d
     train = [c for c in doc["cases"] if c["role"] == "train"]
     assert meta["numTraining"] == len(train) >= 1
     assert {c["role"] for c in doc["cases"]} == {"train", "tune", "test"}
+    crops = sum(np.prod(c["crop_grid"]["shape_vox"]) for c in train)  # the labelled share of the cases' voxels
+    assert doc["crop_share_of_cases"] == crops / sum(np.prod(c["grid"]["shape_vox"]) for c in train) < 1
     entries = [e for e in read_datasplit(dataset / "datasplit.csv") if e.split == "train"]
     crops = {c.name: c for c in open_crops(entries, cfg.data)}
     for record in train:

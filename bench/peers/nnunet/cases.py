@@ -186,8 +186,13 @@ def convert(cfg: RunConfig, raw: Path, *, progress: bool = True) -> dict[str, An
     (tmp / "dataset.json").write_text(json.dumps(dataset_json(scheme, len(train)), indent=1))
     kept = sum(c["supervision"]["kept_pairs"] for c in cases if c["role"] == "train")
     known = sum(c["supervision"]["known_pairs"] for c in cases if c["role"] == "train")
+    training = [Case.from_json(c) for c in cases if c["role"] == "train"]
+    crop_vox = sum(int(np.prod(c.crop_grid.shape_vox)) for c in training)
+    case_vox = sum(int(np.prod(c.grid.shape_vox)) for c in training)
     doc = {"data_root": str(cfg.data.root), "voxel_size_nm": list(cfg.data.voxel_size_nm), "context_nm": CONTEXT_NM,
-           "scheme": scheme.to_json(), "kept_share": kept / known if known else None, "cases": cases}
+           "scheme": scheme.to_json(), "kept_share": kept / known if known else None,
+           "crop_share_of_cases": crop_vox / case_vox if case_vox else None,  # the labelled part of what it samples
+           "cases": cases}
     (tmp / CASES_FILE).write_text(json.dumps(doc, indent=1))
     os.replace(tmp, out)
     log.info("%s: %d training cases (%.1f %% of cellseg's supervised (class, voxel) pairs kept under one ignore "

@@ -129,9 +129,9 @@ def step_data(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     doc = case_io.convert(_config(settings), out / "raw", progress=not args.quiet)
     _write_json(out / SETTINGS_FILE, settings)
-    _write_json(out / "nnunet_data.json", {"seconds": time.perf_counter() - started, "kept_share": doc["kept_share"],
-                                           "cases": {r: sum(c["role"] == r for c in doc["cases"])
-                                                     for r in ("train", "tune", "test")}})
+    counts = {r: sum(c["role"] == r for c in doc["cases"]) for r in ("train", "tune", "test")}
+    _write_json(out / "nnunet_data.json", {"seconds": time.perf_counter() - started, "cases": counts,
+                                           **{k: doc[k] for k in ("kept_share", "crop_share_of_cases")}})
     return doc
 
 

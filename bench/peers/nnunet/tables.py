@@ -65,6 +65,11 @@ def _records(records: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if data and data.get("kept_share") is not None:
         lines.append(f"- Supervision: {100 * data['kept_share']:.1f} % of the (class, voxel) pairs cellseg's loss "
                      "sees are labelled for nnU-Net (the rest fall under its single ignore label).")
+    if data and data.get("crop_share_of_cases") is not None:
+        lines.append(f"- Context: the annotated crops are {100 * data['crop_share_of_cases']:.1f} % of the voxels of "
+                     "nnU-Net's training cases (each crop with its EM context); a patch drawn from a case is "
+                     "labelled only where it overlaps the crop, so nnU-Net sees fewer labelled voxels per patch "
+                     "than cellseg, whose patches are drawn to overlap the crops.")
     for name, rec in records.items():
         if name.startswith("cellseg_"):
             lines.append(f"- {name.removeprefix('cellseg_')}: trained {rec['budget_min']:g} minutes "
