@@ -11,8 +11,9 @@ position its metadata declares (scale and translation in nm, axes z, y, x):
 
 A layer names its group by a *mount* (the served folder: "root", "store1", ...) and a path inside it, so
 the state can be built without a server (`view_state.viewer_state`) and the files served from anywhere.
-Float16 probabilities (the default of `cellseg predict`) are left out with a warning: neuroglancer reads
-no float16 zarr arrays; stores written with `--uint8` show.
+Float16 probabilities (the default of `cellseg predict`) are shown through a mount of their own that serves them
+as uint8 (`view_transcode`: neuroglancer reads no float16 zarr arrays); an array of any other dtype neuroglancer
+cannot read, and a crop of another dataset than the one shown, is left out with a message naming it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from cellseg.data.crops import crop_sort_key, is_crop_name
 from cellseg.data.ngff import LevelMeta, parse_multiscales
 from cellseg.data.write import describe
+from cellseg.viz.view_transcode import FLOAT16, TRANSCODED_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -188,26 +190,40 @@ def crop_store_layers(path: Path, mount: str, *, dataset: str, classes: Sequence
     """Layers of a crop prediction store: every complete crop of `dataset`, one layer per class channel."""
     attrs = _store_attrs(path)
     kind: LayerKind = "probabilities" if attrs["kind"] == "probabilities" else "labels"
-    stem, layers, float16 = _stem(path), [], []
+    stem, layers, transcoded, unreadable, elsewhere = _stem(path), [], [], [], []
     crops = sorted((p.name for p in path.iterdir() if is_crop_name(p.name)), key=crop_sort_key)
     for crop in crops:
         crop_attrs = _read_json(path / crop / ".zattrs").get("cellseg_crop")
-        if not isinstance(crop_attrs, dict) or crop_attrs.get("dataset", dataset) != dataset:
-            continue  # incomplete, or a crop of another dataset
+        if not isinstance(crop_attrs, dict):
+            continue  # not complete yet
+        if crop_attrs.get("dataset", dataset) != dataset:
+            elsewhere.append(f"{crop} ({crop_attrs['dataset']})")
+            continue
         for channel in crop_attrs.get("channels", attrs.get("channels", [])):
             if channel.endswith(BOUNDARY_SUFFIX) or not _wanted(channel, classes):
                 continue
-            dtype = _s0_dtype(path / crop / channel)
-            if dtype not in READABLE_DTYPES:
-                float16.append(f"{crop}/{channel}")
+            dtype, served = _s0_dtype(path / crop / channel), mount
+            if dtype in FLOAT16:
+                transcoded.append(f"{crop}/{channel}")
+                dtype, served = "|u1", f"{mount}{TRANSCODED_SUFFIX}"
+            elif dtype not in READABLE_DTYPES:
+                unreadable.append(f"{crop}/{channel} ({dtype})")
                 continue
-            layers.append(Layer(name=f"{stem}/{crop}/{channel}", kind=kind, mount=mount, path=f"{crop}/{channel}",
+            layers.append(Layer(name=f"{stem}/{crop}/{channel}", kind=kind, mount=served, path=f"{crop}/{channel}",
                                 class_name=channel, dtype=dtype))
-    if float16:
-        log.warning("%s: %d channels left out (%s%s): neuroglancer reads no float16 arrays; write the store "
-                    "with --uint8 to view it", path, len(float16), ", ".join(float16[:3]),
-                    ", ..." if len(float16) > 3 else "")
+    if transcoded:
+        log.info("%s: %d float16 channels served as uint8 (round(255 p), transcoded as read)", path, len(transcoded))
+    if unreadable:
+        log.warning("%s: %d channels left out, of dtypes neuroglancer cannot read: %s", path, len(unreadable),
+                    _listing(unreadable))
+    if elsewhere:
+        log.warning("%s: %d crops of other datasets left out (view them with --dataset): %s", path, len(elsewhere),
+                    _listing(elsewhere))
     return layers
+
+
+def _listing(names: Sequence[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
 def truth_layers(root: Path, dataset: str, *, classes: Sequence[str] | None, visible: bool) -> list[Layer]:
@@ -277,7 +293,7 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
     mounts, predictions = {ROOT_MOUNT: root}, []
     for i, store in enumerate(store_paths, start=1):
         mount = f"store{i}"
-        mounts[mount] = store
+        mounts[mount] = mounts[f"{mount}{TRANSCODED_SUFFIX}"] = store  # as stored, and float16 as uint8
         if _store_attrs(store)["kind"] == VOLUME_KIND:
             predictions += volume_store_layers(store, mount, classes=classes)
         else:

@@ -6,12 +6,14 @@ read-only folders under a random token (`/cellseg/<token>/<mount>/...`), with ne
 static-file handler (`neuroglancer.static_file_server.CorsStaticFileHandler`), so the viewer reads the zarr
 chunks as files and one port (one SSH tunnel) carries everything. (neuroglancer's `StaticFileServer` would
 take a second, random port; `LocalVolume` would re-encode every chunk in Python and cannot use the stored
-pyramid levels.)
+pyramid levels.) A store's float16 arrays are also served transcoded to uint8 under a mount of their own
+(`cellseg.viz.view_transcode`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 
 from cellseg.viz.view_layers import ViewPlan
 from cellseg.viz.view_state import viewer_state
+from cellseg.viz.view_transcode import TRANSCODED_SUFFIX, handler_class
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'cellseg[view]'"
@@ -73,7 +76,9 @@ def serve(plan: ViewPlan, *, bind: str = "127.0.0.1", port: int = 0) -> Served:
     viewer = ng.Viewer()
     server = ng.server.global_server
     token = make_random_token()
-    routes = [(rf"/{FILES_PREFIX}/{token}/{mount}/(.*)", CorsStaticFileHandler, {"path": str(path.resolve())})
+    transcoding = handler_class()
+    routes = [(rf"/{FILES_PREFIX}/{token}/{re.escape(mount)}/(.*)",
+               transcoding if mount.endswith(TRANSCODED_SUFFIX) else CorsStaticFileHandler, {"path": str(path.resolve())})
               for mount, path in plan.mounts.items()]
     # Runs before any URL is handed out, so no request races the new routes; ".*" matches any host name.
     server.app.add_handlers(r".*", routes)

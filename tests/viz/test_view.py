@@ -110,7 +110,8 @@ def test_truth_sources_declare_the_crops_world_offsets(tiny_synth_root):
                           {"type": "translation", "translation": list(geometry.translation_nm)}]
 
 
-def test_crop_stores_show_uint8_and_segmentation_channels_and_leave_out_float16(tiny_synth_root, tmp_path, caplog):
+def test_crop_stores_show_uint8_float16_and_segmentation_channels(tiny_synth_root, tmp_path, caplog):
+    caplog.set_level("INFO", logger="cellseg.viz.view_layers")
     crop = Catalog.from_dir(tiny_synth_root).train[1]
     g = crop.labels["mito"]
     grid = Grid.of(translation_nm=g.translation_nm, shape_vox=g.shape_vox, voxel_size_nm=g.voxel_size_nm)
@@ -126,12 +127,35 @@ def test_crop_stores_show_uint8_and_segmentation_channels_and_leave_out_float16(
     plan = plan_view(tiny_synth_root, stores=[tmp_path / "seg.zarr", tmp_path / "u8.zarr", tmp_path / "f16.zarr"],
                      dataset=crop.dataset)
     layers = {layer.name: layer for layer in plan.layers}
-    assert {"seg/crop1/mito", "seg/crop1/er", "u8/crop1/mito"} <= set(layers)
-    assert not any(n.startswith("f16/") for n in layers)
-    assert "neuroglancer reads no float16" in caplog.text and "--uint8" in caplog.text
+    assert {"seg/crop1/mito", "seg/crop1/er", "u8/crop1/mito", "f16/crop1/mito"} <= set(layers)  # none dropped
+    assert "1 float16 channels served as uint8" in caplog.text
     assert layers["seg/crop1/mito"].kind == "labels" and layers["seg/crop1/mito"].dtype == "<u4"
     assert layers["u8/crop1/mito"].kind == "probabilities"
+    assert layers["f16/crop1/mito"].dtype == "|u1" and layers["f16/crop1/mito"].mount == "store3+u8"
     assert source_url(BASE, layers["seg/crop1/er"]) == f"{BASE}/store1/crop1/er/|zarr2:"
+    # served: the float16 array reads as the uint8 one `--uint8` wrote, chunk for chunk
+    from cellseg.viz.view_serve import serve
+
+    served = serve(plan, port=0)
+    try:
+        state = _by_name(served.state)
+        f16 = state["f16/crop1/mito"]["source"].removesuffix("|zarr2:")
+        u8 = state["u8/crop1/mito"]["source"].removesuffix("|zarr2:")
+        meta = json.loads(_get(f16 + "s0/.zarray"))
+        assert meta["dtype"] == "|u1" and meta["compressor"] is None
+        u8_meta = json.loads(_get(u8 + "s0/.zarray"))
+        assert meta["shape"] == u8_meta["shape"] and meta["chunks"] == u8_meta["chunks"]
+        chunk = "s0/" + "0.0.0".replace(".", u8_meta.get("dimension_separator", "."))
+        import numcodecs
+
+        stored = (tmp_path / "u8.zarr" / "crop1" / "mito" / chunk).read_bytes()
+        want = numcodecs.get_codec(u8_meta["compressor"]).decode(stored) if u8_meta["compressor"] else stored
+        assert _get(f16 + chunk) == bytes(want) and set(_get(f16 + chunk)) == {128}  # round(255 · 0.5)
+        assert json.loads(_get(f16 + ".zattrs")) == json.loads((tmp_path / "f16.zarr/crop1/mito/.zattrs").read_text())
+        with pytest.raises(HTTPStatus):  # nothing outside the served store
+            _get(f16 + "../../../../etc/passwd")
+    finally:
+        served.stop()
 
 
 def _get(url: str) -> bytes:
