@@ -8,8 +8,9 @@ the starting position (a whole-volume prediction's centre, else the EM's), which
 slices), and how each layer is drawn:
 
 - the EM: grey, as stored;
-- probabilities: the class colour with opacity = probability (uint8 255 = 1.0; float32 as is), a slider
-  hiding voxels below a threshold;
+- probabilities: the class colour over the voxels at or above a threshold (default 0.5, what the plain decoding
+  keeps), its opacity rising with the probability from half strength at the threshold, so the EM stays visible
+  under the low probabilities everywhere (uint8 255 = 1.0; float32 as is), with sliders for both;
 - labels: masks in the class colour, object ids in neuroglancer's colours per id; truth crops mark
   unknown voxels (255) grey.
 """
@@ -30,14 +31,16 @@ UNKNOWN_COLOR = "#808080"
 
 PROBABILITY_SHADER = """\
 #uicontrol vec3 color color(default="{color}")
-#uicontrol float threshold slider(min=0, max=1, step=0.01, default=0.0)
-#uicontrol float strength slider(min=0, max=1, step=0.05, default=1.0)
+#uicontrol float threshold slider(min=0, max=1, step=0.01, default={threshold})
+#uicontrol float strength slider(min=0, max=1, step=0.05, default={strength})
 void main() {{
   // toNormalized: uint8 0..255 -> 0..1 (255 = p 1.0); float32 probabilities pass through
   float p = clamp(toNormalized(getDataValue()), 0.0, 1.0);
   emitRGBA(vec4(color, p >= threshold ? p * strength : 0.0));
 }}
 """
+PROBABILITY_THRESHOLD = 0.5  # the first view: what the plain decoding (p > 0.5) keeps; lower it with the slider
+PROBABILITY_STRENGTH = 0.7  # opacity at p = 1: the EM shows through even where the model is sure
 
 
 def class_hex(name: str) -> str:
@@ -64,7 +67,8 @@ def layer_json(layer: Layer, base_url: str) -> dict[str, Any]:
         entry |= {"type": "image", "opacity": 1.0}
     elif layer.kind == "probabilities":
         entry |= {"type": "image", "opacity": 1.0, "blend": "default",
-                  "shader": PROBABILITY_SHADER.format(color=class_hex(layer.class_name))}
+                  "shader": PROBABILITY_SHADER.format(
+                      color=class_hex(layer.class_name), threshold=PROBABILITY_THRESHOLD, strength=PROBABILITY_STRENGTH)}
     else:
         entry |= {"type": "segmentation", "hideSegmentZero": True}
         if layer.is_mask:

@@ -71,6 +71,7 @@ def test_state_has_em_predictions_and_truth_with_sources_shaders_and_dimensions(
         prob = layers[f"out/probabilities/{cls}"]
         assert prob["type"] == "image" and prob["source"] == f"{BASE}/store1/probabilities/{cls}/|zarr2:"
         assert f'color(default="{class_hex(cls)}")' in prob["shader"] and "toNormalized" in prob["shader"]
+        assert "step=0.01, default=0.5)" in prob["shader"]  # the first view shows p ≥ 0.5 only: no wash over the EM
         assert layers[f"out/labels/{cls}"]["type"] == "segmentation"
     assert layers["out/labels/er"]["segmentDefaultColor"] == class_hex("er")  # a mask: the class colour
     assert "segmentDefaultColor" not in layers["out/labels/mito"]  # ids: a colour per object
