@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--classes", metavar="A,B",
                         help="comma-separated classes to show (default: every class of the stores; without "
                              "stores, every truth class)")
+    parser.add_argument("--crop", metavar="N",
+                        help="start the view on crop N of the data root (a training or test crop), fitted to its "
+                             "box (default: the first store's ROI or first crop, else the whole EM)")
     parser.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                         help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
                              "network interface, for anyone who can reach this host)")
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"cellseg view: error: {err}", file=sys.stderr)
         return 2
-    plan = plan_view(args.root, dataset=args.dataset, stores=args.stores, classes=classes)
+    plan = plan_view(args.root, dataset=args.dataset, stores=args.stores, classes=classes, crop=args.crop)
     served = serve(plan, bind=args.bind, port=args.port)
     try:
         if args.state_json is not None:

@@ -83,8 +83,9 @@ class ViewPlan:
         layers: EM first, then predictions store by store, then truth crops.
         em_levels: the EM's levels (voxel size and translation in nm, z y x), finest first.
         em_shape_vox: the EM's `s0` shape (z, y, x).
-        focus_nm: where the view starts (world nm, z y x): the centre of the first whole-volume store's ROI,
-            else the EM's centre.
+        focus_nm: where the view starts (world nm, z y x): the centre of the crop asked for (`crop`), else of the
+            first whole-volume store's ROI, else of the first crop of the first crop store, else the EM's centre.
+        focus_extent_nm: the extent (nm, z y x) of that region, which the first view fits into its panels.
     """
 
     dataset: str
@@ -93,6 +94,7 @@ class ViewPlan:
     em_levels: tuple[LevelMeta, ...]
     em_shape_vox: tuple[int, int, int]
     focus_nm: tuple[float, float, float]
+    focus_extent_nm: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -145,13 +147,50 @@ def store_dataset(path: Path) -> str | None:
     return str(attrs["dataset"]) if attrs.get("kind") == VOLUME_KIND and attrs.get("dataset") else None
 
 
-def _roi_centre_nm(path: Path) -> tuple[float, float, float] | None:
-    """The centre (world nm, z y x) of a predict-volume store's ROI (`roi_nm`: lower corner and extent)."""
+Box = tuple[tuple[float, float, float], tuple[float, float, float]]  # (lower corner, extent), world nm, z y x
+
+
+def _roi_box_nm(path: Path) -> Box | None:
+    """A predict-volume store's ROI (`roi_nm`: lower corner and extent, world nm)."""
     roi = _store_attrs(path).get("roi_nm")
     try:
-        return tuple(float(o) + float(n) / 2 for o, n in zip(roi["offset"], roi["shape"], strict=True))  # type: ignore[return-value,index]
+        return (tuple(float(o) for o in roi["offset"]), tuple(float(n) for n in roi["shape"]))  # type: ignore[return-value,index]
     except (TypeError, KeyError, ValueError):
         return None
+
+
+def _crop_box_nm(root: Path, crop: str, dataset: str) -> Box:
+    """The box around every annotation (or test box) of crop `crop` ("12" or "crop12") of the data root.
+
+    Raises:
+        ValueError: a crop the root does not list, or one of another dataset.
+    """
+    from cellseg.data.crops import Catalog, crop_id
+
+    catalog = Catalog.from_dir(root)
+    number = crop_id(crop if crop.startswith("crop") else f"crop{crop}")
+    found = catalog.train.get(number) or next((t[number] for t in catalog.tests.values() if number in t), None)
+    if found is None:
+        raise ValueError(f"--crop {crop}: not a crop of {root} (its manifests list none by that number)")
+    if found.dataset != dataset:
+        raise ValueError(f"--crop {crop}: a crop of {found.dataset}, not of the dataset shown ({dataset})")
+    lo = [min(g.translation_nm[d] - g.voxel_size_nm[d] / 2 for g in found.labels.values()) for d in range(3)]
+    hi = [max(g.translation_nm[d] + (g.shape_vox[d] - 0.5) * g.voxel_size_nm[d] for g in found.labels.values())
+          for d in range(3)]
+    return tuple(lo), tuple(h - low for h, low in zip(hi, lo, strict=True))  # type: ignore[return-value]
+
+
+def _first_crop_box_nm(store: Path, layers: Sequence[Layer]) -> Box | None:
+    """The box of the first crop a crop store shows (its s0 grid, from the multiscale metadata)."""
+    for layer in layers:
+        if is_crop_name(layer.path.split("/")[0]):
+            group = store / layer.path
+            level = parse_multiscales(_read_json(group / ".zattrs"), source=str(group))[0]
+            shape = _read_json(group / level.path / ".zarray").get("shape")
+            if isinstance(shape, list) and len(shape) == 3:
+                lo = tuple(t - v / 2 for t, v in zip(level.translation_nm, level.voxel_size_nm, strict=True))
+                return lo, tuple(n * v for n, v in zip(shape, level.voxel_size_nm, strict=True))  # type: ignore[return-value]
+    return None
 
 
 def em_centre_nm(levels: Sequence[LevelMeta], shape_vox: Sequence[int]) -> tuple[float, float, float]:
@@ -263,7 +302,7 @@ def _choose_dataset(root: Path, dataset: str | None, stores: Sequence[Path]) -> 
 
 
 def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[str | Path] = (),
-              classes: Sequence[str] | None = None) -> ViewPlan:
+              classes: Sequence[str] | None = None, crop: str | None = None) -> ViewPlan:
     """Find and check every layer to show: the EM of `dataset`, each store's predictions, the truth crops.
 
     Args:
@@ -272,6 +311,7 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
         stores: prediction stores (predict-volume's OUT.zarr, or crop stores of predict/ensemble/postprocess).
         classes: show only these classes (default: every class of the stores; the truth's classes are those
             of the stores, or all of them when no store is given).
+        crop: start the view on this crop of the root ("12" or "crop12"), fitted to its box.
 
     Raises:
         FileNotFoundError: a missing root or store.
@@ -290,14 +330,19 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
         raise ValueError(f"{em_group / em_levels[0].path}: no 3D zarr array here")
     em = Layer(name=f"{chosen} EM", kind="em", mount=ROOT_MOUNT, path=em_group.relative_to(root).as_posix(),
                dtype=_s0_dtype(em_group))
-    mounts, predictions = {ROOT_MOUNT: root}, []
+    mounts, predictions, boxes = {ROOT_MOUNT: root}, [], []
+    if crop is not None:
+        boxes.append(_crop_box_nm(root, crop, chosen))
     for i, store in enumerate(store_paths, start=1):
         mount = f"store{i}"
         mounts[mount] = mounts[f"{mount}{TRANSCODED_SUFFIX}"] = store  # as stored, and float16 as uint8
         if _store_attrs(store)["kind"] == VOLUME_KIND:
             predictions += volume_store_layers(store, mount, classes=classes)
+            boxes.append(_roi_box_nm(store))
         else:
-            predictions += crop_store_layers(store, mount, dataset=chosen, classes=classes)
+            layers = crop_store_layers(store, mount, dataset=chosen, classes=classes)
+            predictions += layers
+            boxes.append(_first_crop_box_nm(store, layers))
     truth_classes = classes if classes is not None or not predictions else sorted({p.class_name for p in predictions})
     truth = truth_layers(root, chosen, classes=truth_classes, visible=not predictions)
     if classes is not None and not predictions and not truth:
@@ -308,6 +353,11 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
         raise ValueError(f"two stores share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); "
                          "rename one")
     shape_vox = tuple(int(v) for v in shape)
-    centres = [c for c in (_roi_centre_nm(s) for s in store_paths if store_dataset(s)) if c is not None]
+    box = next((b for b in boxes if b is not None), None)
+    if box is None:  # the EM's whole extent
+        s0 = em_levels[0]
+        box = (tuple(t - v / 2 for t, v in zip(s0.translation_nm, s0.voxel_size_nm, strict=True)),
+               tuple(n * v for n, v in zip(shape_vox, s0.voxel_size_nm, strict=True)))
+    centre = tuple(o + n / 2 for o, n in zip(*box, strict=True))
     return ViewPlan(dataset=chosen, mounts=mounts, layers=(em, *predictions, *truth), em_levels=em_levels,
-                    em_shape_vox=shape_vox, focus_nm=centres[0] if centres else em_centre_nm(em_levels, shape_vox))  # type: ignore[arg-type]
+                    em_shape_vox=shape_vox, focus_nm=centre, focus_extent_nm=box[1])  # type: ignore[arg-type]

@@ -4,8 +4,8 @@ Neuroglancer reads each layer's OME-NGFF metadata itself: its scale and translat
 translation = the centre of voxel 0, the convention of `cellseg.data.crops`) place every level, crop and
 prediction in world coordinates, so no layer needs a transform here. The state fixes what the data does not
 say: the global dimensions (z, y, x at the EM's finest voxel size, in metres as neuroglancer writes them),
-the starting position (a whole-volume prediction's centre, else the EM's), which plane the panels show (x across, y down, as in the EM's
-slices), and how each layer is drawn:
+the starting position and zoom (the focused region, `ViewPlan.focus_nm`, fitted into the panels), which plane
+the panels show (x across, y down, as in the EM's slices), and how each layer is drawn:
 
 - the EM: grey, as stored;
 - probabilities: the class colour over the voxels at or above a threshold (default 0.5, what the plain decoding
@@ -28,6 +28,11 @@ DISPLAY_AXES = ("x", "y", "z")  # the xy panel shows x across and y down
 FALLBACK_COLOR = "#bbbbbb"  # a channel that is not a CellMap class (e.g. a user's own)
 UNKNOWN_ID = "255"  # CellMap truth's "unknown" value (the annotation encoding's `unknown`)
 UNKNOWN_COLOR = "#808080"
+# The first view fits the focused region (a crop, a store's ROI, or the EM) into a panel of about this many screen
+# pixels (a 4-panel layout on a 1080p screen), zooming in up to 8 screen pixels per voxel for a small crop.
+FIT_PIXELS = 400
+MIN_SCALE = 1 / 8
+PROJECTION_MARGIN = 1.5  # the 3D panel shows the region with half its size around it
 
 PROBABILITY_SHADER = """\
 #uicontrol vec3 color color(default="{color}")
@@ -95,11 +100,13 @@ def viewer_state(plan: ViewPlan, base_url: str, *, position_nm: Sequence[float] 
     """
     voxel = plan.em_levels[0].voxel_size_nm
     centre = position_nm if position_nm is not None else plan.focus_nm
+    extent = max([n / v for n, v in zip(plan.focus_extent_nm, voxel, strict=True)] + [1.0])  # EM voxels
     return {
         "dimensions": dimensions(voxel),
         "displayDimensions": list(DISPLAY_AXES),
         "position": [float(c) / v for c, v in zip(centre, voxel, strict=True)],  # in global units (EM voxels)
-        "crossSectionScale": 1.0,
+        "crossSectionScale": max(MIN_SCALE, extent / FIT_PIXELS),  # EM voxels per screen pixel: the region fits
+        "projectionScale": extent * PROJECTION_MARGIN,
         "layers": [layer_json(layer, base_url) for layer in plan.layers],
         "selectedLayer": {"layer": plan.layers[0].name, "visible": True},
         "layout": "4panel",

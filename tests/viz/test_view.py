@@ -269,3 +269,27 @@ def test_an_existing_state_file_is_kept_without_overwrite(tiny_synth_root, tmp_p
     state.write_text("{}")
     assert main(["view", str(tiny_synth_root), "--dataset", DATASET, "--state-json", str(state), "--no-browser"]) == 2
     assert "--overwrite" in capsys.readouterr().err and state.read_text() == "{}"
+
+
+def test_the_first_view_is_fitted_and_centred_on_the_focused_region(tiny_synth_root, volume_store):
+    from cellseg.viz.view_state import FIT_PIXELS, MIN_SCALE
+
+    crop = Catalog.from_dir(tiny_synth_root).train[1]  # a crop of the dataset of `volume_store`
+    g = crop.labels["mito"]
+    plan = plan_view(tiny_synth_root, stores=[volume_store], crop="1")
+    centre = [t - v / 2 + n * v / 2 for t, v, n in zip(g.translation_nm, g.voxel_size_nm, g.shape_vox, strict=True)]
+    assert plan.focus_nm == pytest.approx(centre) and plan.focus_extent_nm == pytest.approx(
+        [n * v for n, v in zip(g.shape_vox, g.voxel_size_nm, strict=True)])
+    state = viewer_state(plan, BASE)
+    voxel = plan.em_levels[0].voxel_size_nm
+    assert state["position"] == pytest.approx([c / v for c, v in zip(centre, voxel, strict=True)])
+    largest = max(n * v / e for n, v, e in zip(g.shape_vox, g.voxel_size_nm, voxel, strict=True))
+    assert state["crossSectionScale"] == pytest.approx(max(MIN_SCALE, largest / FIT_PIXELS))
+    assert state["crossSectionScale"] < 1  # a small crop is zoomed in, not one voxel per screen pixel
+    roi = plan_view(tiny_synth_root, stores=[volume_store])  # no crop asked: the store's ROI
+    attrs = json.loads((volume_store / ".zattrs").read_text())["cellseg"]["roi_nm"]
+    assert roi.focus_extent_nm == pytest.approx(attrs["shape"])
+    with pytest.raises(ValueError, match="--crop 999: not a crop of"):
+        plan_view(tiny_synth_root, stores=[volume_store], crop="999")
+    with pytest.raises(ValueError, match="--crop 5: a crop of synth-iso8-1, not of the dataset shown"):
+        plan_view(tiny_synth_root, stores=[volume_store], crop="5")
