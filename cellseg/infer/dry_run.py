@@ -52,24 +52,17 @@ def dry_run(run_dirs: Sequence[str | Path], crops: str, out: str | Path, opts: I
     voxels = sum(int(np.prod(crop_grid(t, voxel_size).shape_vox)) for t in targets)
     lines += ["", f"total: {voxels:,} voxels, {human_bytes(need)} of probabilities; {where}: {human_bytes(free)} free "
               f"({'fits' if need <= free else 'does NOT fit: predicting would be refused'})"]
-    table, total, unknown = rates.packaged(), 0.0, []
+    table, time = rates.packaged(), rates.GpuTime()
     for run in runs:
         tfms, axes = len(run_transforms(run, opts.tta)), slice_axes(run, opts.axes_2d)
         gvox = job_gvox(run, targets, overlap=opts.overlap, transforms=tfms, axes=axes)
-        seconds = _gpu_seconds(run, targets, axes, tta=tfms, overlap=opts.overlap)
-        if seconds is None:
-            unknown.append(run.run_dir.name)
-        else:
-            total += seconds
-        estimate = "no recorded rate" if seconds is None else f"≈ {_hours(seconds)} on one {table['device']}"
+        estimate = time.add(run.run_dir.name, _gpu_seconds(run, targets, axes, tta=tfms, overlap=opts.overlap))
         lines.append(f"model input of {run.run_dir.name} ({run.cfg.model.name}): {gvox:.2f} Gvoxels (TTA {tfms}, "
                      f"overlap {opts.overlap:g}); {estimate}")
-    if not unknown:
-        lines.append(f"GPU time: ≈ {_hours(total)} on one {table['device']} at the rates of {table['source']} "
-                     f"({table['date']}, default presets, compiled; `--dry-run` estimates, the run measures)")
-    else:
-        lines.append(f"GPU time: no estimate for {', '.join(unknown)}: the record ({table['source']}) has each "
-                     "architecture's default preset at TTA 1 and 8, overlap 0.5")
+    lines.append(time.missing() if time.unknown else
+                 f"GPU time: ≈ {rates.duration(time.total_s)} on one {table['device']} at the rates of "
+                 f"{table['source']} ({table['date']}, default presets, compiled; `--dry-run` estimates, the run "
+                 "measures)")
     return "\n".join(lines)
 
 
@@ -86,8 +79,3 @@ def _gpu_seconds(run: LoadedRun, targets: Sequence[CropTarget], axes: Sequence[s
         box = crop_grid(t, run.cfg.data.voxel_size_nm).shape_vox
         shapes += [[n + 2 * m for n, m in zip(box, margin, strict=True)]] * (len(axes) if patch[0] == 1 else 1)
     return rates.gpu_seconds(run.cfg.model.name, shapes, tta=tta, overlap=overlap)
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} GPU-hours"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -66,3 +67,30 @@ def gpu_seconds(model: str, context_shapes: Sequence[Sequence[int]], *, tta: int
     if mvox is None:
         return None
     return sum(math.prod(s) for s in context_shapes) / (mvox * 1e6)
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads a plan: s below 2 minutes, min below 2 hours, then h."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class GpuTime:
+    """A plan's GPU time, summed over its runs; the runs without a recorded rate named instead."""
+
+    total_s: float = 0.0
+    unknown: list[str] = field(default_factory=list)
+
+    def add(self, name: str, seconds: float | None) -> str:
+        """Count one run's seconds (None: no recorded rate) and say its estimate."""
+        if seconds is None:
+            self.unknown.append(name)
+            return "no recorded rate"
+        self.total_s += seconds
+        return f"≈ {duration(seconds)} on one {packaged()['device']}"
+
+    def missing(self) -> str:
+        """The line for a plan with runs of no recorded rate."""
+        return (f"GPU time: no estimate for {', '.join(self.unknown)}: the record ({packaged()['source']}) has each "
+                "architecture's default preset at TTA 1 and 8, overlap 0.5")

@@ -23,11 +23,6 @@ from cellseg.volume.driver import Decided, member_streams, plan_job
 from cellseg.volume.plan import GPU_SUMS_FRACTION, block_boxes, block_sums_bytes, estimate_bytes, lattice_box
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f} h"
-
-
 def dry_run(job: Any, decided: Decided | None = None) -> str:
     """The plan of `job` (a `PredictVolumeJob`) as text; see the module docstring."""
     plan = plan_job(job, decided)
@@ -56,7 +51,7 @@ def dry_run(job: Any, decided: Decided | None = None) -> str:
     lines.append(f"GPU memory: the members' blending sums take {sums / 1e9:.2f} GB per block (blocks are made "
                  f"narrower when they would take more than {GPU_SUMS_FRACTION:.0%} of the GPU: "
                  "volume.gpu_memory_gb, else the driver's GPU)")
-    table, total, unknown = rates.packaged(), 0.0, []
+    table, time = rates.packaged(), rates.GpuTime()
     for run, tta in zip(plan.members.runs, plan.members.transforms(opts), strict=True):
         patch = shape3(run.cfg.data.patch_shape_vox)
         margin = context_margin(patch)
@@ -65,19 +60,15 @@ def dry_run(job: Any, decided: Decided | None = None) -> str:
         gvox = sum(math.prod(r) for r in reads) / 1e9
         seconds = rates.gpu_seconds(run.cfg.model.name, reads, tta=tta, overlap=opts.overlap) \
             if run.cfg.model.preset == "default" else None
-        if seconds is None:
-            unknown.append(run.run_dir.name)
-        else:
-            total += seconds
-        estimate = "no recorded rate" if seconds is None else f"≈ {_duration(seconds)} on one {table['device']}"
+        estimate = time.add(run.run_dir.name, seconds)
         lines.append(f"member {run.run_dir.name} ({run.cfg.model.name}, TTA {tta}): reads {gvox:.3g} Gvoxels of EM "
                      f"with context ({gvox * 1e9 / voxels:.2f}× the ROI); {estimate}")
-    if unknown:
-        lines.append(f"GPU time: no estimate for {', '.join(unknown)}: the record ({table['source']}) has each "
-                     "architecture's default preset at TTA 1 and 8, overlap 0.5")
+    if time.unknown:
+        lines.append(time.missing())
     else:
         gpus = max(1, len(plan.workers.gpus))
-        lines.append(f"GPU time: ≈ {_duration(total)} on one {table['device']} ({voxels / total / 1e6:.3g} Mvox/s), "
-                     f"≈ {_duration(total / gpus)} on the {gpus} GPU(s) given, at the rates of {table['source']} "
-                     f"({table['date']}; a crop's rate: start-up, the pyramid and writing come on top)")
+        lines.append(f"GPU time: ≈ {rates.duration(time.total_s)} on one {table['device']} "
+                     f"({voxels / time.total_s / 1e6:.3g} Mvox/s), ≈ {rates.duration(time.total_s / gpus)} on the "
+                     f"{gpus} GPU(s) given, at the rates of {table['source']} ({table['date']}; a crop's rate: "
+                     "start-up, the pyramid and writing come on top)")
     return "\n".join(lines)
