@@ -117,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if report.zero:
         print(f"warning: {len(report.zero)} arrays from the predictions are all zeros: {_listing(report.zero)}",
               file=sys.stderr)
-    if report.zero_classes:
-        print(f"warning: {len(report.zero_classes)} classes are all zeros in every crop: "
-              f"{_listing(report.zero_classes)}", file=sys.stderr)
+    if zero_classes := report.all_zero.classes:
+        print(f"warning: {len(zero_classes)} classes are all zeros in every crop: {_listing(zero_classes)}",
+              file=sys.stderr)
     if report.empty:
         print(f"wrote {len(report.empty)} empty arrays for labels the prediction lacks: {_listing(report.empty)}")
     empty = set(report.empty)

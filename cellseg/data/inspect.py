@@ -35,6 +35,16 @@ def disk_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
+def free_disk(path: str | os.PathLike[str]) -> tuple[Path, int]:
+    """The folder whose file system `path` will be written to (its nearest existing ancestor) and its free bytes."""
+    import shutil
+
+    where = Path(path).resolve()
+    while not where.exists():
+        where = where.parent
+    return where, shutil.disk_usage(where).free
+
+
 def human_bytes(n: float) -> str:
     """`1536` → `1.5 KiB`."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -51,7 +51,7 @@ import math
 import os
 import shutil
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +98,34 @@ def load_manifest(path: str | os.PathLike[str]) -> Mapping[int, Crop]:
         "manifest")  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class AllZero:
+    """What all-zero arrays say about a submission: `crop<N>/<label>` names, those all zeros among them (`of`).
+
+    Attributes:
+        everything: every array is all zeros (nothing was predicted).
+        crops: crop → its labels, for each crop whose every array is all zeros.
+        classes: the labels all zeros in every crop that has them.
+    """
+
+    everything: bool
+    crops: dict[str, list[str]]
+    classes: list[str]
+
+    @classmethod
+    def of(cls, names: Sequence[str], zero: Collection[str]) -> AllZero:
+        crops: dict[str, list[str]] = {}
+        classes: dict[str, list[str]] = {}
+        for where in names:
+            crop, label = where.split("/", 1)
+            crops.setdefault(crop, []).append(label)
+            classes.setdefault(label, []).append(where)
+        return cls(everything=bool(names) and all(w in zero for w in names),
+                   crops={c: labels for c, labels in sorted(crops.items())
+                          if all(f"{c}/{label}" in zero for label in labels)},
+                   classes=sorted(label for label, where in classes.items() if all(w in zero for w in where)))
+
+
 @dataclass(kw_only=True)
 class SubmitReport:
     """What `write_submission` did, as `crop<N>/<label>` names in manifest order.
@@ -116,12 +144,9 @@ class SubmitReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def zero_classes(self) -> list[str]:
-        """Labels all zeros in every crop that has them (written from the predictions or empty)."""
-        zero, labels = set(self.zero) | set(self.empty), {}
-        for where in self.written + self.empty:
-            labels.setdefault(where.split("/", 1)[1], []).append(where in zero)
-        return sorted(label for label, flags in labels.items() if all(flags))
+    def all_zero(self) -> AllZero:
+        """What the arrays written all zeros (from the predictions, or empty for lacking labels) say."""
+        return AllZero.of(self.written + self.empty, set(self.zero) | set(self.empty))
 
     @property
     def predicted_share(self) -> float:
@@ -362,17 +387,13 @@ def check_not_empty(report: SubmitReport) -> None:
     Raises:
         EmptySubmission: naming the crops (and their labels) or the whole submission.
     """
-    zero = set(report.zero) | set(report.empty)
-    every = report.written + report.empty
-    if every and all(w in zero for w in every):
-        raise EmptySubmission(f"every one of the submission's {len(every)} arrays is all zeros: nothing was "
-                              "predicted (a failed model? a threshold above every probability?)")
-    crops: dict[str, list[str]] = {}
-    for where in every:
-        crops.setdefault(where.split("/", 1)[0], []).append(where)
-    dead = {crop: names for crop, names in crops.items() if all(n in zero for n in names)}
+    zero = report.all_zero
+    if zero.everything:
+        raise EmptySubmission(f"every one of the submission's {len(report.written) + len(report.empty)} arrays is "
+                              "all zeros: nothing was predicted (a failed model? a threshold above every probability?)")
+    dead = zero.crops
     if dead:
-        listing = "; ".join(f"{crop} ({', '.join(n.split('/', 1)[1] for n in names)})" for crop, names in dead.items())
+        listing = "; ".join(f"{crop} ({', '.join(labels)})" for crop, labels in dead.items())
         raise EmptySubmission(f"every array of {len(dead)} crop(s) is all zeros, nothing predicted there (predicted "
                               f"outside the crop's box? other crops than the manifest's?): {listing}")
 

@@ -270,23 +270,18 @@ def all_zero_issues(issues: list[Issue], read: Sequence[str], *, allow_empty: bo
     together: an error for a submission whose every array is all zeros and for each crop whose every array is
     (a failed model, a wrong threshold, a crop predicted outside its box), warnings with `allow_empty`; a warning
     naming the classes that are all zeros in every crop that has them."""
-    empty = {i.where for i in issues if i.message == EMPTY_ARRAY}
-    crops: dict[str, list[str]] = {}
-    classes: dict[str, list[str]] = {}
-    for where in read:
-        crop, label = where.split("/", 1)
-        crops.setdefault(crop, []).append(where)
-        classes.setdefault(label, []).append(where)
+    from cellseg.eval.submit import AllZero
+
+    zero = AllZero.of(read, {i.where for i in issues if i.message == EMPTY_ARRAY})
     severity = "warning" if allow_empty else "error"
     allowed = " (allowed by --allow-empty)" if allow_empty else "; --allow-empty if this is meant"
-    if read and all(w in empty for w in read):
+    if zero.everything:
         return [Issue(severity, "submission", f"every one of its {len(read)} arrays is all zeros: nothing was "
                       f"predicted{allowed}")]
-    out = [Issue(severity, crop, f"every one of its {len(names)} arrays is all zeros ("
-                 f"{', '.join(n.split('/', 1)[1] for n in names)}): nothing predicted in this crop (predicted outside "
-                 f"its box? a wrong threshold?){allowed}") for crop, names in sorted(crops.items())
-           if all(n in empty for n in names)]
-    absent = sorted(label for label, names in classes.items() if all(n in empty for n in names))
+    out = [Issue(severity, crop, f"every one of its {len(labels)} arrays is all zeros ({', '.join(labels)}): nothing "
+                 f"predicted in this crop (predicted outside its box? a wrong threshold?){allowed}")
+           for crop, labels in zero.crops.items()]
+    absent = zero.classes
     if absent:
         out.append(Issue("warning", "submission", f"{len(absent)} classes are all zeros in every crop that has them: "
                          f"{', '.join(absent)}"))

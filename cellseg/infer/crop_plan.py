@@ -99,17 +99,18 @@ def plan_crop(shape_vox: Sequence[int], num_channels: int, patch: Sequence[int],
 VoxelSizes = Sequence[float] | Mapping[str, Sequence[float]]  # one for every crop, or per crop name
 
 
-def store_bytes(targets: Sequence[CropTarget], channels: Sequence[str], voxel_size_nm: VoxelSizes, *,
+def crop_voxels(targets: Sequence[CropTarget], voxel_size_nm: VoxelSizes) -> dict[str, int]:
+    """Voxels of each crop's box on the model's grid (`voxel_size_nm`, or one per crop name)."""
+    return {t.name: int(np.prod(crop_grid(t, voxel_size_nm[t.name] if isinstance(voxel_size_nm, Mapping)
+                                          else voxel_size_nm).shape_vox)) for t in targets}
+
+
+def store_bytes(targets: Sequence[CropTarget], channels: Sequence[str], voxels: Mapping[str, int], *,
                 scored: bool, uint8: bool) -> dict[str, int]:
-    """Bytes (uncompressed) each crop's probabilities take in a prediction store: voxels on the model's grid
-    (`voxel_size_nm`, or one per crop name) × its channels (`scored`: a test crop's scored classes and their
-    boundaries) × 1 (uint8) or 2 (float16)."""
-    out = {}
-    for t in targets:
-        kept = scored_channels(channels, t.labels) if scored else tuple(channels)
-        vs = voxel_size_nm[t.name] if isinstance(voxel_size_nm, Mapping) else voxel_size_nm
-        out[t.name] = int(np.prod(crop_grid(t, vs).shape_vox)) * len(kept) * (1 if uint8 else 2)
-    return out
+    """Bytes (uncompressed) each crop's probabilities take in a prediction store: its voxels (`crop_voxels`) × its
+    channels (`scored`: a test crop's scored classes and their boundaries) × 1 (uint8) or 2 (float16)."""
+    return {t.name: voxels[t.name] * len(scored_channels(channels, t.labels) if scored else channels)
+            * (1 if uint8 else 2) for t in targets}
 
 
 def check_store_disk(out: str | Path, targets: Sequence[CropTarget], channels: Sequence[str],
@@ -120,15 +121,11 @@ def check_store_disk(out: str | Path, targets: Sequence[CropTarget], channels: S
     Raises:
         OSError: the size needed (the largest crops named), the space free and the options that would fit.
     """
-    import shutil
+    from cellseg.data.inspect import free_disk, human_bytes
 
-    from cellseg.data.inspect import human_bytes
-
-    where = Path(out).resolve()
-    while not where.exists():
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    sizes = store_bytes(targets, channels, voxel_size_nm, scored=opts.channels == "scored", uint8=opts.uint8)
+    where, free = free_disk(out)
+    voxels = crop_voxels(targets, voxel_size_nm)
+    sizes = store_bytes(targets, channels, voxels, scored=opts.channels == "scored", uint8=opts.uint8)
     need = sum(sizes.values())
     if need <= free:
         return
@@ -136,7 +133,7 @@ def check_store_disk(out: str | Path, targets: Sequence[CropTarget], channels: S
                                              ("--channels scored", True, opts.uint8),
                                              ("--channels scored --uint8", True, True))
             if (scored, uint8) != (opts.channels == "scored", opts.uint8)
-            and sum(store_bytes(targets, channels, voxel_size_nm, scored=scored, uint8=uint8).values()) <= free]
+            and sum(store_bytes(targets, channels, voxels, scored=scored, uint8=uint8).values()) <= free]
     largest = ", ".join(f"{n} {human_bytes(b)}" for n, b in sorted(sizes.items(), key=lambda x: -x[1])[:5])
     advice = (f"{' or '.join(fits)} would fit" if fits else "no setting of --uint8/--channels fits") + (
         "; or predict fewer crops (--crops IDS) or write to a larger disk (--out)")

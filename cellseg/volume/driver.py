@@ -130,7 +130,8 @@ def _fitted_edge(job: Any, members: Members, channels: Sequence[str], gpus: Sequ
     """The write block's edge in y and x: `volume.block_vox`, made smaller when the members' blending sums would
     not fit the workers' GPU (`volume.gpu_memory_gb`, else the driver's first visible GPU; no plan without
     either, e.g. a driver on a batch host)."""
-    from cellseg.volume.plan import GPU_SUMS_FRACTION, block_sums_bytes, fit_block_edge
+    from cellseg.infer.tiling import GPU_FUSED_FRACTION
+    from cellseg.volume.plan import block_sums_bytes, fit_block_edge
 
     vol, opts = job.volume, job.infer
     gpu_bytes = int(vol.gpu_memory_gb * 1e9) if vol.gpu_memory_gb else _first_gpu_bytes(opts.device, gpus)
@@ -142,7 +143,7 @@ def _fitted_edge(job: Any, members: Members, channels: Sequence[str], gpus: Sequ
         log.warning("blocks %d voxels wide: the %d members' blending sums need %.1f GB, more than %.0f %% of the "
                     "GPU's %.1f GB; blocks %d wide instead (set --block-vox, or volume.gpu_memory_gb for GPUs other "
                     "than the driver's)", vol.block_vox, len(streams), block_sums_bytes(vol.block_vox, streams) / 1e9,
-                    100 * GPU_SUMS_FRACTION, gpu_bytes / 1e9, edge)
+                    100 * GPU_FUSED_FRACTION, gpu_bytes / 1e9, edge)
     return edge
 
 

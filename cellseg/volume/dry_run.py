@@ -11,16 +11,14 @@ members (they run in lockstep on one GPU) and divided among the GPUs given.
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 from typing import Any
 
 from cellseg.data.grid import shape3
-from cellseg.data.inspect import human_bytes
+from cellseg.data.inspect import free_disk, human_bytes
 from cellseg.infer import rates
-from cellseg.infer.tiling import context_margin
+from cellseg.infer.tiling import GPU_FUSED_FRACTION, context_margin
 from cellseg.volume.driver import Decided, member_streams, plan_job
-from cellseg.volume.plan import GPU_SUMS_FRACTION, block_boxes, block_sums_bytes, estimate_bytes, lattice_box
+from cellseg.volume.plan import block_boxes, block_sums_bytes, estimate_bytes, lattice_box
 
 
 def dry_run(job: Any, decided: Decided | None = None) -> str:
@@ -38,10 +36,7 @@ def dry_run(job: Any, decided: Decided | None = None) -> str:
              f"blocks: {len(boxes)} {kind} of {'×'.join(map(str, plan.block_vox))} voxels, "
              f"{plan.workers.predict} prediction worker(s) on {on}, {plan.workers.cpu} CPU worker(s)"]
     need = estimate_bytes(grid, plan.channels, plan.label_bytes(instances))
-    where = Path(job.out).resolve()
-    while not where.exists():
-        where = where.parent
-    free, compressed = shutil.disk_usage(where).free, need.total / max(vol.disk_compression, 1.0)
+    (where, free), compressed = free_disk(job.out), need.total / max(vol.disk_compression, 1.0)
     lines.append(f"output: {len(plan.channels)} probability channels ({human_bytes(need.probabilities)})"
                  + (f" and {len(plan.classes)} label arrays ({human_bytes(need.labels)})" if instances else "")
                  + f" with pyramids, uncompressed; about {human_bytes(compressed)} at volume.disk_compression="
@@ -49,7 +44,7 @@ def dry_run(job: Any, decided: Decided | None = None) -> str:
                  f"({'fits' if compressed <= free else 'does NOT fit: the run would be refused'})")
     sums = block_sums_bytes(plan.block_vox[1], member_streams(plan.members, plan.channels, opts.overlap))
     lines.append(f"GPU memory: the members' blending sums take {sums / 1e9:.2f} GB per block (blocks are made "
-                 f"narrower when they would take more than {GPU_SUMS_FRACTION:.0%} of the GPU: "
+                 f"narrower when they would take more than {GPU_FUSED_FRACTION:.0%} of the GPU: "
                  "volume.gpu_memory_gb, else the driver's GPU)")
     table, time = rates.packaged(), rates.GpuTime()
     for run, tta in zip(plan.members.runs, plan.members.transforms(opts), strict=True):

@@ -21,10 +21,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cellseg.data.grid import Grid, shape3
@@ -181,12 +179,6 @@ def context_vox(patches: Sequence[Sequence[int]], overlap: float) -> tuple[int, 
 
 # ------------------------------------------------------------------------------------------ GPU memory
 
-# A block's blending sums (every member's, in lockstep) may take at most this share of the GPU: the rest holds the
-# models, one member's activations at a time, the EM and the finished planes (the fused ensemble's rule,
-# `cellseg.infer.tiling.GPU_FUSED_FRACTION`).
-GPU_SUMS_FRACTION = 0.5
-
-
 def block_sums_bytes(edge_vox: int, members: Sequence[tuple[int, Sequence[int], float]]) -> int:
     """GPU bytes of the blending sums of a block `edge_vox` wide in y and x: per member (channels it contributes,
     patch, overlap) one tile depth of K + 1 float32 planes over its lattice box and context (`stream_bytes`)."""
@@ -203,9 +195,12 @@ def block_sums_bytes(edge_vox: int, members: Sequence[tuple[int, Sequence[int], 
 def fit_block_edge(edge_vox: int, chunk_vox: int, members: Sequence[tuple[int, Sequence[int], float]],
                    gpu_bytes: int) -> int:
     """The largest block edge in y and x, at most `edge_vox` and a multiple of `chunk_vox`, whose members' sums
-    fit `GPU_SUMS_FRACTION` of `gpu_bytes` (`chunk_vox` when even that does not)."""
+    fit the share of `gpu_bytes` a fused ensemble's sums may take (`GPU_FUSED_FRACTION`: the rest holds the models,
+    one member's activations at a time, the EM and the finished planes), or `chunk_vox` when even that does not."""
+    from cellseg.infer.tiling import GPU_FUSED_FRACTION
+
     edge = edge_vox
-    while edge > chunk_vox and block_sums_bytes(edge, members) > GPU_SUMS_FRACTION * gpu_bytes:
+    while edge > chunk_vox and block_sums_bytes(edge, members) > GPU_FUSED_FRACTION * gpu_bytes:
         edge -= chunk_vox
     return edge
 
@@ -239,12 +234,9 @@ def check_disk(out: str | os.PathLike[str], estimate: DiskEstimate, *, compressi
     Raises:
         OSError: too little free space, with both numbers and the key that relaxes the check.
     """
-    where = Path(out).resolve()
-    while not where.exists():
-        where = where.parent
-    from cellseg.data.inspect import human_bytes
+    from cellseg.data.inspect import free_disk, human_bytes
 
-    free = shutil.disk_usage(where).free
+    where, free = free_disk(out)
     need = estimate.total / max(compression, 1.0)
     if need > free:
         raise OSError(f"{out}: the output needs about {human_bytes(need)} ({human_bytes(estimate.total)} "

@@ -23,14 +23,14 @@ def _store_bytes(tiny_run: Path, tmp_path: Path, **settings) -> int:
     """The store's size as written: predict the validation crops once, with room to spare."""
     out = tmp_path / "sized.zarr"
     predict_run(tiny_run, "val", out, InferConfig(tta=1, overlap=0.0, device="cpu", progress=False, **settings))
-    from cellseg.infer.crop_plan import store_bytes  # what the check computes, against the store written
+    from cellseg.infer.crop_plan import crop_voxels, store_bytes  # what the check computes
     from cellseg.infer.run import load_run
     from cellseg.infer.selection import select_targets
 
     run = load_run(tiny_run, "best", device="cpu")
     targets = select_targets("val", run.cfg, run.run_dir)
-    return sum(store_bytes(targets, run.channels, run.cfg.data.voxel_size_nm, scored=True,
-                           uint8=settings.get("uint8", False)).values())
+    voxels = crop_voxels(targets, run.cfg.data.voxel_size_nm)
+    return sum(store_bytes(targets, run.channels, voxels, scored=True, uint8=settings.get("uint8", False)).values())
 
 
 def test_crops_that_do_not_fit_are_refused_before_any_tile(tiny_run, tmp_path, monkeypatch, capsys):

@@ -195,13 +195,14 @@ def test_dry_run_plans_the_volume_without_writing(volume_run: Path, tmp_path: Pa
 
 def test_blocks_are_narrowed_to_fit_the_gpu_and_halves_equal_the_whole(volume_run: Path, blocked: Path,
                                                                         tmp_path: Path, capsys, caplog) -> None:
-    from cellseg.volume.plan import GPU_SUMS_FRACTION, block_sums_bytes, fit_block_edge
+    from cellseg.infer.tiling import GPU_FUSED_FRACTION
+    from cellseg.volume.plan import block_sums_bytes, fit_block_edge
     from cellseg.volume.predict import halves
 
     streams = [(3, (32, 32, 32), 0.0)]  # the smoke run: 3 channels, 32³ patches
     one_chunk = block_sums_bytes(32, streams)
     assert block_sums_bytes(64, streams) > one_chunk and fit_block_edge(64, 32, streams, 10**12) == 64
-    assert fit_block_edge(64, 32, streams, int(one_chunk / GPU_SUMS_FRACTION)) == 32  # room for 32 wide only
+    assert fit_block_edge(64, 32, streams, int(one_chunk / GPU_FUSED_FRACTION)) == 32  # room for 32 wide only
     # a GPU too small for 64-wide blocks: the plan narrows them, and says so
     assert cli([*_args(volume_run, tmp_path / "n.zarr", workers=1), "--block-vox", "64", "--dry-run",
                 "volume.gpu_memory_gb=0.0002"]) == 0
