@@ -58,7 +58,6 @@ from bench.volume_engines import (
     GpuUtilisation,
     blockwise,
     monai_sliding_window,
-    one_piece,
     sig,
     single_process,
 )
@@ -229,8 +228,8 @@ def measure(name: str, spec: dict[str, Any], root: Path, stores: Path, *, chunk:
         shutil.rmtree(out)
     config = job(spec["members"], root, out, tta=spec["tta"], block=spec["block"], chunk=chunk, quick=quick,
                  roi_vox=spec["roi_vox"], instances=spec["instances"])
-    engines = {"daisy": blockwise, "one process": single_process, "one piece": one_piece,
-               "MONAI": monai_sliding_window}
+    engines = {"daisy": blockwise, "one process": single_process,
+               "one piece": lambda c: single_process(c, one_piece=True), "MONAI": monai_sliding_window}
     with GpuUtilisation() as gpu:
         row = engines[spec["engine"]](config)
     row["gpu_util_mean"] = gpu.mean

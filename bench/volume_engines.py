@@ -38,9 +38,10 @@ def blockwise(config: Any) -> dict[str, Any]:
             "tasks": result.tasks, "timing": result.timing}
 
 
-def single_process(config: Any) -> dict[str, Any]:
+def single_process(config: Any, *, one_piece: bool = False) -> dict[str, Any]:
     """The blockwise run's blocks one after the other in one process, no scheduler: models loaded, then each
-    block through the same engine (`BlockPredictor.write`)."""
+    block through the same engine (`BlockPredictor.write`); `one_piece`: the whole ROI as one write box (no
+    blocks, no halo), what the columns and cubes are measured against."""
     from cellseg.volume.driver import prepare
     from cellseg.volume.plan import block_boxes
     from cellseg.volume.predict import BlockPredictor
@@ -49,32 +50,15 @@ def single_process(config: Any) -> dict[str, Any]:
     store = prepare(config).store  # the checks and an empty store, as the blockwise run pays them
     predictor = BlockPredictor.of(store, config.infer.device)
     loaded = time.perf_counter()
-    boxes = block_boxes(store.grid.shape_vox, store.block_vox)
+    shape = tuple(store.grid.shape_vox)
+    boxes = [((0, 0, 0), shape)] if one_piece else block_boxes(shape, store.block_vox)
     for box in boxes:
         predictor.write(box)
     end = time.perf_counter()
-    voxels = math.prod(store.grid.shape_vox)
+    voxels = math.prod(shape)
     return {"wall_s": round(end - start, 2), "startup_s": round(loaded - start, 2), "voxels": voxels,
             "blocks": len(boxes), "mvox_s": sig(voxels / (end - start) / 1e6),
             "predict_span_s": round(end - loaded, 2), "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
-
-
-def one_piece(config: Any) -> dict[str, Any]:
-    """The whole ROI as one write box in one process (`BlockPredictor.write`): no blocks, no halo; what the
-    columns and cubes are measured against."""
-    from cellseg.volume.driver import prepare
-    from cellseg.volume.predict import BlockPredictor
-
-    start = time.perf_counter()
-    store = prepare(config).store
-    predictor = BlockPredictor.of(store, config.infer.device)
-    loaded = time.perf_counter()
-    predictor.write(((0, 0, 0), tuple(store.grid.shape_vox)))
-    end = time.perf_counter()
-    voxels = math.prod(store.grid.shape_vox)
-    return {"wall_s": round(end - start, 2), "startup_s": round(loaded - start, 2), "voxels": voxels, "blocks": 1,
-            "mvox_s": sig(voxels / (end - start) / 1e6), "predict_span_s": round(end - loaded, 2),
-            "steady_mvox_s": sig(voxels / (end - loaded) / 1e6)}
 
 
 def monai_sliding_window(config: Any) -> dict[str, Any]:
