@@ -12,7 +12,7 @@ MAP_PAGE = PACKAGE.parent / "docs" / "architecture.md"  # its "## Layout" sectio
 DOWNSTREAM_OF_TRAINING = ("cellseg.infer", "cellseg.postprocess", "cellseg.eval")
 # The layers, top to bottom: each folder or top-level module imports only those before it (the layout map).
 LAYERS = ("classes", "manifests", "logs", "cache", "pool", "config", "data", "fetch", "ingest", "synth", "models",
-          "runtime", "losses", "eval", "infer", "postprocess", "volume", "train", "viz", "decide", "report", "cli", "docgen",
+          "runtime", "losses", "eval", "infer", "postprocess", "volume", "train", "viz", "decide", "export", "report", "cli", "docgen",
           "__main__")
 
 

@@ -118,6 +118,11 @@ def resolve(cls: type[J], args: argparse.Namespace) -> J:
     flags = {k.removeprefix(KEY_DEST): v for k, v in vars(args).items() if k.startswith(KEY_DEST)}
     if len(items) > 1 and not spec.many:
         raise ValueError(f"one {spec.metavar} expected, got {len(items)}: {items}")
+    if spec.key == "ensemble.members" and len(items) == 1 and "ensemble.decisions" not in flags:
+        from cellseg.infer.packaged import ensemble_decisions
+
+        if (decided := ensemble_decisions(items[0])) is not None:  # an exported ensemble: its decisions name the runs
+            flags["ensemble.decisions"], items = str(decided), []
     if items:
         flags[spec.key] = items if spec.many else items[0]
     data = merge_job(cls, config, overrides, flags=flags)

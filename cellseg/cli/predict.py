@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `predict` sub-command."""
     parser = add_command(
         subparsers, "predict", items="RUN_DIR", items_key="run_dir", many=False,
-        items_help="the `cellseg train` run directory",
+        items_help="the `cellseg train` run directory, or a member package of `cellseg export`",
         help="predict per-class probabilities of crops with a trained run (sliding window, 8x TTA)",
         description="Rebuild the model of RUN_DIR (config.yaml, meta.json, a checkpoint; EMA weights if the run "
                     "kept them) and predict every output channel (classes, then <class>_boundary channels) over "
@@ -75,9 +75,17 @@ def add_predict_options(parser: argparse.ArgumentParser, *, axes_2d: bool = True
            help="replace the output store entirely (default: add the missing crops to it)")
     option(parser, "--data-root", key="infer.data_root", metavar="DIR",
            help="data root to read from instead of the run's data.root")
+    add_backend_option(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the crops, the store's size per crop and in total against the free disk, and "
                              "the model input each run takes (Gvoxels), then stop: nothing is predicted or written")
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    """--backend: what runs the network of a run or an exported package."""
+    option(parser, "--backend", key="infer.backend", choices=("torch", "torchscript", "onnx"),
+           help="torch (default): cellseg's model code with the weights of the run or package; torchscript or "
+                "onnx: an exported package's graph (`cellseg export`; onnx runs in ONNX Runtime)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `predict-ensemble` sub-command."""
     parser = add_command(
         subparsers, "predict-ensemble", items="RUN_DIR", items_key="ensemble.members", many=True,
-        items_help="`cellseg train` run directories (≥ 2, in the order of the weights)",
+        items_help="`cellseg train` run directories (≥ 2, in the order of the weights), or one ensemble package of "
+                   "`cellseg export` (its decisions applied)",
         help="predict with several runs at once into their weighted mean (no member stores)",
         description="`cellseg predict` of every run followed by `cellseg ensemble`, in one pass: each crop column "
                     "streams through every member's sliding window in lockstep along z on the GPU, and the "

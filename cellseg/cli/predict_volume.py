@@ -15,6 +15,7 @@ from cellseg.cli._recipe import (
     show_progress,
     weights_flag,
 )
+from cellseg.cli.predict import add_backend_option
 
 ORDER = 52
 
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `predict-volume` sub-command."""
     parser = add_command(
         subparsers, "predict-volume", items="RUN_DIR", items_key="ensemble.members", many=True,
-        items_help="`cellseg train` run directories (one, or several averaged as by predict-ensemble)",
+        items_help="`cellseg train` run directories or exported member packages (one, or several averaged as by "
+                   "predict-ensemble), or one ensemble package of `cellseg export` (its decisions applied)",
         help="predict a whole dataset (or a world ROI) block by block into one multiscale store",
         description="Predict the EM of a whole dataset, or of the world ROI --roi-nm, with one run or an ensemble "
                     "(weights, TTA and sliding window as `cellseg predict-ensemble`; a routed CONFIG with "
@@ -82,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     option(parser, "--checkpoint", key="infer.checkpoint", metavar="best|last|PATH",
            help="which checkpoint of each run (default best)")
     option(parser, "--overlap", key="infer.overlap", type=float, help="fraction of a tile shared with its neighbour")
+    add_backend_option(parser)
     option(parser, "--batch-size", key="infer.batch_size", type=int, metavar="N",
            help="tiles per sliding-window batch (default: each run's training micro-batch)")
     parser.add_argument("--dry-run", action="store_true",

@@ -53,6 +53,8 @@ class InferConfig:
         uint8: store round(255 p) as uint8 instead of float16.
         overwrite: replace the output store entirely (default: add the missing crops to it).
         data_root: data root to read from instead of the run's `data.root` (null: the run's).
+        backend: what runs the network: "torch" (cellseg's model code with the run's or a package's weights),
+            or an exported package's "torchscript" or "onnx" graph (`cellseg export`; ONNX Runtime for onnx).
         progress: show progress bars (the commands: on a terminal and without -q only).
     """
 
@@ -70,9 +72,12 @@ class InferConfig:
     uint8: bool = False
     overwrite: bool = False
     data_root: str | None = None
+    backend: Literal["torch", "torchscript", "onnx"] = "torch"
     progress: bool = True
 
     def __post_init__(self) -> None:
+        _check(self.backend in ("torch", "torchscript", "onnx"),
+               f"infer.backend={self.backend!r}: choose 'torch', 'torchscript' or 'onnx'")
         _check(self.tta >= 1, f"infer.tta={self.tta} (--tta {self.tta}): need at least 1 (1 = no test-time "
                "augmentation)")
         _check(0 <= self.overlap < 1, f"infer.overlap={self.overlap} (--overlap {self.overlap}): must be in [0, 1)")

@@ -68,7 +68,7 @@ SYNTH_ROOT = "synthetic data root"
 IMPORTED_ROOT = "imported data root"  # written by `cellseg import` (its `import.json`)
 VOLUME_STORE = "volume prediction store"  # written by `cellseg predict-volume` (cellseg.volume.store)
 TRUTH_STORE = "truth store"  # written by `cellseg truth` (the `cellseg_truth` entry of its `.zattrs`)
-EXPORTED_MODEL = "exported model"  # written by `cellseg export` (its `model.json`, format "cellseg-export")
+EXPORTED_MODEL = "exported model"  # `cellseg export`: model.json or ensemble.json of format "cellseg-export"
 _TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -172,7 +172,7 @@ def artifact_kind(path: str | os.PathLike[str]) -> str | None:
         return SYNTH_ROOT
     if _read_json(path / "import.json").get("generator") == "cellseg import":
         return IMPORTED_ROOT
-    if _read_json(path / "model.json").get("format") == "cellseg-export":
+    if any(_read_json(path / name).get("format") == "cellseg-export" for name in ("model.json", "ensemble.json")):
         return EXPORTED_MODEL
     return None
 

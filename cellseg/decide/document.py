@@ -222,19 +222,26 @@ class Decisions:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Decisions:
-        """Read and check a decisions file.
+        """Read and check a decisions file (a folder: its decisions.json, e.g. an exported ensemble's).
 
         Raises:
             DecisionsError: not readable, not a decisions file, an unknown schema version, or inconsistent
                 (naming the file and the key).
         """
         path = Path(path)
+        if path.is_dir():
+            path = path / "decisions.json"
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             raise DecisionsError(f"{path}: no such decisions file (written by `cellseg decide`)") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
             raise DecisionsError(f"{path}: not a readable decisions file: {err}") from None
+        for member in doc.get("members", ()) if isinstance(doc, dict) else ():
+            # `cellseg decide` records absolute run directories; an exported ensemble's are relative to the file
+            if isinstance(member, dict) and isinstance(member.get("run_dir"), str) \
+                    and not Path(member["run_dir"]).is_absolute():
+                member["run_dir"] = str(path.parent.resolve() / member["run_dir"])
         return cls.from_json(doc, source=str(path))
 
     @classmethod

@@ -269,7 +269,8 @@ def predict_ensemble(run_dirs: Sequence[str | Path], crops: str, out: str | Path
                          "predict each member with `cellseg predict` and combine with `cellseg ensemble`")
     d = runtime.init_distributed(opts.device)
     try:
-        runs = [load_run(r, opts.checkpoint, device=d.device, data_root=opts.data_root) for r in run_dirs]
+        runs = [load_run(r, opts.checkpoint, device=d.device, data_root=opts.data_root, backend=opts.backend)
+                for r in run_dirs]
         voxel_size = common_voxel_size(runs)
         views = [RunChannels.of(r) for r in runs]
         plan = plan_channels(views, allow_partial=allow_partial)  # type: ignore[arg-type]

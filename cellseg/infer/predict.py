@@ -96,7 +96,7 @@ def predict_run(run_dir: str | Path, crops: str, out: str | Path, opts: InferCon
     opts = opts or InferConfig()
     d = runtime.init_distributed(opts.device)
     try:
-        run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root)
+        run = load_run(run_dir, opts.checkpoint, device=d.device, data_root=opts.data_root, backend=opts.backend)
         precision = runtime.resolve_precision("auto", d.device)  # bf16 on CUDA, fp32 on CPU
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)  # every tile has the patch's shape
         axes, tfms = slice_axes(run, opts.axes_2d), run_transforms(run, opts.tta)

@@ -254,7 +254,8 @@ def predict_routed(routes: Sequence[RouteConfig], crops: str, out: str | Path, *
     d = runtime.init_distributed(opts.device)
     try:
         paths = list(dict.fromkeys(Path(m).resolve() for r in routes for m in r.members))
-        runs = [load_run(p, opts.checkpoint, device=d.device, data_root=opts.data_root) for p in paths]
+        runs = [load_run(p, opts.checkpoint, device=d.device, data_root=opts.data_root, backend=opts.backend)
+                for p in paths]
         precision = runtime.resolve_precision("auto", d.device)
         runtime.configure_backends(tf32=True, cudnn_benchmark=True)
         targets = member_targets(runs, crops, opts.data_root)

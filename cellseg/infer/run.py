@@ -59,6 +59,7 @@ class LoadedRun:
     step: int
     weights: str  # "ema" or "model"
     device: torch.device
+    backend: str = "torch"  # or an exported package's "torchscript" / "onnx" graph (`cellseg.infer.packaged`)
 
     @property
     def channels(self) -> tuple[str, ...]:
@@ -88,14 +89,17 @@ def checkpoint_path(run_dir: Path, checkpoint: str) -> Path:
 
 
 def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.device | str = "cpu",
-             data_root: str | None = None) -> LoadedRun:
+             data_root: str | None = None, backend: str = "torch") -> LoadedRun:
     """Rebuild a run's model from `config.yaml` + `meta.json` + a checkpoint.
 
     Args:
-        run_dir: a `cellseg train` run directory.
+        run_dir: a `cellseg train` run directory, or a member package `cellseg export` wrote (it holds the same
+            files, with the chosen weights alone as checkpoints/best.pt).
         checkpoint: "best", "last" or the path of a checkpoint file.
         device: where the model goes (channels-last on CUDA).
         data_root: replaces the run's `data.root`.
+        backend: "torch" (cellseg's model code and the weights) or, for a package, its "torchscript" or "onnx"
+            graph (`cellseg.infer.packaged.PackagedNetwork`).
 
     Raises:
         FileNotFoundError: no config.yaml/meta.json, or no such checkpoint (the present ones are named).
@@ -122,6 +126,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
     # Validation during training used the EMA weights when the run kept them (`Setup.eval_model`): so do we.
     weights = "ema" if ckpt.get("ema") is not None else "model"
     state = ckpt["ema"] if weights == "ema" else ckpt["model"]
+    weights = ckpt.get("weights", weights)  # a package's checkpoint holds the chosen weights alone and says which
     check_finite_weights(state, source=f"{path} ({weights} weights)")
     own = model.state_dict()
     try:
@@ -129,10 +134,14 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
     except RuntimeError as err:
         raise ValueError(f"{path}: weights do not fit {cfg.model.name} ({cfg.model.preset}): {err}") from None
     fmt = runtime.memory_format(2 if cfg.data.is_2d else 3, device.type == "cuda")
+    if backend != "torch":
+        from cellseg.infer.packaged import PackagedNetwork
+
+        model = PackagedNetwork(run_dir, backend, device, spec=getattr(model, "spec", None))
     model = model.to(device=device, memory_format=fmt).eval()
-    log.info("loaded %s (%s weights, step %d) from %s", cfg.model.name, weights, ckpt["step"], path)
+    log.info("loaded %s (%s weights, step %d, %s) from %s", cfg.model.name, weights, ckpt["step"], backend, path)
     return LoadedRun(run_dir=run_dir, cfg=cfg, meta=meta, model=model, checkpoint=path, step=int(ckpt["step"]),
-                     weights=weights, device=device)
+                     weights=weights, device=device, backend=backend)
 
 
 # ----------------------------------------------------------------------------------- settings of a run
@@ -179,6 +188,8 @@ def job_gvox(run: LoadedRun, targets: Sequence[CropTarget], *, overlap: float, t
 def compile_decision(run: LoadedRun, opts: InferConfig, *, gvox: float | None) -> bool:
     """Whether the run's model is compiled: `opts.compile` "on"/"off" as given; "auto": on CUDA, for a job of
     at least `AUTO_COMPILE_MIN_GVOX` Gvoxels of model input (`gvox`; None: size unknown, compiled)."""
+    if run.backend != "torch":  # an exported graph runs as it is
+        return False
     if opts.compile != "auto":
         return opts.compile == "on"
     if run.device.type != "cuda":
@@ -218,6 +229,7 @@ def run_provenance(run: LoadedRun, opts: InferConfig, tfms: Sequence[tta.Transfo
             "tta_transforms": [t.name for t in tfms], "overlap": opts.overlap, "blend": opts.blend,
             "axes_2d": "".join(axes) if run.spatial_dims == 2 else None, "precision": precision,
             "dtype": "uint8" if opts.uint8 else "float16", "channels": opts.channels, "compile": opts.compile,
+            "backend": run.backend,
             "cellseg_version": cellseg.__version__,
             "git_commit": run.meta.get("git_commit"), "data_root": opts.data_root or run.cfg.data.root,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

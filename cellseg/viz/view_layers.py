@@ -159,11 +159,11 @@ def _roi_box_nm(path: Path) -> Box | None:
         return None
 
 
-def _crop_box_nm(root: Path, crop: str, dataset: str) -> Box:
-    """The box around every annotation (or test box) of crop `crop` ("12" or "crop12") of the data root.
+def _find_crop(root: Path, crop: str) -> Any:
+    """Crop `crop` ("12" or "crop12") of the data root's catalogue (a training or test crop).
 
     Raises:
-        ValueError: a crop the root does not list, or one of another dataset.
+        ValueError: a crop the root does not list.
     """
     from cellseg.data.crops import Catalog, crop_id
 
@@ -172,6 +172,16 @@ def _crop_box_nm(root: Path, crop: str, dataset: str) -> Box:
     found = catalog.train.get(number) or next((t[number] for t in catalog.tests.values() if number in t), None)
     if found is None:
         raise ValueError(f"--crop {crop}: not a crop of {root} (its manifests list none by that number)")
+    return found
+
+
+def _crop_box_nm(root: Path, crop: str, dataset: str) -> Box:
+    """The box around every annotation (or test box) of crop `crop` ("12" or "crop12") of the data root.
+
+    Raises:
+        ValueError: a crop the root does not list, or one of another dataset.
+    """
+    found = _find_crop(root, crop)
     if found.dataset != dataset:
         raise ValueError(f"--crop {crop}: a crop of {found.dataset}, not of the dataset shown ({dataset})")
     lo = [min(g.translation_nm[d] - g.voxel_size_nm[d] / 2 for g in found.labels.values()) for d in range(3)]
@@ -307,7 +317,8 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
 
     Args:
         root: the data root.
-        dataset: the dataset to show; default the one a predict-volume store names, or the root's only one.
+        dataset: the dataset to show; default the one a predict-volume store names, `crop`'s, or the root's only
+            one.
         stores: prediction stores (predict-volume's OUT.zarr, or crop stores of predict/ensemble/postprocess).
         classes: show only these classes (default: every class of the stores; the truth's classes are those
             of the stores, or all of them when no store is given).
@@ -322,6 +333,8 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such data root")
     store_paths = [Path(s) for s in stores]
+    if dataset is None and crop is not None and not any(store_dataset(s) for s in store_paths):
+        dataset = _find_crop(root, crop).dataset  # no store names a dataset: the crop asked for does
     chosen = _choose_dataset(root, dataset, store_paths)
     em_group = root / chosen / f"{chosen}.zarr" / EM_GROUP
     em_levels = tuple(parse_multiscales(_read_json(em_group / ".zattrs"), source=str(em_group)))
@@ -361,3 +374,22 @@ def plan_view(root: str | Path, *, dataset: str | None = None, stores: Sequence[
     centre = tuple(o + n / 2 for o, n in zip(*box, strict=True))
     return ViewPlan(dataset=chosen, mounts=mounts, layers=(em, *predictions, *truth), em_levels=em_levels,
                     em_shape_vox=shape_vox, focus_nm=centre, focus_extent_nm=box[1])  # type: ignore[arg-type]
+
+
+def show_only(plan: ViewPlan, patterns: Sequence[str]) -> ViewPlan:
+    """`plan` with only the layers whose names match one of `patterns` (shell-style, e.g. "*EM", "pred/*/mito")
+    visible; the others stay in the state, hidden.
+
+    Raises:
+        ValueError: a pattern that matches no layer (the layers are named).
+    """
+    import dataclasses
+    import fnmatch
+
+    names = [layer.name for layer in plan.layers]
+    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unmatched:
+        raise ValueError(f"--layers {', '.join(unmatched)}: no such layer; the layers are {_listing(names, 12)}")
+    layers = tuple(dataclasses.replace(layer, visible=any(fnmatch.fnmatchcase(layer.name, p) for p in patterns))
+                   for layer in plan.layers)
+    return dataclasses.replace(plan, layers=layers)

@@ -21,7 +21,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from cellseg.viz.view_layers import ViewPlan
-from cellseg.viz.view_state import viewer_state
+from cellseg.viz.view_state import FIT_PIXELS, viewer_state
 from cellseg.viz.view_transcode import TRANSCODED_SUFFIX, handler_class
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,10 @@ class Served:
         neuroglancer.server.stop()
 
 
-def serve(plan: ViewPlan, *, bind: str = "127.0.0.1", port: int = 0) -> Served:
-    """Start neuroglancer's server on `bind`:`port` (0: any free port), serve `plan`'s folders, show its state.
+def serve(plan: ViewPlan, *, bind: str = "127.0.0.1", port: int = 0, layout: str = "4panel",
+          fit_pixels: float = FIT_PIXELS) -> Served:
+    """Start neuroglancer's server on `bind`:`port` (0: any free port), serve `plan`'s folders, show its state
+    in `layout` (`view_state.LAYOUTS`), the focused region fitted into `fit_pixels` screen pixels.
 
     Raises:
         ImportError: neuroglancer is not installed.
@@ -83,7 +85,7 @@ def serve(plan: ViewPlan, *, bind: str = "127.0.0.1", port: int = 0) -> Served:
     # Runs before any URL is handed out, so no request races the new routes; ".*" matches any host name.
     server.app.add_handlers(r".*", routes)
     data_url = f"{server.server_url}/{FILES_PREFIX}/{token}"
-    state = viewer_state(plan, data_url)
+    state = viewer_state(plan, data_url, layout=layout, fit_pixels=fit_pixels)
     viewer.set_state(ng.ViewerState(state))
     return Served(url=viewer.get_viewer_url(), data_url=data_url, state=state, viewer=viewer)
 

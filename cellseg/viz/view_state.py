@@ -33,6 +33,7 @@ UNKNOWN_COLOR = "#808080"
 FIT_PIXELS = 400
 MIN_SCALE = 1 / 8
 PROJECTION_MARGIN = 1.5  # the 3D panel shows the region with half its size around it
+LAYOUTS = ("4panel", "xy", "xz", "yz", "3d")  # neuroglancer layouts `cellseg view --layout` offers
 
 PROBABILITY_SHADER = """\
 #uicontrol vec3 color color(default="{color}")
@@ -90,14 +91,19 @@ def dimensions(voxel_size_nm: Sequence[float]) -> dict[str, list[Any]]:
     return {axis: [float(v) * NM, "m"] for axis, v in zip(AXES, voxel_size_nm, strict=True)}
 
 
-def viewer_state(plan: ViewPlan, base_url: str, *, position_nm: Sequence[float] | None = None) -> dict[str, Any]:
+def viewer_state(plan: ViewPlan, base_url: str, *, position_nm: Sequence[float] | None = None,
+                 layout: str = "4panel", fit_pixels: float = FIT_PIXELS) -> dict[str, Any]:
     """The viewer state (neuroglancer's JSON) showing every layer of `plan`, its data under `base_url`.
 
     Args:
         plan: what to show (`view_layers.plan_view`).
         base_url: where the mounts are served: `<base_url>/<mount>/<path>`.
         position_nm: the starting point (world nm, z y x); default `plan.focus_nm`.
+        layout: neuroglancer's layout: "4panel", "xy", "xz", "yz" or "3d" (`LAYOUTS`).
+        fit_pixels: the focused region fits into this many screen pixels of a panel.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout {layout}: choose one of {', '.join(LAYOUTS)}")
     voxel = plan.em_levels[0].voxel_size_nm
     centre = position_nm if position_nm is not None else plan.focus_nm
     extent = max([n / v for n, v in zip(plan.focus_extent_nm, voxel, strict=True)] + [1.0])  # EM voxels
@@ -105,11 +111,11 @@ def viewer_state(plan: ViewPlan, base_url: str, *, position_nm: Sequence[float] 
         "dimensions": dimensions(voxel),
         "displayDimensions": list(DISPLAY_AXES),
         "position": [float(c) / v for c, v in zip(centre, voxel, strict=True)],  # in global units (EM voxels)
-        "crossSectionScale": max(MIN_SCALE, extent / FIT_PIXELS),  # EM voxels per screen pixel: the region fits
+        "crossSectionScale": max(MIN_SCALE, extent / fit_pixels),  # EM voxels per screen pixel: the region fits
         "projectionScale": extent * PROJECTION_MARGIN,
         "layers": [layer_json(layer, base_url) for layer in plan.layers],
         "selectedLayer": {"layer": plan.layers[0].name, "visible": True},
-        "layout": "4panel",
+        "layout": layout,
     }
 
 

@@ -102,7 +102,8 @@ def resolve_members(run_dirs: Sequence[str | Path], weights: str | Sequence[floa
     resolved = [Path(r).resolve() for r in run_dirs]
     if len(set(resolved)) < len(resolved):
         raise ValueError(f"runs listed more than once: {sorted({str(r) for r in resolved if resolved.count(r) > 1})}")
-    runs = [load_run(r, opts.checkpoint, device=device, data_root=opts.data_root) for r in run_dirs]
+    runs = [load_run(r, opts.checkpoint, device=device, data_root=opts.data_root, backend=opts.backend)
+            for r in run_dirs]
     voxel_size = common_voxel_size(runs)
     views = [RunChannels.of(r) for r in runs]
     plan = plan_channels(views, allow_partial=allow_partial)  # type: ignore[arg-type]
@@ -193,7 +194,8 @@ class BlockPredictor:
         for m in recorded:
             key = (m["run"], m["checkpoint"])
             if key not in loaded:
-                loaded[key] = load_run(m["run"], m["checkpoint"], device=dev, data_root=store.attrs["data_root"])
+                loaded[key] = load_run(m["run"], m["checkpoint"], device=dev, data_root=store.attrs["data_root"],
+                                       backend=opts.backend)
         runs = [loaded[(m["run"], m["checkpoint"])] for m in recorded]
         views = [RunChannels.of(r) for r in runs]
         plan = plan_channels(views, allow_partial=bool(settings.get("allow_partial")))  # type: ignore[arg-type]

@@ -1,0 +1,196 @@
+"""`cellseg view --screenshot OUT.png`: the viewer's state drawn by headless Chromium, once its data has loaded.
+
+neuroglancer's client takes screenshots itself: asked through the viewer's connection (`async_screenshot`), it waits
+until every chunk the view needs is loaded and drawn, then sends the canvas as a PNG, reporting the chunks loaded
+as it goes. cellseg serves the same data and state as `cellseg view`, opens the viewer's URL in a headless Chromium
+(software WebGL through SwiftShader: no GPU and no display needed, so it runs on a cluster's compute node), asks for
+the picture at the requested size with the UI controls hidden, writes it atomically and stops the browser. This
+needs no browser driver: the viewer's own connection carries the request and the picture.
+
+Chromium runs with a new empty profile, without its background network services (sync, component updates, the
+field-trial fetches), and without its sandbox: it opens only the local viewer, and the sandbox cannot start in
+most containers or as root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cellseg.viz.view_serve import Served
+
+log = logging.getLogger(__name__)
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "headless_shell")
+BROWSER_ENV = "CELLSEG_BROWSER"  # a browser's path, when it is not on PATH under one of `BROWSERS`
+INSTALL_HINT = ("install Chromium (Debian/Ubuntu: apt install chromium; Fedora/RHEL: dnf install chromium; or a "
+                "site module), or pass --browser PATH / set CELLSEG_BROWSER")
+DEFAULT_SIZE = (1200, 900)  # pixels: a 4-panel view with 600 × 450 per panel
+MAX_EDGE = 8192  # pixels: WebGL canvases beyond this fail in software rendering
+TIMEOUT_S = 180.0  # for the first picture: the browser's start, the viewer's code, every visible chunk
+SIZE_RETRIES = 3  # the first picture can come before the canvas takes the requested size (as neuroglancer retries)
+FLAGS = ("--headless=new", "--no-sandbox", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-quic", "--disable-dev-shm-usage",
+         "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--hide-scrollbars", "--mute-audio")
+
+
+@dataclass(frozen=True)
+class Screenshot:
+    """What `take_screenshot` wrote."""
+
+    path: Path
+    width: int
+    height: int
+    chunks: int  # visible chunks the picture needed, all loaded
+    seconds: float
+
+
+def find_browser(given: str | None = None) -> str:
+    """The Chromium or Chrome to run: `given`, else $CELLSEG_BROWSER, else the first of `BROWSERS` on PATH.
+
+    Raises:
+        FileNotFoundError: none found (the message says what to install).
+    """
+    choice = given or os.environ.get(BROWSER_ENV)
+    if choice:
+        found = shutil.which(choice)
+        if found is None:
+            raise FileNotFoundError(f"browser {choice!r}: not an executable on this machine; {INSTALL_HINT}")
+        return found
+    for name in BROWSERS:
+        if (found := shutil.which(name)) is not None:
+            return found
+    raise FileNotFoundError(f"cellseg view --screenshot needs Chromium or Chrome and found none "
+                            f"({', '.join(BROWSERS)} on PATH); {INSTALL_HINT}")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'WIDTHxHEIGHT' in pixels (e.g. 1200x900).
+
+    Raises:
+        ValueError: not two positive integers up to `MAX_EDGE`.
+    """
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--size {text!r}: give WIDTHxHEIGHT in pixels, e.g. 1200x900") from None
+    if not (16 <= width <= MAX_EDGE and 16 <= height <= MAX_EDGE):
+        raise ValueError(f"--size {text!r}: each side must be 16..{MAX_EDGE} pixels")
+    return width, height
+
+
+def check_output(path: Path, *, overwrite: bool) -> None:
+    """Refuse before any work: not a .png, an existing file without `overwrite`, or a missing folder."""
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"--screenshot {path}: the picture is a PNG; give a path ending in .png")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"--screenshot {path}: folder {path.parent} does not exist")
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    text = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+    useful = [t for t in text if "dbus" not in t.lower()]  # no session bus on a compute node: noise, not the cause
+    return " | ".join(useful[-lines:]) or "(nothing)"
+
+
+class _Request:
+    """One screenshot asked of the client: the reply, and the loading counts reported until it comes."""
+
+    def __init__(self, viewer: Any, progress: Any):
+        self.done = threading.Event()
+        self.reply: Any = None
+        self.loaded, self.total = 0, 0
+        self.progress = progress
+        viewer.async_screenshot(self._on_reply, statistics_callback=self._on_statistics)
+
+    def _on_reply(self, action: Any) -> None:
+        self.reply = action.screenshot
+        self.done.set()
+
+    def _on_statistics(self, statistics: Any) -> None:
+        total = statistics.total
+        self.total = int(total.visible_chunks_total or 0)
+        self.loaded = int(total.visible_chunks_gpu_memory or 0)
+        if self.progress is not None:
+            self.progress.total = max(self.total, 1)
+            self.progress.n = min(self.loaded, self.progress.total)
+            self.progress.refresh()
+
+
+def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAULT_SIZE, browser: str | None = None,
+                    timeout_s: float = TIMEOUT_S, overwrite: bool = False, progress: bool = False) -> Screenshot:
+    """Render `served`'s state in headless Chromium and write it to `out` (module docstring).
+
+    Raises:
+        FileNotFoundError: no browser (what to install is named), or `out`'s folder is missing.
+        FileExistsError: `out` exists and `overwrite` is False.
+        RuntimeError: the browser exited, or gave no picture within `timeout_s` (the chunks loaded so far and the
+            end of the browser's log are named); nothing is written.
+    """
+    from tqdm import tqdm
+
+    check_output(out, overwrite=overwrite)
+    executable = find_browser(browser)
+    viewer = served.viewer
+    with viewer.txn() as state:  # no side panel: the picture is the data panels alone
+        state.selected_layer.visible = False
+    with viewer.config_state.txn() as config:
+        config.show_ui_controls = False
+        config.show_panel_borders = False
+        config.viewer_size = list(size)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cellseg-chromium-") as profile:
+        browser_log = Path(profile) / "browser.log"
+        window = f"--window-size={size[0] + 64},{size[1] + 64}"  # room for the canvas at the requested size
+        with open(browser_log, "wb") as log_file:
+            proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={profile}/data", window, served.url],
+                                    stdout=subprocess.DEVNULL, stderr=log_file, stdin=subprocess.DEVNULL)
+        log.info("rendering in headless %s (pid %d), %d × %d pixels", Path(executable).name, proc.pid, *size)
+        bar = tqdm(desc="screenshot: chunks loaded", unit="chunk", total=1, disable=not progress, leave=False)
+        try:
+            reply, chunks = _wait(viewer, proc, size, start, timeout_s, bar, browser_log)
+        finally:
+            bar.close()
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(reply.image)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Screenshot(path=out, width=reply.width, height=reply.height, chunks=chunks,
+                      seconds=time.monotonic() - start)
+
+
+def _wait(viewer: Any, proc: subprocess.Popen, size: tuple[int, int], start: float, timeout_s: float, bar: Any,
+          browser_log: Path) -> tuple[Any, int]:
+    """The client's screenshot reply at `size`, asked again when the canvas had another size."""
+    for _ in range(SIZE_RETRIES):
+        request = _Request(viewer, bar)
+        while not request.done.wait(0.25):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the browser exited (status {proc.returncode}) before the picture was taken: "
+                                   f"{_tail(browser_log)}")
+            if time.monotonic() - start > timeout_s:
+                raise RuntimeError(
+                    f"no picture within {timeout_s:.0f} s ({request.loaded} of {request.total} visible chunks "
+                    f"loaded; the browser {'never connected' if request.total == 0 else 'was still loading'}); "
+                    f"browser log: {_tail(browser_log)}")
+        reply = request.reply
+        if (reply.width, reply.height) == tuple(size):
+            return reply, request.total
+    raise RuntimeError(f"the browser drew {reply.width} × {reply.height} pixels, not the {size[0]} × {size[1]} asked")
