@@ -28,7 +28,6 @@ directories, checkpoint files (sha256), classes and voxel sizes; a schema versio
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -39,26 +38,16 @@ from typing import Any
 
 import cellseg
 from cellseg.data.prediction_store import BOUNDARY_SUFFIX
-from cellseg.runtime.checkpoint import save_atomic_text
+from cellseg.runtime.checkpoint import file_sha256, save_atomic_text
 
 FORMAT = "cellseg-decisions"
 SCHEMA_VERSION = 1
 ENSEMBLES = ("single", "uniform", "fitted")  # where a class's weights come from, stage 1, 2 or 3
 STAGES = ("single", "uniform", "weighted", "tta", "postprocess")  # the report's stage keys, in order
-HASH_BLOCK = 1 << 24  # bytes read at a time when hashing a checkpoint
 
 
 class DecisionsError(ValueError):
     """A decisions file that cannot be applied: unreadable, of an unknown schema, or made for other runs."""
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The sha256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from cellseg.export.network import INSTALL_EXPORT
+from cellseg.runtime.checkpoint import file_sha256
 
 FORMAT_VERSION = "0.5.14"  # the model description format bioimageio.spec 0.5.14 writes and validates
 RDF = "rdf.yaml"
@@ -50,8 +51,6 @@ def _space(axis: str, size: Any, scale_nm: float) -> dict[str, Any]:
 
 
 def _file(folder: Path, name: str) -> dict[str, str]:
-    from cellseg.decide.document import file_sha256
-
     return {"source": name, "sha256": file_sha256(folder / name)}
 
 

@@ -38,7 +38,7 @@ import yaml
 from cellseg import __version__
 from cellseg.data.grid import shape3
 from cellseg.data.write import EXPORTED_MODEL, atomic_dir
-from cellseg.decide.document import Decisions, DecisionsError, file_sha256
+from cellseg.decide.document import Decisions, DecisionsError
 from cellseg.export import bioimageio
 from cellseg.export.network import (
     ONNX_OPSET,
@@ -51,6 +51,7 @@ from cellseg.export.network import (
 )
 from cellseg.infer.packaged import FORMAT, GRAPH_FILES, ensemble_decisions, onnx_session, torchscript_quietly
 from cellseg.infer.run import LoadedRun, load_run
+from cellseg.runtime.checkpoint import file_sha256
 from cellseg.runtime.checkpoint import load as load_checkpoint
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from cellseg.infer.engine import EM_SCALE
+from cellseg.runtime.checkpoint import file_sha256
 
 log = logging.getLogger(__name__)
 FORMAT = "cellseg-export"  # the "format" of a package's model.json / ensemble.json
@@ -68,6 +69,23 @@ def is_package(folder: str | Path) -> bool:
         return path.is_file() and json.loads(path.read_text()).get("format") == FORMAT
     except (OSError, ValueError):
         return False
+
+
+def check_package_files(folder: str | Path, names: list[str]) -> None:
+    """The files `names` (paths relative to the package) against the sha256 its model.json lists.
+
+    Raises:
+        ValueError: a file missing, unlisted or changed since the export (naming it).
+    """
+    folder = Path(folder)
+    listed = json.loads((folder / "model.json").read_text()).get("files", {})
+    for name in names:
+        path = folder / name
+        if name not in listed or not path.is_file():
+            raise ValueError(f"{path}: missing from the package, or not listed in its model.json")
+        if file_sha256(path) != listed[name]:
+            raise ValueError(f"{path}: sha256 differs from the package's model.json: the package was changed "
+                             "since `cellseg export` wrote it")
 
 
 def ensemble_decisions(path: str | Path) -> Path | None:

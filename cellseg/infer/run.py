@@ -28,6 +28,7 @@ from cellseg.config.schema import RunConfig
 from cellseg.data.grid import shape3
 from cellseg.infer import tta
 from cellseg.infer.engine import Window, tta_fold
+from cellseg.infer.packaged import GRAPH_FILES, PackagedNetwork, check_package_files, is_package
 from cellseg.infer.selection import CropTarget
 from cellseg.infer.tiling import count_tiles
 from cellseg.models import build_model
@@ -115,6 +116,13 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
         raise ValueError(f"{run_dir / 'meta.json'}: channels {meta.get('channels')} do not match the config's "
                          f"{cfg.data.num_target_channels} output channels")
     path = checkpoint_path(run_dir, checkpoint)
+    if is_package(run_dir):  # an exported package: its files as `cellseg export` wrote them
+        if not path.resolve().is_relative_to(run_dir.resolve()):
+            raise ValueError(f"--checkpoint {checkpoint}: {run_dir} is an exported package; it holds one set of "
+                             "weights (--checkpoint best)")
+        graph = [GRAPH_FILES[backend]] if backend in GRAPH_FILES else []
+        check_package_files(run_dir, ["config.yaml", "meta.json", path.resolve().relative_to(run_dir.resolve())
+                                      .as_posix(), *graph])
     try:
         ckpt = load_checkpoint(path)
     except (RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:  # truncated or not a torch file
@@ -135,8 +143,6 @@ def load_run(run_dir: str | Path, checkpoint: str = "best", *, device: torch.dev
         raise ValueError(f"{path}: weights do not fit {cfg.model.name} ({cfg.model.preset}): {err}") from None
     fmt = runtime.memory_format(2 if cfg.data.is_2d else 3, device.type == "cuda")
     if backend != "torch":
-        from cellseg.infer.packaged import PackagedNetwork
-
         model = PackagedNetwork(run_dir, backend, device, spec=getattr(model, "spec", None))
     model = model.to(device=device, memory_format=fmt).eval()
     log.info("loaded %s (%s weights, step %d, %s) from %s", cfg.model.name, weights, ckpt["step"], backend, path)

@@ -14,6 +14,7 @@ those, so old checkpoints stay loadable. A crafted pickle that would call anythi
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import pickle
@@ -28,6 +29,7 @@ import torch
 
 log = logging.getLogger(__name__)
 PACKAGES = ("cellseg", "torch", "numpy", "monai", "timm", "zarr", "tensorstore")
+HASH_BLOCK = 1 << 24  # bytes read at a time when hashing a file
 
 
 class CheckpointError(ValueError):
@@ -115,6 +117,15 @@ def _numpy_globals() -> list[Any]:
     """NumPy's array reconstruction, which RNG states of older checkpoints need (data only, no code)."""
     core = getattr(np, "_core", None) or np.core
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file (a checkpoint, a package's file), read in blocks of `HASH_BLOCK` bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:

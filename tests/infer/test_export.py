@@ -122,6 +122,10 @@ def test_bad_input_is_named_and_nothing_is_written(package, tiny_run, tmp_path, 
     np.save(changed / "test_output.npy", np.load(changed / "test_output.npy") + 1)
     with pytest.raises(ValueError, match="sha256 differs"):
         check_export(changed)
+    weights = changed / "checkpoints" / "best.pt"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")  # one byte of the weights changed
+    assert main(["-q", "predict", str(changed), "--crops", "val", "--out", str(tmp_path / "c.zarr"), *CPU]) == 2
+    assert "best.pt: sha256 differs" in capsys.readouterr().err and not (tmp_path / "c.zarr").exists()
     assert main(["export", str(tiny_run), "--out", str(package)]) == 2
     assert "already exists" in capsys.readouterr().err
     other = tmp_path / "mine"
