@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,6 +36,7 @@ INSTALL_HINT = ("install Chromium (Debian/Ubuntu: apt install chromium; Fedora/R
 DEFAULT_SIZE = (1200, 900)  # pixels: a 4-panel view with 600 × 450 per panel
 MAX_EDGE = 8192  # pixels: WebGL canvases beyond this fail in software rendering
 TIMEOUT_S = 180.0  # for the first picture: the browser's start, the viewer's code, every visible chunk
+STOP_GRACE_S = 0.5  # after the browser exits, for its helpers' last writes
 SIZE_RETRIES = 3  # the first picture can come before the canvas takes the requested size (as neuroglancer retries)
 FLAGS = ("--headless=new", "--no-sandbox", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--disable-dev-shm-usage",
@@ -148,24 +150,21 @@ def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAUL
         config.show_panel_borders = False
         config.viewer_size = list(size)
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="cellseg-chromium-") as profile:
+    # a helper process that outlives the group's SIGTERM by a moment must not turn cleaning up into an error
+    with tempfile.TemporaryDirectory(prefix="cellseg-chromium-", ignore_cleanup_errors=True) as profile:
         browser_log = Path(profile) / "browser.log"
         window = f"--window-size={size[0] + 64},{size[1] + 64}"  # room for the canvas at the requested size
         with open(browser_log, "wb") as log_file:
             proc = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={profile}/data", window, served.url],
-                                    stdout=subprocess.DEVNULL, stderr=log_file, stdin=subprocess.DEVNULL)
+                                    stdout=subprocess.DEVNULL, stderr=log_file, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)  # its own process group: its helpers stop with it
         log.info("rendering in headless %s (pid %d), %d × %d pixels", Path(executable).name, proc.pid, *size)
         bar = tqdm(desc="screenshot: chunks loaded", unit="chunk", total=1, disable=not progress, leave=False)
         try:
             reply, chunks = _wait(viewer, proc, size, start, timeout_s, bar, browser_log)
         finally:
             bar.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.write_bytes(reply.image)
@@ -174,6 +173,21 @@ def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAUL
         tmp.unlink(missing_ok=True)
     return Screenshot(path=out, width=reply.width, height=reply.height, chunks=chunks,
                       seconds=time.monotonic() - start)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop Chromium and its helper processes (renderer, GPU, utility: one process group), then reap it."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the group is gone
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    time.sleep(STOP_GRACE_S)  # helpers finish their last writes to the profile before it is removed
 
 
 def _wait(viewer: Any, proc: subprocess.Popen, size: tuple[int, int], start: float, timeout_s: float, bar: Any,

@@ -146,3 +146,26 @@ def test_bad_input_is_named_and_nothing_is_written(package, tiny_run, tmp_path, 
                  str(tmp_path / "p.zarr"), *CPU]) == 2
     assert "not a package written by `cellseg export`" in capsys.readouterr().err
     assert not (tmp_path / "p.zarr").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["torch", "torchscript", "onnx"])
+def test_a_package_predicts_on_cuda(tiny_run, tmp_path, backend):
+    """Graphs traced on the CPU run on CUDA (no device baked into them): each backend's store on CUDA is the runs'
+    CUDA store within bf16 rounding (the torch backend: the same store)."""
+    package = tmp_path / "package"
+    assert main(["export", str(tiny_run), "--out", str(package), "--format", "torchscript,onnx"]) == 0
+    runs, ours = tmp_path / "runs.zarr", tmp_path / f"{backend}.zarr"
+    gpu = ("--overlap", "0", "--device", "cuda", "--tta", "2", "--compile", "off")
+    assert main(["-q", "predict", str(tiny_run), "--crops", "val", "--out", str(runs), *gpu]) == 0
+    assert main(["-q", "predict", str(package), "--crops", "val", "--out", str(ours), "--backend", backend,
+                 *gpu]) == 0
+    a, b = PredictionStore.open(runs), PredictionStore.open(ours)
+    for crop in a.completed():
+        for channel in a.channels:
+            x, y = a.read(crop, channel).astype(np.float32), b.read(crop, channel).astype(np.float32)
+            if backend == "torch":
+                assert np.array_equal(x, y), (crop, channel)
+            else:  # float32 graphs against the runs' bf16 autocast
+                np.testing.assert_allclose(y, x, atol=0.02, err_msg=f"{crop}/{channel}")
