@@ -100,7 +100,8 @@ def check_output(path: Path, *, overwrite: bool) -> None:
 
 def _tail(path: Path, lines: int = 5) -> str:
     text = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
-    useful = [t for t in text if "dbus" not in t.lower()]  # no session bus on a compute node: noise, not the cause
+    # no session bus on a compute node, and Debian's launcher script's shell test: noise, not the cause
+    useful = [t for t in text if "dbus" not in t.lower() and "unexpected operator" not in t]
     return " | ".join(useful[-lines:]) or "(nothing)"
 
 
@@ -161,7 +162,7 @@ def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAUL
         log.info("rendering in headless %s (pid %d), %d × %d pixels", Path(executable).name, proc.pid, *size)
         bar = tqdm(desc="screenshot: chunks loaded", unit="chunk", total=1, disable=not progress, leave=False)
         try:
-            reply, chunks = _wait(viewer, proc, size, start, timeout_s, bar, browser_log)
+            reply, chunks = _wait(served, proc, size, start, timeout_s, bar, browser_log)
         finally:
             bar.close()
             _stop(proc)
@@ -190,20 +191,33 @@ def _stop(proc: subprocess.Popen) -> None:
     time.sleep(STOP_GRACE_S)  # helpers finish their last writes to the profile before it is removed
 
 
-def _wait(viewer: Any, proc: subprocess.Popen, size: tuple[int, int], start: float, timeout_s: float, bar: Any,
+def _timed_out(served: Served, request: _Request, timeout_s: float, browser_log: Path) -> str:
+    """Why no picture came: the browser never connected, chunks still loading, or every chunk loaded but a layer
+    never became ready (its source unreadable: the files the viewer asked for in vain are named)."""
+    if request.total == 0:
+        why = "the browser never reported loading anything"
+    elif request.loaded < request.total:
+        why = f"{request.loaded} of {request.total} visible chunks loaded"
+    else:
+        why = f"all {request.total} visible chunks loaded, but a layer never became ready"
+    asked = {name: {m.rsplit("/", 1)[0] for m in served.missing if m.endswith("/" + name)} for name in (".zarray", ".zattrs")}
+    absent = sorted(asked[".zarray"] & asked[".zattrs"])  # a group has .zattrs, an array .zarray: neither is no source
+    if absent:
+        why += "; no zarr array or group where a layer's source points: " + ", ".join(absent[:5])
+    return f"no picture within {timeout_s:.0f} s: {why}; browser log: {_tail(browser_log)}"
+
+
+def _wait(served: Served, proc: subprocess.Popen, size: tuple[int, int], start: float, timeout_s: float, bar: Any,
           browser_log: Path) -> tuple[Any, int]:
     """The client's screenshot reply at `size`, asked again when the canvas had another size."""
     for _ in range(SIZE_RETRIES):
-        request = _Request(viewer, bar)
+        request = _Request(served.viewer, bar)
         while not request.done.wait(0.25):
             if proc.poll() is not None:
                 raise RuntimeError(f"the browser exited (status {proc.returncode}) before the picture was taken: "
                                    f"{_tail(browser_log)}")
             if time.monotonic() - start > timeout_s:
-                raise RuntimeError(
-                    f"no picture within {timeout_s:.0f} s ({request.loaded} of {request.total} visible chunks "
-                    f"loaded; the browser {'never connected' if request.total == 0 else 'was still loading'}); "
-                    f"browser log: {_tail(browser_log)}")
+                raise RuntimeError(_timed_out(served, request, timeout_s, browser_log))
         reply = request.reply
         if (reply.width, reply.height) == tuple(size):
             return reply, request.total

@@ -16,7 +16,7 @@ import logging
 import re
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import Any
 
@@ -51,6 +51,7 @@ class Served:
     data_url: str
     state: dict[str, Any]
     viewer: Any
+    missing: list[str] = field(default_factory=list)  # served paths the viewer asked for and no file answered
 
     def stop(self) -> None:
         """Stop neuroglancer's server (the viewer URL stops answering)."""
@@ -78,16 +79,30 @@ def serve(plan: ViewPlan, *, bind: str = "127.0.0.1", port: int = 0, layout: str
     viewer = ng.Viewer()
     server = ng.server.global_server
     token = make_random_token()
-    transcoding = handler_class()
+    missing: list[str] = []
+    transcoding, files = (_noting_misses(h, missing) for h in (handler_class(), CorsStaticFileHandler))
     routes = [(rf"/{FILES_PREFIX}/{token}/{re.escape(mount)}/(.*)",
-               transcoding if mount.endswith(TRANSCODED_SUFFIX) else CorsStaticFileHandler, {"path": str(path.resolve())})
+               transcoding if mount.endswith(TRANSCODED_SUFFIX) else files, {"path": str(path.resolve())})
               for mount, path in plan.mounts.items()]
     # Runs before any URL is handed out, so no request races the new routes; ".*" matches any host name.
     server.app.add_handlers(r".*", routes)
     data_url = f"{server.server_url}/{FILES_PREFIX}/{token}"
     state = viewer_state(plan, data_url, layout=layout, fit_pixels=fit_pixels)
     viewer.set_state(ng.ViewerState(state))
-    return Served(url=viewer.get_viewer_url(), data_url=data_url, state=state, viewer=viewer)
+    return Served(url=viewer.get_viewer_url(), data_url=data_url, state=state, viewer=viewer, missing=missing)
+
+
+def _noting_misses(handler: type, missing: list[str]) -> type:
+    """`handler`, noting in `missing` the mount-relative path of every request it answers with 404 (the viewer
+    also probes for optional metadata files, so a miss is a clue, not an error)."""
+
+    class Noting(handler):  # type: ignore[misc, valid-type]
+        def on_finish(self) -> None:
+            if self.get_status() == 404:
+                missing.append(self.request.path.split("/", 4)[-1])  # /cellseg/<token>/<mount>/<path>
+            super().on_finish()
+
+    return Noting
 
 
 def wait_for_signal() -> int:

@@ -1,11 +1,12 @@
 """`cellseg view` in a real browser: headless Chromium draws the viewer's state of a tiny synthetic root and a crop
 store, and the picture shows the EM, and the prediction's class colour exactly where the store puts it in world
-space (a store written with a wrong voxel size is caught: its colour lands elsewhere). Skipped, with the reason,
-where no Chromium is installed."""
+space (a store written with a wrong voxel size is caught: its colour lands elsewhere; a layer whose source is wrong
+gives no picture and is named). Skipped, with the reason, where no Chromium is installed."""
 
 from __future__ import annotations
 
 import colorsys
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -57,13 +58,20 @@ def _store(root: Path, out: Path, *, scale: float = 1.0) -> tuple[Path, Grid]:
     return out, grid
 
 
-def _picture(root: Path, store: Path, out: Path) -> tuple[np.ndarray, dict]:
+def _picture(root: Path, store: Path, out: Path, *, source: str | None = None, timeout_s: float = 120
+             ) -> tuple[np.ndarray, dict]:
+    """The xy panel of the store's crop 1 with its EM and prediction; `source` replaces the prediction layer's
+    path (a source broken on purpose)."""
     from PIL import Image
 
     plan = show_only(plan_view(root, stores=[store], crop="1"), ["*EM", "pred/*"])
+    if source is not None:
+        plan = dataclasses.replace(plan, layers=tuple(dataclasses.replace(layer, path=source)
+                                                      if layer.name.startswith("pred/") else layer
+                                                      for layer in plan.layers))
     served = serve(plan, layout="xy", fit_pixels=FIT)
     try:
-        take_screenshot(served, out, size=SIZE, browser=BROWSER, timeout_s=120)
+        take_screenshot(served, out, size=SIZE, browser=BROWSER, timeout_s=timeout_s)
         state = served.state
     finally:
         served.stop()
@@ -121,6 +129,13 @@ def test_a_store_with_a_wrong_voxel_size_is_caught(tiny_synth_root, tmp_path):
     pixels, state = _picture(tiny_synth_root, store, tmp_path / "view.png")
     rows, cols = _block_pixels(state, grid)
     assert _mito(pixels)[_inner(rows), _inner(cols)].mean() < 0.95  # the check above fails for a misplaced layer
+
+
+def test_a_layer_with_a_wrong_source_is_named(tiny_synth_root, tmp_path):
+    store, _ = _store(tiny_synth_root, tmp_path / "pred.zarr")
+    with pytest.raises(RuntimeError, match="no zarr array or group where a layer's source points: crop1/nothing"):
+        _picture(tiny_synth_root, store, tmp_path / "view.png", source="crop1/nothing", timeout_s=45)
+    assert not (tmp_path / "view.png").exists()
 
 
 def test_the_command_writes_the_picture_and_refuses_what_it_cannot_do(tiny_synth_root, tmp_path, capsys):
