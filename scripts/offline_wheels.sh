@@ -3,6 +3,7 @@
 #
 #   bash scripts/offline_wheels.sh [--dest DIR] [--python 3.12] [--platform manylinux_2_28_x86_64 (default: every manylinux x86_64 tag)]
 #                                  [--exclude 'torch,torchvision,triton,nvidia-*'] [--only 'monai,zarr'] [--peer nnunet]
+#                                  [--extras view,export]
 #
 # On the cluster:   python -m pip install --no-index --find-links DIR cellseg
 # or, for a source checkout:  python -m pip install --no-index --find-links DIR --no-deps -e .  (after the deps)
@@ -12,10 +13,11 @@
 # already provides (site CUDA torch, for example); patterns are shell globs. --only keeps just the listed
 # packages (plus nothing else), handy for topping up an existing environment. --peer nnunet resolves nnU-Net v2's
 # environment instead of cellseg's (bench/peers/nnunet: `python -m bench.peers.nnunet env --wheels DIR`), its one
-# source-only dependency (acvl-utils) built into a wheel here.
+# source-only dependency (acvl-utils) built into a wheel here. --extras adds optional dependency sets (view:
+# neuroglancer for `cellseg view`; export: ONNX, ONNX Runtime and bioimageio.spec for `cellseg export`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DEST="$ROOT/wheels"; PYVER="3.12"; EXCLUDE=""; ONLY=""; PEER=""
+DEST="$ROOT/wheels"; PYVER="3.12"; EXCLUDE=""; ONLY=""; PEER=""; EXTRAS=""
 # pip matches platform tags exactly: list every glibc 2.5 ... 2.39 manylinux tag.
 PLATFORMS=(manylinux2014_x86_64 manylinux1_x86_64); for n in $(seq 39 -1 5); do PLATFORMS+=("manylinux_2_${n}_x86_64"); done
 while [ $# -gt 0 ]; do
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
     --exclude) EXCLUDE="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
     --peer) PEER="$2"; shift 2 ;;
+    --extras) EXTRAS="$2"; shift 2 ;;
     -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -40,7 +43,7 @@ case "$PEER" in
   "")
     echo "==> resolving cellseg's dependencies for CPython $PYVER (${PLATFORMS[0]} ... ${PLATFORMS[-1]})"
     "$PY" -m pip install --quiet --dry-run --ignore-installed --report "$report" --target "$(mktemp -d)" \
-      "${target[@]}" -c "$ROOT/constraints.txt" "$ROOT" >/dev/null ;;
+      "${target[@]}" -c "$ROOT/constraints.txt" "$ROOT${EXTRAS:+[$EXTRAS]}" >/dev/null ;;
   nnunet)  # the version bench/peers/nnunet/env.py pins; acvl-utils ships only as source: built here (pure Python)
     requirement="$(sed -n 's/^VERSION = "\(.*\)"$/nnunetv2==\1/p' "$ROOT/bench/peers/nnunet/env.py")"
     echo "==> resolving $requirement for CPython $PYVER (${PLATFORMS[0]} ... ${PLATFORMS[-1]})"
