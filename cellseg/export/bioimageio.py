@@ -89,6 +89,17 @@ def write_cover(folder: Path, em: np.ndarray, probabilities: np.ndarray, channel
     save_png(fig, folder / "cover.png")
 
 
+def _scores(validation: Mapping[str, Any] | None) -> list[str]:
+    """The README's training scores: the run's last validation, with crop-bootstrap intervals."""
+    if not validation or validation["overall"]["score"] is None:
+        return []
+    low, high = validation["overall"]["interval"]
+    span = f" ({validation['level']:.0%} interval {low:.3f}-{high:.3f} over its crops)" if low is not None else ""
+    return ["## Training scores", "",
+            f"Overall {validation['metric']} score on the run's {len(validation['crops'])} validation crops: "
+            f"{validation['overall']['score']:.3f}{span}.", ""]
+
+
 def readme(doc: Mapping[str, Any]) -> str:
     """The description's documentation: what goes in and out, and how the package was checked."""
     inp, out = doc["input"], doc["output"]
@@ -103,6 +114,7 @@ def readme(doc: Mapping[str, Any]) -> str:
         "## Output", "",
         f"Per-channel sigmoid probabilities, float32, axes `{out['axes']}`, channels: "
         f"{', '.join(out['channels'])}. A class's object masks are `p > 0.5` (the evaluators' reading).", "",
+        *_scores(doc["provenance"].get("validation")),
         "## Validation", "",
         f"Each weights format reproduces the PyTorch network's output on the test input within "
         f"{doc['parity']['tolerance']:g} (largest absolute difference: "

@@ -101,13 +101,33 @@ def test_patch(run: LoadedRun, patch: tuple[int, int, int]) -> tuple[torch.Tenso
     return tensor, f"EM of {crop.name} ({crop.dataset}) centred at {where} nm (z, y, x)"
 
 
+def validation_intervals(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's last validation scores (result.json "val") with crop-bootstrap intervals (`cellseg.eval.noise`:
+    the validation crops resampled with replacement, the scores recombined as the metric's era does); None
+    without per-crop scores. One crop gives point intervals: they say nothing about noise."""
+    val = (result or {}).get("val") or {}
+    if not val.get("crop_scores"):
+        return None
+    from cellseg.decide.bootstrap import KEYS, PARTS, part_draws
+    from cellseg.eval.noise import DRAWS, LEVEL, draws, interval
+
+    crops = sorted(val["crop_scores"])
+    parts = part_draws(val["crop_scores"], val["metric"], crops, draws(crops))
+    finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731  (JSON has no NaN)
+    return {"metric": val["metric"], "crops": crops, "draws": DRAWS, "level": LEVEL,
+            **{part: {"score": finite(val.get(KEYS[part])),
+                      "interval": [finite(v) for v in interval(parts[part]).to_json()]} for part in PARTS}}
+
+
 def _run_record(run: LoadedRun) -> dict[str, Any]:
-    """The run's provenance: where it was, its checkpoint, step and weights, its data and result.json."""
-    result = run.run_dir / "result.json"
+    """The run's provenance: where it was, its checkpoint, step and weights, its data, its validation scores
+    with intervals and result.json."""
+    path = run.run_dir / "result.json"
+    result = json.loads(path.read_text()) if path.is_file() else None
     return {"run_dir": str(run.run_dir.resolve()), "checkpoint": str(run.checkpoint.resolve()),
             "checkpoint_sha256": file_sha256(run.checkpoint), "step": run.step, "weights": run.weights,
             "data_root": str(run.cfg.data.root), "git_commit": run.meta.get("git_commit"),
-            "result": json.loads(result.read_text()) if result.is_file() else None}
+            "validation": validation_intervals(result), "result": result}
 
 
 def describe(run: LoadedRun, patch: tuple[int, int, int], parity: dict[str, float], test_input: str

@@ -68,6 +68,10 @@ def test_a_run_exports_a_package_that_runs_without_cellseg(package):
     assert {"model.torchscript.pt", "model.onnx", "rdf.yaml", "cover.png", "checkpoints/best.pt", "config.yaml",
             "meta.json", "datasplit.csv", "test_input.npy", "test_output.npy"} <= set(doc["files"])
     assert doc["provenance"]["checkpoint_sha256"] and doc["provenance"]["step"] == 4
+    validation = doc["provenance"]["validation"]  # the run's last validation, with crop-bootstrap intervals
+    assert validation["crops"] and len(validation["overall"]["interval"]) == 2
+    low, high = validation["overall"]["interval"]
+    assert 0 <= low <= high <= 1 and 0 <= validation["overall"]["score"] <= 1
     em = np.load(package / "test_input.npy")
     assert em.dtype == np.uint8 and em.std() > 0  # raw EM goes in: the normalisation is inside
     want = np.load(package / "test_output.npy")
