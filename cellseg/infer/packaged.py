@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from cellseg.infer.engine import EM_SCALE
@@ -132,7 +133,8 @@ class PackagedNetwork(torch.nn.Module):
         with torch.autocast(image.device.type, enabled=False):
             if self.graph is not None:
                 probabilities = self.graph(em)
-            else:
-                got = self.session.run(None, {"em": em.contiguous().cpu().numpy()})[0]  # type: ignore[union-attr]
-                probabilities = torch.from_numpy(got).to(image.device)
+            else:  # tile by tile: ONNX Runtime holds several times eager PyTorch's memory per tile (bench/export.py)
+                tiles = em.contiguous().cpu().numpy()
+                got = [self.session.run(None, {"em": tiles[i:i + 1]})[0] for i in range(len(tiles))]  # type: ignore[union-attr]
+                probabilities = torch.from_numpy(np.concatenate(got)).to(image.device)
         return torch.logit(probabilities.float())  # the engine's sigmoid turns these back into the graph's output
