@@ -127,11 +127,12 @@ def run(args: argparse.Namespace) -> int:
 def _screenshot(args: argparse.Namespace, plan: object) -> int:
     """Serve `plan` on this machine only, render it in headless Chromium into --screenshot, stop."""
     from cellseg.cli._recipe import show_progress
-    from cellseg.viz.view_screenshot import check_output, find_browser, parse_size, take_screenshot
+    from cellseg.viz.figure import check_png
+    from cellseg.viz.view_screenshot import find_browser, parse_size, take_screenshot
     from cellseg.viz.view_serve import serve
 
     size = parse_size(args.size)
-    check_output(args.screenshot, overwrite=args.overwrite)
+    check_png(args.screenshot, overwrite=args.overwrite)
     browser = find_browser(args.browser)  # before serving: a missing browser is named at once
     panels = (size[0] / 2, size[1] / 2) if args.layout == "4panel" else size
     served = serve(plan, bind="127.0.0.1", port=args.port, layout=args.layout,  # type: ignore[arg-type]

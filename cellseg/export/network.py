@@ -30,7 +30,6 @@ from cellseg.infer.packaged import INSTALL_EXPORT, onnx_session, torchscript_qui
 log = logging.getLogger(__name__)
 PARITY_ATOL = 1e-4  # float32 probabilities: an exported graph and the eager network agree to this
 ONNX_OPSET = 18  # the opset torch's exporter targets by default; ONNX Runtime ≥ 1.14 runs it
-EXAMPLE_BATCH = 2  # graphs are made from two tiles: a batch of one lets the exporters treat the batch axis as fixed
 
 
 class Exported(torch.nn.Module):
@@ -59,7 +58,7 @@ def example_input(patch_vox: tuple[int, int, int], spatial_dims: int, batch: int
 
 
 def batch_of(example: torch.Tensor) -> torch.Tensor:
-    """`example` (1, 1, *patch) and its mirror image along the last axis: the `EXAMPLE_BATCH` tiles graphs are
+    """`example` (1, 1, *patch) and its mirror image along the last axis: the two tiles graphs are
     made from."""
     return torch.cat([example, example.flip(-1)])
 
@@ -125,14 +124,15 @@ def to_onnx(wrapped: Exported, example: torch.Tensor) -> tuple[bytes, float]:
         return data, _largest_diff(got, wrapped(example), "ONNX Runtime")
 
 
-def require_onnx() -> None:
-    """ImportError naming the install command when the ONNX packages are missing."""
-    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if not _importable(name)]
-    if missing:
-        raise ImportError(f"ONNX export needs {', '.join(missing)}: {INSTALL_EXPORT} (or --format torchscript)")
-
-
-def _importable(name: str) -> bool:
+def require(packages: tuple[str, ...], what: str) -> None:
+    """ImportError naming the missing ones of `packages` (import names) and the install command, for `what`."""
     import importlib.util
 
-    return importlib.util.find_spec(name) is not None
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"{what} needs {', '.join(missing)}: {INSTALL_EXPORT}")
+
+
+def require_onnx() -> None:
+    """ImportError naming the install command when the ONNX packages are missing."""
+    require(("onnx", "onnxscript", "onnxruntime"), "ONNX export (or --format torchscript)")

@@ -45,6 +45,7 @@ from cellseg.export.network import (
     PARITY_ATOL,
     example_input,
     exported,
+    require,
     require_onnx,
     to_onnx,
     to_torchscript,
@@ -218,10 +219,7 @@ def _require(formats: Sequence[str]) -> None:
     if "onnx" in formats:
         require_onnx()
     if "bioimageio" in formats:
-        import importlib.util
-
-        if importlib.util.find_spec("bioimageio") is None or importlib.util.find_spec("tifffile") is None:
-            raise ImportError(f"--format bioimageio needs bioimageio.spec and tifffile: {bioimageio.INSTALL_EXPORT}")
+        require(("bioimageio", "tifffile"), "--format bioimageio")
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, checkpoint: str = "best",

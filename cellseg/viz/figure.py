@@ -15,7 +15,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,8 @@ def figure_size_px(fig: Figure) -> tuple[int, int]:
     return int(width), int(height)
 
 
-def save_png(fig: Figure, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Render `fig` to a PNG atomically: a temporary file next to `path`, then a rename.
+def check_png(path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """`path` as a PNG to write, checked before any work.
 
     Raises:
         ValueError: `path` does not end in `.png`.
@@ -79,13 +79,24 @@ def save_png(fig: Figure, path: str | os.PathLike[str], *, overwrite: bool = Fal
         raise FileExistsError(f"{path} exists; pass --overwrite (overwrite=True) to replace it")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{path.parent}: directory does not exist (for {path.name})")
+    return path
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` into a temporary file next to `path`, then a rename: never a half-written `path`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png", dpi=fig.dpi)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def save_png(fig: Figure, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Render `fig` to a PNG atomically (`check_png`, then `write_atomically`); raises what `check_png` raises."""
+    return write_atomically(check_png(path, overwrite=overwrite),
+                            lambda tmp: fig.savefig(tmp, format="png", dpi=fig.dpi))
 
 
 def em_colormap() -> Colormap:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cellseg.viz.figure import check_png, write_atomically
 from cellseg.viz.view_serve import Served
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,6 @@ def parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def check_output(path: Path, *, overwrite: bool) -> None:
-    """Refuse before any work: not a .png, an existing file without `overwrite`, or a missing folder."""
-    if path.suffix.lower() != ".png":
-        raise ValueError(f"--screenshot {path}: the picture is a PNG; give a path ending in .png")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"--screenshot {path}: folder {path.parent} does not exist")
-
-
 def _tail(path: Path, lines: int = 5) -> str:
     text = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
     # no session bus on a compute node, and Debian's launcher script's shell test: noise, not the cause
@@ -141,7 +132,7 @@ def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAUL
     """
     from tqdm import tqdm
 
-    check_output(out, overwrite=overwrite)
+    check_png(out, overwrite=overwrite)
     executable = find_browser(browser)
     viewer = served.viewer
     with viewer.txn() as state:  # no side panel: the picture is the data panels alone
@@ -166,12 +157,7 @@ def take_screenshot(served: Served, out: Path, *, size: tuple[int, int] = DEFAUL
         finally:
             bar.close()
             _stop(proc)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(reply.image)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(out, lambda tmp: tmp.write_bytes(reply.image))
     return Screenshot(path=out, width=reply.width, height=reply.height, chunks=chunks,
                       seconds=time.monotonic() - start)
 

@@ -293,3 +293,10 @@ def test_the_first_view_is_fitted_and_centred_on_the_focused_region(tiny_synth_r
         plan_view(tiny_synth_root, stores=[volume_store], crop="999")
     with pytest.raises(ValueError, match="--crop 5: a crop of synth-iso8-1, not of the dataset shown"):
         plan_view(tiny_synth_root, stores=[volume_store], crop="5")
+
+
+def test_the_commands_layouts_are_the_states():
+    from cellseg.cli.view import LAYOUTS as OFFERED  # a copy: `cellseg view --help` imports no matplotlib
+    from cellseg.viz.view_state import LAYOUTS
+
+    assert OFFERED == LAYOUTS
